@@ -1,0 +1,1 @@
+"""Everything of the GPU serving stack that is not a cloud resource."""

@@ -1,0 +1,1 @@
+"""Data with provenance: GPUs, instance types, weight formats, models."""

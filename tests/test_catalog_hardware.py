@@ -1,0 +1,162 @@
+"""The hardware catalog against data it does not own.
+
+EC2 figures are checked against the DescribeInstanceTypes data that ships inside
+moto (read straight from the package, no server); instance names against
+botocore's EC2 service model; GPU memory against what EC2 reports per GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+
+import botocore.session
+import pytest
+from moto.utilities.utils import load_resource
+
+from infra.catalog.gpus import GPUS, get_gpu
+from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
+from infra.errors import UserError
+
+GiB = 2**30
+MiB = 2**20
+
+EC2 = load_resource("ec2/resources/instance_types.json")
+
+# The name EC2 gives each catalog GPU in GpuInfo.Gpus[].Name.
+EC2_GPU_NAME = {
+    "H100-SXM-80GB": "H100",
+    "H200-141GB": "H200",
+    "B200": "B200",
+    "A100-40GB": "A100",
+    "A100-80GB": "A100",
+    "L40S": "L40S",
+    "A10G": "A10G",
+}
+
+
+def _network_gbps(performance: str) -> int:
+    """'4x 100 Gigabit' -> 400, '3200 Gigabit' -> 3200, 'Up to 20 Gigabit' -> 20."""
+    m = re.fullmatch(r"(?:Up to )?(?:(\d+)x )?(\d+) Gigabit", performance)
+    assert m, f"unexpected NetworkPerformance {performance!r}"
+    return int(m.group(1) or 1) * int(m.group(2))
+
+
+def _only_gpu(d):
+    gpus = d["GpuInfo"]["Gpus"]
+    assert len(gpus) == 1, "one GPU model per instance type"
+    return gpus[0]
+
+
+# field -> (catalog value, EC2 value)
+FIELDS = {
+    "vcpus": (lambda i: i.vcpus, lambda d: d["VCpuInfo"]["DefaultVCpus"]),
+    "memory_bytes": (lambda i: i.memory_bytes, lambda d: d["MemoryInfo"]["SizeInMiB"] * MiB),
+    "gpu_count": (lambda i: i.gpu_count, lambda d: _only_gpu(d)["Count"]),
+    "gpu_manufacturer": (lambda i: "NVIDIA", lambda d: _only_gpu(d)["Manufacturer"]),
+    "gpu_name": (lambda i: EC2_GPU_NAME[i.gpu.name], lambda d: _only_gpu(d)["Name"]),
+    "gpu_memory_mib_ec2": (
+        lambda i: i.gpu_memory_mib_ec2,
+        lambda d: _only_gpu(d)["MemoryInfo"]["SizeInMiB"],
+    ),
+    "network_cards": (lambda i: i.network_cards, lambda d: d["NetworkInfo"]["MaximumNetworkCards"]),
+    "max_efa_interfaces": (
+        lambda i: i.max_efa_interfaces,
+        lambda d: (d["NetworkInfo"].get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0),
+    ),
+    "local_nvme_bytes": (
+        lambda i: i.local_nvme_bytes,
+        lambda d: d.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) * 10**9,
+    ),
+    "network_bandwidth_gbps": (
+        lambda i: i.network_bandwidth_gbps,
+        lambda d: _network_gbps(d["NetworkInfo"]["NetworkPerformance"]),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "itype,field",
+    [(n, f) for n in INSTANCE_TYPES for f in FIELDS],
+    ids=[f"{n}-{f}" for n in INSTANCE_TYPES for f in FIELDS],
+)
+def test_instance_figures_match_ec2(itype, field):
+    assert itype in EC2, f"{itype} is not in EC2's DescribeInstanceTypes data"
+    ours, theirs = FIELDS[field]
+    assert ours(INSTANCE_TYPES[itype]) == theirs(EC2[itype])
+
+
+def test_instance_names_are_botocore_enum_members():
+    enum = set(
+        botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum
+    )
+    assert set(INSTANCE_TYPES) - enum == set()
+
+
+def test_efa_counts_match_facts_table():
+    # /work/shared/FACTS.md, "GPUs and instances" table.
+    facts = {
+        "p4d.24xlarge": 4,
+        "p4de.24xlarge": 4,
+        "p5.48xlarge": 32,
+        "p5e.48xlarge": 32,
+        "p5en.48xlarge": 16,
+        "p6-b200.48xlarge": 8,
+    }
+    assert {n: INSTANCE_TYPES[n].max_efa_interfaces for n in facts} == facts
+
+
+@pytest.mark.parametrize("name", list(GPUS))
+def test_visible_memory_below_marketing(name):
+    gpu = GPUS[name]
+    # NVIDIA's "GB" on HBM parts is binary (80 GB = 81920 MiB in EC2), so compare in GiB.
+    assert 0 < gpu.visible_memory_bytes < gpu.marketing_memory_gb * GiB
+
+
+@pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
+def test_visible_memory_consistent_with_ec2(itype):
+    ec2_bytes = _only_gpu(EC2[itype])["MemoryInfo"]["SizeInMiB"] * MiB
+    visible = INSTANCE_TYPES[itype].gpu.visible_memory_bytes
+    # The runtime reserves a little; a few percent at most.
+    assert 0.97 * ec2_bytes <= visible <= ec2_bytes
+
+
+def test_h100_visible_memory_matches_vllm_logs():
+    assert abs(get_gpu("H100-SXM-80GB").visible_memory_bytes / GiB - 79.19) <= 0.1
+
+
+def test_unknown_gpu_lists_known_names():
+    with pytest.raises(UserError) as e:
+        get_gpu("H800")
+    assert "H800" in str(e.value)
+    assert all(n in str(e.value) for n in GPUS)
+
+
+def test_unknown_instance_type_lists_known_names():
+    with pytest.raises(UserError) as e:
+        get_instance_type("p5.96xlarge")
+    assert "p5.96xlarge" in str(e.value)
+    assert all(n in str(e.value) for n in INSTANCE_TYPES)
+
+
+def test_every_entry_has_a_source():
+    assert all(g.source.strip() for g in GPUS.values())
+    assert all(i.source.strip() for i in INSTANCE_TYPES.values())
+
+
+def test_every_price_has_region_date_and_source():
+    regions = set(botocore.session.get_session().get_available_regions("ec2"))
+    for i in INSTANCE_TYPES.values():
+        assert i.price_usd_per_hour > 0, i.name
+        assert i.price_region in regions, i.name
+        assert date.fromisoformat(i.price_date) <= date.today(), i.name
+        assert i.price_source.strip(), i.name
+
+
+def test_fp8_and_fp4_flags_follow_the_hardware():
+    for g in GPUS.values():
+        major, minor = map(int, g.compute_capability.split("."))
+        assert g.supports_fp8 == ((major, minor) >= (8, 9)), g.name
+        assert g.supports_fp8 == (g.fp8_dense_tflops is not None), g.name
+        assert g.supports_fp4 == (major >= 10), g.name
+        assert g.supports_fp4 == (g.fp4_dense_tflops is not None), g.name
