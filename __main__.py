@@ -1,0 +1,54 @@
+"""The Pulumi program of the GPU serving stack.
+
+Thin on purpose: load the stack config, make the plan, export it. Every number
+the serving layer needs comes out of the plan (see infra/planning). The cloud
+layer (components/) is built from the plan in a later step; until then this
+program creates no resources.
+
+A config mistake or an infeasible plan ends the program with one message
+(`pulumi.RunError`), never a stack trace.
+"""
+
+import pulumi
+
+from infra.config import from_pulumi_config
+from infra.errors import UserError
+from infra.planning import make_plan
+
+
+def main() -> None:
+    try:
+        cfg = from_pulumi_config()  # its messages name the stack file and key
+    except UserError as exc:
+        raise pulumi.RunError(str(exc)) from None
+    try:
+        plan = make_plan(cfg.plan_request())
+    except UserError as exc:
+        raise pulumi.RunError(f"stack {cfg.stack}: {exc}") from None
+
+    if not plan.feasible:
+        problems = "\n".join(f"  - {e}" for e in plan.errors) or "  - (no reason given)"
+        raise pulumi.RunError(
+            f"stack {cfg.stack}: no feasible plan for {cfg.model.name} on "
+            f"{cfg.gpu.nodes} x {cfg.gpu.instance_type}:\n{problems}"
+        )
+
+    doc = plan.to_json_dict()
+    for warning in doc.get("warnings") or []:
+        pulumi.log.warn(warning)
+
+    layout, kv, cost = doc["layout"], doc["kv_cache"], doc["cost"]
+    pulumi.export("plan", doc)
+    pulumi.export("model", doc["model"]["name"])
+    pulumi.export("instanceType", (doc.get("instance") or {}).get("type", cfg.gpu.instance_type))
+    pulumi.export("nodes", layout["nodes"])
+    pulumi.export("tensorParallel", layout["tp"])
+    pulumi.export("pipelineParallel", layout["pp"])
+    pulumi.export("kvCacheTokens", kv["tokens"])
+    pulumi.export("maxConcurrency", kv["max_concurrency"])
+    pulumi.export("vllmArgs", doc["vllm_args"])
+    pulumi.export("hourlyCostUsd", cost["hourly_usd"])
+    pulumi.export("monthlyCostUsd", cost["monthly_usd"])
+
+
+main()

@@ -1,0 +1,42 @@
+"""How long the planner's searches take (pytest-benchmark; not part of the unit tests).
+
+    venv/bin/python -m pytest benchmarks/ --benchmark-only
+
+Target (issue: planning module): the full search over the instance catalog for
+one model, i.e. every instance type x node count x layout, in well under a second.
+"""
+
+from __future__ import annotations
+
+from infra.catalog.instances import INSTANCE_TYPES
+from infra.catalog.models import load_model
+from infra.planning import PlanRequest, make_plan
+from infra.planning.plan import MAX_SEARCH_NODES, _knobs, search
+
+
+def _full_catalog_search(model: str) -> int:
+    """Every instance type in the catalog, every node count up to the search limit."""
+    arch = load_model(model)
+    req = PlanRequest(model=model, instance_type=None, nodes=None, max_model_len=131072)
+    tried = 0
+    for itype in INSTANCE_TYPES.values():
+        knobs = _knobs(req, arch, itype)
+        for nodes in range(1, MAX_SEARCH_NODES + 1):
+            tried += len(search(req, arch, itype, nodes, knobs))
+    return tried
+
+
+def test_full_catalog_search_deepseek_v4_pro(benchmark):
+    tried = benchmark(_full_catalog_search, "deepseek-v4-pro")
+    assert tried > 100
+
+
+def test_full_catalog_search_kimi_k3(benchmark):
+    tried = benchmark(_full_catalog_search, "kimi-k3")
+    assert tried > 100
+
+
+def test_prod_plan(benchmark):
+    req = PlanRequest(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4, max_model_len=131072)
+    plan = benchmark(make_plan, req)
+    assert plan.feasible

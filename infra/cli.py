@@ -1,0 +1,194 @@
+"""`python -m infra`: offline tools that need no cloud account.
+
+    python -m infra plan --stack prod
+    python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--json] [--chart budget.png]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import UserError
+from infra.planning import Plan, PlanRequest, make_plan
+from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline tools of the GPU serving stack.")
+
+GiB = 2**30
+
+
+@app.callback()
+def _main() -> None:
+    """Offline tools of the GPU serving stack."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _usd(n: float | None) -> str:
+    return "-" if n is None else f"${n:,.2f}"
+
+
+def _tokens(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:,.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    return table
+
+
+def render(plan: Plan, console: Console) -> None:
+    data = plan.to_json_dict()
+    m, lay, kv = data["model"], data["layout"], data["kv_cache"]
+
+    t = _table("Model and layout", "", "")
+    t.add_row("model", f"{m['name']} ({m['model_type']})")
+    t.add_row("parameters", f"{m['params_total'] / 1e9:,.1f}B total, {m['params_active'] / 1e9:,.1f}B active")
+    t.add_row("weights", f"{m['weight_bytes'] / 1e9:,.1f} GB ({m['weight_format']})")
+    t.add_row("hardware", f"{lay['nodes']} x {data['instance']['type']} ({lay['gpus_per_node']} x {data['instance']['gpu']} each)")
+    t.add_row("layout", f"TP {lay['tp']} x PP {lay['pp']} x DP {lay['dp']}, expert parallel {'on' if lay['expert_parallel'] else 'off'}")
+    t.add_row("layers per stage", ", ".join(map(str, lay["layers_per_stage"])) or "-")
+    t.add_row("feasible", "[green]yes[/green]" if data["feasible"] else "[red]no[/red]")
+    console.print(t)
+
+    if plan.stages:
+        t = _table("Per-rank memory budget (one GPU of each pipeline stage)", "", *[f"stage {s.stage}" for s in plan.stages])
+        rows = [
+            ("layers", lambda s: str(s.layers)),
+            ("visible (CUDA)", lambda s: _gib(s.gpu_visible_bytes)),
+            ("weights", lambda s: _gib(s.weights_bytes)),
+            ("activation peak", lambda s: _gib(s.activation_bytes)),
+            ("communication buffers", lambda s: _gib(s.comm_buffer_bytes)),
+            ("CUDA overhead", lambda s: _gib(s.cuda_overhead_bytes)),
+            ("KV cache", lambda s: _gib(s.kv_cache_bytes)),
+            ("headroom", lambda s: _gib(s.headroom_bytes)),
+            ("KV bytes per token", lambda s: f"{s.kv_bytes_per_token:,}"),
+            ("KV tokens", lambda s: f"{s.kv_tokens:,}"),
+            ("sequences at max-model-len", lambda s: f"{s.max_sequences:,.2f}"),
+        ]
+        for label, fn in rows:
+            t.add_row(label, *[fn(s) for s in plan.stages])
+        t.caption = f"most constrained: stage {data['per_rank']['stage']}"
+        console.print(t)
+
+        t = _table("KV cache capacity", "", "")
+        t.add_row("dtype", kv["dtype"])
+        t.add_row("tokens (all replicas)", f"{kv['tokens']:,}")
+        t.add_row("bytes per token (constrained rank)", f"{kv['bytes_per_token']:,}")
+        t.add_row("concurrent sequences", f"{kv['max_concurrency']:,} at max-model-len {kv['max_model_len']:,}")
+        t.add_row("block size", str(kv["block_size"]))
+        console.print(t)
+
+    t = _table("Serving arguments", "", "")
+    t.add_row("vllm serve", " ".join(data["vllm_args"]))
+    t.add_row("ray start", " ".join(f"--{k}={v}" for k, v in data["ray_start_params"].items()))
+    pod = data["pod"]
+    t.add_row("pod requests", f"{pod['cpu']} CPU, {_gib(pod['memory_bytes'])}, {pod['gpus']} GPU, {pod['efa_interfaces']} EFA")
+    t.add_row("/dev/shm", _gib(pod["shm_bytes"]))
+    st = data["storage"]
+    t.add_row("weight storage", f"{_gib(st['size_bytes'])} for a {st['checkpoint_bytes'] / 1e9:,.0f} GB checkpoint")
+    t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s for a {st['cold_start_target_s']:,.0f} s cold start")
+    t.add_row("estimated cold start", f"{st['estimated_cold_start_s']:,.0f} s")
+    console.print(t)
+
+    c = data["cost"]
+    t = _table("Cost", "", "")
+    t.add_row("cloud, hourly", _usd(c["hourly_usd"]))
+    t.add_row("cloud, monthly (730 h)", _usd(c["monthly_usd"]))
+    for name, value in c["tco_categories"].items():
+        t.add_row(f"TCO: {name}", _usd(value))
+    if c["tco_monthly_usd"] is not None:
+        t.add_row("TCO, monthly", _usd(c["tco_monthly_usd"]))
+    t.add_row("cost per million tokens", _usd(c["usd_per_million_tokens"]) + (f" at {c['throughput_tokens_per_s']:,.0f} tokens/s" if c["throughput_tokens_per_s"] else ""))
+    if c["breakeven_tokens_per_month"] is not None:
+        t.add_row(
+            f"break-even vs API at ${c['api_price_usd_per_mtok']:.2f}/M",
+            f"{_tokens(c['breakeven_tokens_per_month'])} tokens/month ({_tokens(c['breakeven_tokens_per_day'])}/day)",
+        )
+    console.print(t)
+
+    for e in data["errors"]:
+        console.print(f"[red]error:[/red] {e}")
+    for w in data["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    for a in data["assumptions"]:
+        console.print(f"[dim]model assumption:[/dim] {a}")
+
+
+def _request_from_stack(stack: str, root: Path | None) -> PlanRequest:
+    from infra.config import load_stack_file
+
+    return load_stack_file(stack, root).plan_request()
+
+
+@app.command()
+def plan(
+    stack: Optional[str] = typer.Option(None, help="Plan a stack from Pulumi.<stack>.yaml."),
+    model: Optional[str] = typer.Option(None, help="Catalog name, config.json, or model directory."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type"),
+    nodes: Optional[int] = typer.Option(None),
+    tp: Optional[int] = typer.Option(None, help="Tensor parallel size (default: searched)."),
+    pp: Optional[int] = typer.Option(None, help="Pipeline parallel size (default: searched)."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help=f"One of: {', '.join(KV_CACHE_DTYPES)}."),
+    weight_format: Optional[str] = typer.Option(None, "--weight-format", help=f"One of: {', '.join(WEIGHT_FORMAT_CHOICES)} (default: the checkpoint's own)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
+    chart: Optional[Path] = typer.Option(None, help="Draw the per-stage memory budget to FILE (.png or .svg)."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="Directory holding the stack files."),
+) -> None:
+    """Plan the serving layout and every derived number, offline."""
+    console = Console(stderr=False, width=160)
+    try:
+        if stack:
+            req = _request_from_stack(stack, root)
+        else:
+            if not (model and instance_type and nodes):
+                raise UserError("give --stack NAME, or --model, --instance-type and --nodes")
+            req = PlanRequest(model=model, instance_type=instance_type, nodes=nodes)
+        overrides = {
+            "model": model, "instance_type": instance_type, "nodes": nodes, "tp": tp, "pp": pp,
+            "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
+            "weight_format": weight_format,
+        }  # fmt: skip
+        req = req.replace(**{k: v for k, v in overrides.items() if v is not None})
+        if chart is not None and chart.suffix.lower() not in (".png", ".svg"):
+            raise UserError(f"--chart takes a .png or .svg file, got {chart.name!r}")
+        result = make_plan(req)
+    except UserError as err:
+        Console(stderr=True).print(f"[red]error:[/red] {err}", soft_wrap=True)
+        raise typer.Exit(2)
+    if chart is not None:
+        from infra.chart import draw_budget
+
+        draw_budget(result, chart)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
+    else:
+        render(result, console)
+        if chart is not None:
+            console.print(f"chart written to {chart}")
+    if not result.feasible:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()

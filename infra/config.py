@@ -1,0 +1,605 @@
+"""The stack config: one pydantic model per area, loaded from Pulumi or a stack file.
+
+A stack file `Pulumi.<stack>.yaml` holds one object per area under the project's
+namespace, plus the AWS region:
+
+    config:
+      aws:region: us-east-1
+      gpu-serving:model:   {name: deepseek-v4-pro}
+      gpu-serving:gpu:     {instanceType: p5.48xlarge, nodes: 4}
+      gpu-serving:serving: {maxModelLen: 131072, gpuMemoryUtilization: 0.90}
+      gpu-serving:cost:    {apiPriceUsdPerMillionTokens: 2.50}
+
+Keys are camelCase in YAML and snake_case in Python. Every key has a default and
+an allowed range; an unknown key, a value out of range or a missing required key
+is a `UserError` that names the stack file, the full key path (for example
+`gpu-serving:serving.gpuMemoryUtilization`) and what is allowed.
+
+The Pulumi program reads the config through the engine (`from_pulumi_config`);
+offline tools read the stack file directly (`load_stack_file`). This module
+imports Pulumi only inside `from_pulumi_config`, so it works without the engine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import annotated_types
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from infra.errors import UserError
+from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES, PlanRequest, TcoInputs
+
+PROJECT = "gpu-serving"
+DEFAULT_REGION = "us-east-1"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+WeightFormat = Literal[WEIGHT_FORMAT_CHOICES]  # type: ignore[valid-type]
+KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
+Objective = Literal["max-kv", "min-cost"]
+
+
+class _Area(BaseModel):
+    """Common settings: camelCase keys, no unknown keys, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+    )
+
+
+class ModelConfig(_Area):
+    """`gpu-serving:model`: which model to serve."""
+
+    name: str = Field(
+        min_length=1,
+        description="Catalog name (e.g. `deepseek-v4-pro`) or path to a `config.json` / model directory.",
+    )
+    weight_format: Optional[WeightFormat] = Field(
+        default=None,
+        description="Stored weight format to plan for; null = the checkpoint's own.",
+    )
+
+
+class GpuConfig(_Area):
+    """`gpu-serving:gpu`: the GPU nodes."""
+
+    instance_type: str = Field(
+        pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
+        description="EC2 instance type of the GPU nodes (e.g. `p5.48xlarge`); must be in the catalog.",
+        json_schema_extra={"allowed": "an EC2 instance type such as p5.48xlarge"},
+    )
+    nodes: int = Field(ge=1, le=64, description="Number of GPU nodes.")
+
+
+class ServingConfig(_Area):
+    """`gpu-serving:serving`: vLLM's knobs; null lets the planner decide."""
+
+    tensor_parallel: Optional[int] = Field(
+        default=None, ge=1, le=512, description="`--tensor-parallel-size`; null = planner decides."
+    )
+    pipeline_parallel: Optional[int] = Field(
+        default=None, ge=1, le=128, description="`--pipeline-parallel-size`; null = planner decides."
+    )
+    data_parallel: Optional[int] = Field(
+        default=None, ge=1, le=512, description="`--data-parallel-size`; null = planner decides."
+    )
+    expert_parallel: Optional[StrictBool] = Field(
+        default=None, description="`--enable-expert-parallel` for MoE models; null = planner decides."
+    )
+    max_model_len: Optional[int] = Field(
+        default=None,
+        ge=128,
+        le=16_777_216,
+        description="`--max-model-len` in tokens; null = min(model's maximum, 131072).",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.90,
+        ge=0.5,
+        le=0.98,
+        description="`--gpu-memory-utilization`: share of each GPU's memory vLLM may use.",
+    )
+    max_num_batched_tokens: Optional[int] = Field(
+        default=None,
+        ge=64,
+        le=1_048_576,
+        description="`--max-num-batched-tokens`; null = vLLM's default for the GPU.",
+    )
+    max_num_seqs: Optional[int] = Field(
+        default=None, ge=1, le=65_536, description="`--max-num-seqs`; null = derived from KV capacity."
+    )
+    kv_cache_dtype: Optional[KvCacheDtype] = Field(
+        default=None,
+        description="`--kv-cache-dtype`; null = the model's own (`auto`), FP8 only if that does not fit.",
+    )
+    objective: Objective = Field(
+        default="max-kv",
+        description="Layout search goal: `max-kv` (most KV cache on the given nodes) "
+        "or `min-cost` (fewest GPUs that reach `targetConcurrency`).",
+    )
+    target_concurrency: Optional[int] = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Sequences at max-model-len to hold at once; required when objective is `min-cost`.",
+    )
+    cold_start_target_seconds: float = Field(
+        default=600.0,
+        ge=1,
+        le=86_400,
+        description="Time allowed to read all weights from storage; sizes storage throughput.",
+    )
+
+    @model_validator(mode="after")
+    def _min_cost_needs_target(self) -> "ServingConfig":
+        if self.objective == "min-cost" and self.target_concurrency is None:
+            raise PydanticCustomError(
+                "required_for_objective",
+                "required when objective is 'min-cost'",
+                {"key": "targetConcurrency"},
+            )
+        return self
+
+
+UsdPerMonth = Annotated[float, Field(ge=0)]
+
+
+class CostConfig(_Area):
+    """`gpu-serving:cost`: inputs of the cost model."""
+
+    api_price_usd_per_million_tokens: Optional[float] = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="Price of the same model from an API provider, USD per million tokens, to compare with.",
+    )
+    throughput_tokens_per_second: Optional[float] = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Measured cluster output tokens/s, for the cost per token; null = not known yet.",
+    )
+    tco: Optional[dict[str, UsdPerMonth]] = Field(
+        default=None,
+        description="Total cost of ownership: category name -> USD per month; null = use the cloud price.",
+        json_schema_extra={"allowed": "a mapping of category name to USD per month, each >= 0, or null"},
+    )
+
+
+AREAS: dict[str, type[_Area]] = {
+    "model": ModelConfig,
+    "gpu": GpuConfig,
+    "serving": ServingConfig,
+    "cost": CostConfig,
+}
+
+
+class StackConfig(BaseModel):
+    """The whole config of one stack."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stack: str = Field(min_length=1, description="Stack name (e.g. `prod`).")
+    region: str = Field(
+        default=DEFAULT_REGION,
+        pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$",
+        description="`aws:region`: the AWS region to deploy into.",
+        json_schema_extra={"allowed": "an AWS region name such as us-east-1"},
+    )
+    model: ModelConfig
+    gpu: GpuConfig
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+
+    def plan_request(self) -> PlanRequest:
+        """The planner's input for this stack."""
+        s, c = self.serving, self.cost
+        return PlanRequest(
+            model=self.model.name,
+            instance_type=self.gpu.instance_type,
+            nodes=self.gpu.nodes,
+            tp=s.tensor_parallel,
+            pp=s.pipeline_parallel,
+            expert_parallel=s.expert_parallel,
+            dp=s.data_parallel,
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+            kv_cache_dtype=s.kv_cache_dtype,
+            weight_format=self.model.weight_format,
+            objective=s.objective,
+            target_concurrency=s.target_concurrency,
+            cold_start_target_s=s.cold_start_target_seconds,
+            tco=TcoInputs(categories=dict(c.tco)) if c.tco is not None else None,
+            api_price_usd_per_mtok=c.api_price_usd_per_million_tokens,
+            throughput_tokens_per_s=c.throughput_tokens_per_second,
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def stack_file_name(stack: str) -> str:
+    """`Pulumi.<stack>.yaml`; a fully qualified `org/project/stack` uses its last part."""
+    return f"Pulumi.{stack.rsplit('/', 1)[-1]}.yaml"
+
+
+def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
+    """The raw `config:` mapping of `Pulumi.<stack>.yaml` (keys like `gpu-serving:gpu`)."""
+    root = Path(root) if root is not None else REPO_ROOT
+    name = stack_file_name(stack)
+    path = root / name
+    if not path.is_file():
+        present = sorted(p.name for p in root.glob("Pulumi.*.yaml"))
+        stacks = ", ".join(p[len("Pulumi.") : -len(".yaml")] for p in present) or "none"
+        raise UserError(
+            f"no stack file {name} for stack {stack!r} in {root}; "
+            f"stack files present: {', '.join(present) or 'none'} (stacks: {stacks})"
+        )
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"{name} is not valid YAML{where}: {problem}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{name} must be a mapping with a 'config:' key, not {type(doc).__name__}")
+    config = doc.get("config") or {}
+    if not isinstance(config, dict):
+        raise UserError(f"{name}: 'config:' must be a mapping of key -> value")
+    return config
+
+
+def engine_config(stack: str, root: Path | None = None) -> dict[str, str]:
+    """The config map the Pulumi CLI hands the program for `Pulumi.<stack>.yaml`.
+
+    Strings pass as they are; objects, numbers and booleans are JSON-encoded (as
+    the CLI does), which is what `pulumi.Config.get_object` decodes. Used to run
+    the program under mocks with a stack's real config.
+    """
+    out: dict[str, str] = {}
+    for key, value in read_stack_file(stack, root).items():
+        out[str(key)] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
+    """Load and validate `Pulumi.<stack>.yaml` from `root` (default: the repository)."""
+    config = read_stack_file(stack, root)
+    source = stack_file_name(stack)
+    areas: dict[str, Any] = {}
+    region: Any = None
+    for key, value in config.items():
+        key = str(key)
+        if ":" not in key:
+            raise UserError(
+                f"{source}: config key {key!r} has no namespace; write it as {PROJECT}:{key}"
+            )
+        namespace, _, name = key.partition(":")
+        if key == "aws:region":
+            region = value
+        elif namespace == PROJECT:
+            if isinstance(value, dict) and set(value) == {"secure"}:
+                raise UserError(f"{source}: {key} is a secret; whole-area secrets are not supported")
+            areas[name] = value
+        # Keys of other namespaces (aws:profile, kubernetes:..., etc.) belong to providers.
+    return from_mapping(stack, areas, region=region, source=source)
+
+
+def from_pulumi_config() -> StackConfig:
+    """Load and validate the config of the running Pulumi stack."""
+    import pulumi
+
+    stack = pulumi.get_stack()
+    source = stack_file_name(stack)
+    cfg = pulumi.Config(PROJECT)
+    areas: dict[str, Any] = {}
+    for name in [*AREAS, *(n for n in _project_config_areas() if n not in AREAS)]:
+        try:
+            value = cfg.get_object(name)
+        except pulumi.ConfigTypeError:
+            if name in AREAS:
+                raise UserError(f"{source}: {PROJECT}:{name} must be an object of keys") from None
+            value = cfg.get(name)  # a plain value under an unknown name: reported below
+        if value is not None:
+            areas[name] = value
+    region = pulumi.Config("aws").get("region")
+    return from_mapping(stack, areas, region=region, source=source)
+
+
+def _project_config_areas() -> list[str]:
+    """Names of all `gpu-serving:*` keys the engine passed in (to catch misspelt areas)."""
+    try:
+        from pulumi.runtime import config as runtime_config
+
+        keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    except Exception:  # noqa: BLE001 - best effort: older/newer SDKs may differ
+        return []
+    prefix = PROJECT + ":"
+    return sorted(k[len(prefix) :] for k in keys if k.startswith(prefix))
+
+
+def from_mapping(
+    stack: str,
+    areas: dict[str, Any],
+    region: Any = None,
+    source: str | None = None,
+) -> StackConfig:
+    """Validate a mapping of area name -> object (the values of `gpu-serving:<area>`)."""
+    source = source or stack_file_name(stack)
+    unknown = [name for name in areas if name not in AREAS]
+    if unknown:
+        msgs = [_unknown_key_message((name,), list(AREAS), area_level=True) for name in unknown]
+        raise _user_error(source, msgs)
+    data: dict[str, Any] = {"stack": stack, **{k: v for k, v in areas.items() if v is not None}}
+    if region is not None:
+        data["region"] = region
+    try:
+        return StackConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _user_error(source, [_error_message(e, data) for e in exc.errors()]) from None
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def key_path(loc: tuple) -> str:
+    """`('serving', 'gpuMemoryUtilization')` -> `gpu-serving:serving.gpuMemoryUtilization`."""
+    if not loc:
+        return f"{PROJECT} config"
+    head, rest = str(loc[0]), [str(p) for p in loc[1:]]
+    if head == "region":
+        return "aws:region"
+    if head == "stack":
+        return "stack name"
+    return ".".join([f"{PROJECT}:{head}", *rest])
+
+
+def _user_error(source: str, messages: list[str]) -> UserError:
+    if len(messages) == 1:
+        return UserError(f"{source}: {messages[0]}")
+    lines = "\n".join(f"  - {m}" for m in messages)
+    return UserError(f"{source} has {len(messages)} config errors:\n{lines}")
+
+
+def _unknown_key_message(loc: tuple, known: list[str], area_level: bool = False) -> str:
+    bad = str(loc[-1])
+    close = difflib.get_close_matches(bad, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    where = "areas" if area_level else f"keys of {key_path(loc[:-1])}"
+    path = f"{PROJECT}:{bad}" if area_level else key_path(loc)
+    return f"unknown key {path}{hint} (known {where}: {', '.join(known)})"
+
+
+def _error_message(err: dict, data: dict) -> str:
+    loc = tuple(err["loc"])
+    typ = err["type"]
+    owner, field = _resolve(loc)
+    if typ == "extra_forbidden":
+        known = [_alias(owner, n) for n in owner.model_fields] if owner is not None else []
+        return _unknown_key_message(loc, known)
+    if typ == "required_for_objective":
+        key = err.get("ctx", {}).get("key", "")
+        area = AREAS.get(str(loc[0])) if loc else None
+        name = _field_name(area, key)
+        fi = area.model_fields[name] if area is not None and name is not None else None
+        allowed = f" ({describe_allowed(fi, nullable=False)})" if fi is not None else ""
+        return f"{key_path(loc + (key,))} is {err['msg']}{allowed}"
+    path = key_path(loc)
+    if typ == "missing":
+        allowed = f" ({describe_allowed(field)})" if field is not None else ""
+        return f"{path} is required{allowed}"
+    got = _value_at(data, loc)
+    if field is not None and _nested_model(field) is not None and typ in _NOT_AN_OBJECT:
+        return f"{path} must be an object of keys, got {got!r}"
+    allowed = f"; allowed: {describe_allowed(field)}" if field is not None else ""
+    if typ in _OUT_OF_RANGE:
+        return f"{path} = {got!r} is out of range{allowed}"
+    if typ in _NOT_ALLOWED:
+        return f"{path} = {got!r} is not allowed{allowed}"
+    msg = err["msg"]
+    msg = msg[0].lower() + msg[1:] if msg else msg
+    return f"{path} = {got!r}: {msg}{allowed}"
+
+
+_OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+_NOT_ALLOWED = {"literal_error", "string_pattern_mismatch", "string_too_short", "enum"}
+_NOT_AN_OBJECT = {"model_type", "model_attributes_type", "dict_type"}
+
+
+def _resolve(loc: tuple) -> tuple[type[BaseModel] | None, Any]:
+    """The model owning the last key of `loc` and that key's FieldInfo (or None).
+
+    Inside a mapping value (e.g. `cost.tco.<category>`) the field holding the
+    mapping is returned.
+    """
+    model: type[BaseModel] | None = StackConfig
+    owner: type[BaseModel] | None = None
+    field = None
+    for part in loc:
+        if model is None:
+            break
+        owner = model
+        name = _field_name(model, str(part))
+        if name is None:
+            return owner, None
+        field = model.model_fields[name]
+        model = _nested_model(field)
+    return owner, field
+
+
+def _nested_model(field: Any) -> type[BaseModel] | None:
+    for a in _flatten(field.annotation):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _field_name(model: type[BaseModel] | None, key: str) -> str | None:
+    if model is None:
+        return None
+    for name, fi in model.model_fields.items():
+        if key == name or key == fi.alias:
+            return name
+    return None
+
+
+def _alias(model: type[BaseModel], name: str) -> str:
+    return model.model_fields[name].alias or name
+
+
+def _value_at(data: Any, loc: tuple) -> Any:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _flatten(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        out: list[Any] = []
+        for arg in typing.get_args(annotation):
+            out.extend(_flatten(arg))
+        return out
+    return [annotation]
+
+
+def _number(v: float) -> str:
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
+
+
+def _bounds_text(kind: str, metadata: list[Any]) -> str:
+    lo = hi = None
+    lo_strict = hi_strict = False
+    for m in metadata:
+        if isinstance(m, annotated_types.Ge):
+            lo = m.ge
+        elif isinstance(m, annotated_types.Gt):
+            lo, lo_strict = m.gt, True
+        elif isinstance(m, annotated_types.Le):
+            hi = m.le
+        elif isinstance(m, annotated_types.Lt):
+            hi, hi_strict = m.lt, True
+    if lo is not None and hi is not None and not lo_strict and not hi_strict:
+        return f"{kind} from {_number(lo)} to {_number(hi)}"
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_strict else '>='} {_number(lo)}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_strict else '<='} {_number(hi)}")
+    return f"{kind} {' and '.join(parts)}" if parts else kind
+
+
+def describe_type(field: Any) -> str:
+    """Short type name for the reference table: `int`, `float | null`, `bool | null`, ..."""
+    names = []
+    for a in _flatten(field.annotation):
+        if a is type(None):
+            continue
+        origin = typing.get_origin(a)
+        if origin is Literal:
+            names.append("string")
+        elif origin is dict:
+            names.append("map of string -> float")
+        elif a is bool:
+            names.append("bool")
+        elif a is int:
+            names.append("int")
+        elif a is float:
+            names.append("float")
+        elif a is str:
+            names.append("string")
+        else:
+            names.append(getattr(a, "__name__", str(a)))
+    if type(None) in _flatten(field.annotation):
+        names.append("null")
+    return " \\| ".join(names)
+
+
+def describe_allowed(field: Any, nullable: bool = True) -> str:
+    """What values a field takes, in words (used in error messages and the README)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if "allowed" in extra:
+        return str(extra["allowed"])
+    nested = _nested_model(field)
+    if nested is not None:
+        required = [f.alias or n for n, f in nested.model_fields.items() if f.is_required()]
+        if not required:
+            return "an object of keys"
+        return f"an object with at least the keys {', '.join(required)}"
+    options = _flatten(field.annotation)
+    nullable = nullable and type(None) in options
+    options = [o for o in options if o is not type(None)]
+    text = ""
+    for o in options:
+        if typing.get_origin(o) is Literal:
+            text = "one of " + ", ".join(repr(v) for v in typing.get_args(o))
+        elif o is bool:
+            text = "true or false"
+        elif o is int:
+            text = _bounds_text("an integer", field.metadata)
+        elif o is float:
+            text = _bounds_text("a number", field.metadata)
+        elif o is str:
+            text = "a non-empty string"
+    if nullable:
+        text += ", or null"
+    return text
+
+
+def describe_default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    d = field.get_default(call_default_factory=True)
+    if d is None:
+        return "null"
+    if isinstance(d, str):
+        return f"`{d}`"
+    return f"`{d:g}`" if isinstance(d, float) else f"`{d}`"
+
+
+def reference_markdown() -> str:
+    """The config reference as Markdown tables, one per area (the README carries this)."""
+    out: list[str] = []
+    for area, model in AREAS.items():
+        out.append(f"#### `{PROJECT}:{area}`\n")
+        out.append("| key | type | default | range | meaning |")
+        out.append("|---|---|---|---|---|")
+        for name, fi in model.model_fields.items():
+            out.append(
+                f"| `{fi.alias}` | {describe_type(fi)} | {describe_default(fi)} | "
+                f"{describe_allowed(fi)} | {fi.description} |"
+            )
+        out.append("")
+    region = StackConfig.model_fields["region"]
+    out.append("#### `aws:region`\n")
+    out.append("| key | type | default | range | meaning |")
+    out.append("|---|---|---|---|---|")
+    out.append(
+        f"| `aws:region` | string | {describe_default(region)} | {describe_allowed(region)} | "
+        f"{region.description} |"
+    )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,316 @@
+"""Per-GPU memory math, following how vLLM accounts memory.
+
+vLLM (v0.10-0.11, `gpu_worker.determine_available_memory`) profiles one forward
+pass at max-num-batched-tokens and then gives the KV cache
+
+    KV = gpu_memory_utilization x total - weights - torch activation peak
+         - non-torch increase (NCCL buffers, cuBLAS workspaces, ...)
+
+The CUDA context is allocated before vLLM's baseline snapshot and CUDA-graph
+memory is not subtracted (unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set),
+so both must fit in the headroom (1 - utilization) x total. Every function here is
+pure; all byte figures are per rank (one GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Shard
+from infra.catalog.formats import get_format
+
+GiB = 2**30
+MiB = 2**20
+
+# --- Constants, each with where it comes from --------------------------------
+# Calibration data: tests/data/vllm_memory_logs.yaml (published vLLM start-up
+# logs, each with its source); tests/test_calibration.py checks the fit.
+
+# CUDA context, cuBLAS handles and NCCL communicators that exist before vLLM's
+# baseline snapshot: vLLM 0.19 logs on H100 show 0.51 GiB in use before profiling
+# at TP1 and about 1.5 GiB once NCCL groups exist (TP2, TP4, PP2). Not counted by
+# vLLM's profiler: it must fit in the headroom.
+CUDA_CONTEXT_BYTES = int(0.55 * GiB)
+CUDA_CONTEXT_DISTRIBUTED_BYTES = int(1.55 * GiB)
+
+# CUDA-graph pool after capture: vLLM logs "Graph capturing finished ... took
+# 0.4-1 GiB" for dense and MoE models on H100 (../shared/FACTS.md). Not counted by
+# vLLM's profiler unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set; we
+# reserve the upper end in the headroom.
+CUDA_GRAPH_BYTES = 1 * GiB
+
+# Non-torch memory the profiler counts on a single GPU (cuBLAS workspaces,
+# torch.compile): 0.24-0.27 GiB in vLLM 0.19 logs on H100 at TP1.
+NON_TORCH_BASE_BYTES = int(0.27 * GiB)
+
+# Tensor-parallel communication (NCCL buffers, vLLM's custom all-reduce and
+# symmetric-memory buffers), counted as non-torch: vLLM 0.19 on H100 shows
+# 2.06-2.10 GiB at TP2 and 2.13-2.21 GiB at TP4 in all, i.e. about 1.8 GiB over
+# TP1 for the first peer and a few tens of MiB per further peer.
+NCCL_TP_FIRST_PEER_BYTES = int(1.80 * GiB)
+NCCL_TP_EXTRA_PEER_BYTES = 40 * MiB
+
+# Pipeline send/recv: vLLM 0.19 logs at PP2 and PP4 inside one node show no
+# increase over TP1. Across nodes NCCL's network plugin (aws-ofi-nccl on EFA)
+# registers its own buffers. ASSUMPTION: 128 MiB per remote peer.
+NCCL_NET_PEER_BYTES = 128 * MiB
+
+# Expert-parallel all-to-all buffers: vLLM's all2all backends (pplx, DeepEP)
+# register their own dispatch/combine buffers. ASSUMPTION: 1 GiB per rank (DeepEP
+# high-throughput mode's default NVLink buffer), paid only with expert parallel.
+EP_ALL2ALL_BYTES = 1 * GiB
+
+# Activation peak of vLLM's profile run (max-num-batched-tokens tokens through
+# the model, then a dummy sampler run over max-num-seqs requests):
+# - the forward pass: at least ~1 GiB per 8192 batched tokens whatever the TP
+#   (Llama-3.1-8B: 1.89 GiB at TP1, TP2 and TP4, of which ~1 GiB is the sampler;
+#   middle pipeline stages 1.05-1.1 GiB), or the widest layer's transient
+#   tensors in bf16 when they are larger (big MoE layers);
+# - the sampler on the last stage: float32 logits over the whole vocabulary for
+#   max-num-seqs rows, held about twice (logits and probabilities).
+FORWARD_FLOOR_BYTES_PER_TOKEN = GiB / 8192
+ACTIVATION_BYTES_PER_ELEMENT = 2
+SAMPLER_LOGIT_COPIES = 2
+
+
+# --- Pipeline split ----------------------------------------------------------
+
+
+def split_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage, as vLLM's `get_pp_indices` splits them.
+
+    Each stage gets num_layers // pp; the remainder goes one by one to the stages
+    before the last, starting from the second-to-last and moving towards the first
+    (DeepSeek-V3, 61 layers, PP4 -> 15, 15, 16, 15).
+    """
+    if pp < 1 or pp > num_layers:
+        raise ValueError(f"pipeline size {pp} must be between 1 and the layer count {num_layers}")
+    counts = [num_layers // pp] * pp
+    remainder = num_layers % pp
+    # vllm/distributed/utils.py get_pp_indices: partitions[i] += 1 for
+    # i in range(pp - 2, pp - 2 - remainder, -1) (when remainder > 0).
+    for i in range(pp - 2, pp - 2 - remainder, -1):
+        counts[i % pp] += 1
+    return counts
+
+
+def stage_layers(arch: ModelArch, pp: int) -> list[tuple[LayerSpec, ...]]:
+    counts = split_layers(len(arch.layers), pp)
+    stages, start = [], 0
+    for n in counts:
+        stages.append(arch.layers[start : start + n])
+        start += n
+    return stages
+
+
+# --- Weights -----------------------------------------------------------------
+
+
+def group_bytes_per_rank(group: ParamGroup, tp: int, expert_shards: int) -> float:
+    total = group.count * float(get_format(group.fmt).bytes_per_param)
+    if group.shard in (Shard.TP, Shard.VOCAB):
+        return total / tp
+    if group.shard == Shard.EXPERT:
+        return total / expert_shards
+    return total
+
+
+def stage_weight_bytes(
+    arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, last: bool, tp: int, expert_shards: int
+) -> int:
+    """Weights held by one rank of a stage: its layers, plus the embedding on the
+    first stage and the LM head and final norm on the last."""
+    groups: list[ParamGroup] = [g for layer in layers for g in layer.params]
+    if first:
+        groups.append(arch.embedding)
+    if last:
+        groups.append(arch.lm_head)
+        groups.extend(arch.final)
+    return int(sum(group_bytes_per_rank(g, tp, expert_shards) for g in groups))
+
+
+# --- KV cache ------------------------------------------------------------------
+
+KV_DTYPE_BYTES = {
+    "auto": None,  # the model's dtype
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
+}
+MODEL_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype: str) -> int:
+    size = KV_DTYPE_BYTES[kv_cache_dtype]
+    return size if size is not None else MODEL_DTYPE_BYTES.get(model_dtype, 2)
+
+
+def _element_bytes(spec: CacheSpec, kv_bytes: int) -> int:
+    return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4}[spec.dtype]
+
+
+def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int) -> int:
+    """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank."""
+    elements = spec.elements_per_entry
+    if spec.sharded_heads:
+        # KV heads are split over TP and replicated when TP exceeds their count.
+        elements *= max(1, spec.sharded_heads // tp)
+    return elements * _element_bytes(spec, kv_bytes) + spec.extra_bytes_per_entry
+
+
+def bytes_per_token(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int) -> int:
+    """Marginal cache bytes of one more token of context in a long sequence, on one rank.
+
+    Sliding windows and per-sequence states do not grow with length and are not
+    counted; compressed caches count one entry per `compress_ratio` tokens.
+    """
+    total = 0.0
+    for layer in layers:
+        for spec in layer.caches:
+            if spec.per_sequence or spec.window is not None:
+                continue
+            total += cache_entry_bytes(spec, tp, kv_bytes) / spec.compress_ratio
+    return math.ceil(total)
+
+
+def bytes_per_sequence(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int, seq_len: int) -> int:
+    """Cache bytes one sequence of `seq_len` tokens holds on one rank."""
+    total = 0
+    for layer in layers:
+        for spec in layer.caches:
+            entry = cache_entry_bytes(spec, tp, kv_bytes)
+            if spec.per_sequence:
+                total += entry
+                continue
+            tokens = seq_len if spec.window is None else min(seq_len, spec.window)
+            total += math.ceil(tokens / spec.compress_ratio) * entry
+    return total
+
+
+# --- Activations, communication, CUDA overhead --------------------------------
+
+
+def _layer_transient_elements(arch: ModelArch, layer: LayerSpec, tokens: int, tp: int) -> float:
+    """Elements of the widest transient tensors a layer creates for `tokens` tokens on one rank.
+
+    Dense MLP: gate/up output (2 x intermediate / TP) and the activation output.
+    MoE (vLLM fused_moe): per token and chosen expert, the gate/up and activation
+    outputs at the expert's intermediate size / TP, and the expert outputs at the
+    hidden size before they are summed.
+    """
+    if layer.moe and arch.num_experts:
+        return tokens * arch.experts_per_token * (3 * arch.moe_intermediate_size / tp + arch.hidden_size)
+    return tokens * 3 * arch.intermediate_size / tp
+
+
+def activation_peak_bytes(
+    arch: ModelArch,
+    layers: tuple[LayerSpec, ...],
+    *,
+    last: bool,
+    tp: int,
+    expert_shards: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+) -> int:
+    """Torch activation peak of vLLM's profile run on one rank (see module constants)."""
+    tokens = max_num_batched_tokens
+    residual = 2 * tokens * arch.hidden_size  # hidden states and residual
+    transient = max((_layer_transient_elements(arch, l, tokens, tp) for l in layers), default=0)
+    forward = max((residual + transient) * ACTIVATION_BYTES_PER_ELEMENT, tokens * FORWARD_FLOOR_BYTES_PER_TOKEN)
+    sampler = 0
+    if last:
+        # Logits are gathered to the full vocabulary in float32 for sampling.
+        sampler = min(max_num_seqs, tokens) * arch.vocab_size * 4 * SAMPLER_LOGIT_COPIES
+    return int(forward + sampler)
+
+
+def comm_buffer_bytes(*, tp: int, pp: int, expert_parallel: bool, ep_size: int, gpus_per_node: int) -> int:
+    """Non-torch NCCL and all-to-all buffers on one rank (counted by vLLM's profiler)."""
+    total = 0
+    if tp > 1:
+        total += NCCL_TP_FIRST_PEER_BYTES + (tp - 2) * NCCL_TP_EXTRA_PEER_BYTES
+    if pp > 1:
+        # A middle stage talks to the previous and the next stage.
+        total += min(pp - 1, 2) * NCCL_NET_PEER_BYTES
+    if expert_parallel and ep_size > 1:
+        total += EP_ALL2ALL_BYTES
+        if ep_size > gpus_per_node:
+            total += 2 * NCCL_NET_PEER_BYTES
+    return total
+
+
+def cuda_context_bytes(distributed: bool) -> int:
+    return CUDA_CONTEXT_DISTRIBUTED_BYTES if distributed else CUDA_CONTEXT_BYTES
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """Where the memory of one GPU of one pipeline stage goes. The fields add up
+    to `gpu_visible_bytes` exactly; a negative headroom means it does not fit."""
+
+    stage: int
+    layers: int
+    gpu_visible_bytes: int
+    weights_bytes: int
+    activation_bytes: int
+    kv_cache_bytes: int
+    comm_buffer_bytes: int
+    cuda_overhead_bytes: int  # non-torch base + CUDA context + CUDA graphs
+    headroom_bytes: int
+    usable_bytes: int  # utilization x visible: what vLLM lets itself use
+    kv_bytes_per_token: int
+    kv_bytes_per_sequence: int  # at max-model-len
+    kv_tokens: int  # KV cache capacity in tokens (at the marginal cost per token)
+    max_sequences: float  # sequences of max-model-len the KV cache holds
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def rank_budget(
+    *,
+    stage: int,
+    layers: tuple[LayerSpec, ...],
+    visible: int,
+    utilization: float,
+    weights: int,
+    activation: int,
+    comm: int,
+    kv_bytes_per_token: int,
+    kv_bytes_per_sequence: int,
+    block_size: int,
+    distributed: bool,
+) -> RankBudget:
+    usable = int(utilization * visible)
+    overhead_counted = NON_TORCH_BASE_BYTES  # counted by vLLM as non-torch
+    kv = usable - weights - activation - comm - overhead_counted
+    cuda_overhead = overhead_counted + cuda_context_bytes(distributed) + CUDA_GRAPH_BYTES
+    headroom = visible - (weights + activation + kv + comm + cuda_overhead)
+    kv_avail = max(kv, 0)
+    if kv_bytes_per_token > 0:
+        # vLLM allocates whole blocks of `block_size` tokens.
+        tokens = (kv_avail // kv_bytes_per_token) // block_size * block_size
+    else:
+        tokens = 0
+    sequences = kv_avail / kv_bytes_per_sequence if kv_bytes_per_sequence else math.inf
+    return RankBudget(
+        stage=stage,
+        layers=len(layers),
+        gpu_visible_bytes=visible,
+        weights_bytes=weights,
+        activation_bytes=activation,
+        kv_cache_bytes=kv,
+        comm_buffer_bytes=comm,
+        cuda_overhead_bytes=cuda_overhead,
+        headroom_bytes=headroom,
+        usable_bytes=usable,
+        kv_bytes_per_token=kv_bytes_per_token,
+        kv_bytes_per_sequence=kv_bytes_per_sequence,
+        kv_tokens=int(tokens),
+        max_sequences=sequences,
+    )

@@ -1,0 +1,58 @@
+"""What the planner is asked: the model, the hardware, and the serving knobs.
+
+Every field left as None is decided by the planner. This is the single input of
+`infra.planning.make_plan`; `infra.config` builds it from a stack's config and
+the `plan` command builds it from its flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Objective = Literal["max-kv", "min-cost"]
+
+# vLLM's --kv-cache-dtype values (vllm/config/cache.py, CacheDType, v0.11).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+WEIGHT_FORMAT_CHOICES = ("bf16", "fp8", "mxfp4", "nvfp4", "int4")
+
+
+@dataclass(frozen=True)
+class TcoInputs:
+    """Monthly total cost of ownership by category, in USD per month.
+
+    Categories are free-form so an operator can add their own (e.g. support
+    contracts); the hourly cloud price is used when this is not given.
+    """
+
+    categories: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def monthly_usd(self) -> float:
+        return float(sum(self.categories.values()))
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: str  # catalog name or path to a config.json / model directory
+    instance_type: str | None  # None only with the min-cost objective: the planner picks
+    nodes: int | None
+    tp: int | None = None
+    pp: int | None = None
+    expert_parallel: bool | None = None
+    dp: int | None = None
+    max_model_len: int | None = None  # default: min(model's max, 131072)
+    gpu_memory_utilization: float = 0.90
+    max_num_batched_tokens: int | None = None  # default: vLLM's for the GPU
+    max_num_seqs: int | None = None  # default: derived from KV capacity
+    kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit
+    weight_format: str | None = None  # default: the checkpoint's own
+    objective: Objective = "max-kv"
+    target_concurrency: int | None = None  # sequences at max-model-len (min-cost)
+    cold_start_target_s: float = 600.0  # time to read all weights from storage
+    tco: TcoInputs | None = None
+    api_price_usd_per_mtok: float | None = None
+    throughput_tokens_per_s: float | None = None  # cluster output tokens/s for cost per token
+
+    def replace(self, **changes) -> "PlanRequest":
+        return replace(self, **changes)

@@ -1,0 +1,232 @@
+"""The planner against facts from outside the code: vLLM's layer split, published
+KV sizes, the seed scenario, and the TCO example."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.catalog.models import load_model
+from infra.errors import UserError
+from infra.planning import PlanRequest, TcoInputs, make_plan
+from infra.planning import memory
+from infra.planning.cost import breakeven_tokens_per_month, cost_per_million_tokens
+
+TB = 1e12
+
+
+# --- Pipeline split: vLLM's get_pp_indices -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "layers, pp, expected",
+    [
+        # ../shared/FACTS.md: DeepSeek-V3, 61 layers, PP4 -> 15, 15, 16, 15.
+        (61, 4, [15, 15, 16, 15]),
+        # vLLM tests/distributed/test_utils.py::test_get_pp_indices style cases:
+        # the remainder goes to the stages before the last, nearest the end first.
+        (62, 4, [15, 16, 16, 15]),
+        (32, 4, [8, 8, 8, 8]),
+        (93, 4, [23, 23, 24, 23]),
+        (61, 1, [61]),
+    ],
+)
+def test_split_layers_follows_vllm(layers, pp, expected):
+    assert memory.split_layers(layers, pp) == expected
+
+
+# --- KV bytes per token: published figures ------------------------------------
+
+
+def test_mla_kv_is_replicated_on_every_tp_rank():
+    # DeepSeek-V2 paper (MLA): the cache per token and layer is d_c + d_h^R =
+    # 512 + 64 elements, whatever the head count; vLLM keeps it whole on each TP rank.
+    arch = load_model("deepseek-v3")
+    per_layer_bf16 = (512 + 64) * 2
+    for tp in (1, 2, 8):
+        assert memory.bytes_per_token(arch.layers, tp, 2) == per_layer_bf16 * 61
+
+
+def test_gqa_kv_heads_are_sharded_then_replicated():
+    # Llama-3.1-70B: 8 KV heads of 128 dims, 80 layers; K and V in bf16 = 320 KiB
+    # per token on one GPU (the figure Meta's model card arithmetic gives).
+    arch = load_model("llama-3.1-70b")
+    assert memory.bytes_per_token(arch.layers, 1, 2) == 2 * 8 * 128 * 2 * 80
+    assert memory.bytes_per_token(arch.layers, 8, 2) == 2 * 1 * 128 * 2 * 80
+    # Qwen3-235B-A22B has 4 KV heads: past TP4 each rank still keeps one head.
+    qwen = load_model("qwen3-235b-a22b")
+    assert memory.bytes_per_token(qwen.layers, 8, 2) == memory.bytes_per_token(qwen.layers, 4, 2)
+    assert memory.bytes_per_token(qwen.layers, 4, 2) * 2 == memory.bytes_per_token(qwen.layers, 2, 2)
+
+
+def test_linear_attention_state_does_not_grow_with_length():
+    arch = load_model("kimi-k3")
+    kda = [l for l in arch.layers if l.attention == "kda"]
+    assert kda
+    short = memory.bytes_per_sequence(tuple(kda), 8, 2, 1024)
+    long = memory.bytes_per_sequence(tuple(kda), 8, 2, 1_000_000)
+    assert short == long > 0
+
+
+# --- The seed scenario ------------------------------------------------------------
+
+
+def _prod(**kw) -> PlanRequest:
+    base = dict(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4, max_model_len=131072)
+    base.update(kw)
+    return PlanRequest(**base)
+
+
+def test_deepseek_v4_pro_on_four_p5_is_tp8_pp4():
+    plan = make_plan(_prod())
+    data = plan.to_json_dict()
+    assert data["feasible"], data["errors"]
+    assert (data["layout"]["tp"], data["layout"]["pp"], data["layout"]["dp"]) == (8, 4, 1)
+    # vLLM's split of 61 layers over 4 stages.
+    assert data["layout"]["layers_per_stage"] == [15, 15, 16, 15]
+    assert data["kv_cache"]["tokens"] > 131072
+    assert data["kv_cache"]["max_concurrency"] >= 1
+    args = data["vllm_args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    assert args[args.index("--pipeline-parallel-size") + 1] == "4"
+    assert args[args.index("--max-model-len") + 1] == "131072"
+    # The per-rank budget is that of the stage with the least room.
+    tight = min(plan.stages, key=lambda s: s.max_sequences)
+    assert data["per_rank"]["kv_cache_bytes"] == tight.kv_cache_bytes
+
+
+def test_kimi_k3_fp8_is_refused_with_the_numbers():
+    plan = make_plan(_prod(model="kimi-k3", weight_format="fp8"))
+    assert not plan.feasible
+    message = " ".join(plan.errors)
+    # About 2.8 TB of weights against what 32 x H100 hold.
+    assert "weights do not fit" in message
+    assert "2,7" in message or "2,8" in message or "2,9" in message, message
+    assert "H100" in message
+
+
+def test_kimi_k3_mxfp4_is_accepted():
+    plan = make_plan(_prod(model="kimi-k3"))
+    assert plan.feasible, plan.errors
+    assert plan.layout.tp * plan.layout.pp * plan.layout.dp == 32
+
+
+def test_json_has_the_documented_keys():
+    data = json.loads(json.dumps(make_plan(_prod()).to_json_dict()))
+    assert set(data["model"]) >= {"name", "params_total", "params_active", "weight_bytes"}
+    assert set(data["layout"]) >= {"tp", "pp", "ep", "dp", "nodes", "gpus_per_node", "layers_per_stage"}
+    assert set(data["per_rank"]) >= {
+        "gpu_visible_bytes", "weights_bytes", "activation_bytes", "kv_cache_bytes",
+        "comm_buffer_bytes", "cuda_overhead_bytes", "headroom_bytes",
+    }  # fmt: skip
+    assert set(data["kv_cache"]) >= {"tokens", "bytes_per_token", "max_concurrency"}
+    assert isinstance(data["vllm_args"], list) and all(isinstance(a, str) for a in data["vllm_args"])
+    assert set(data) >= {"feasible", "errors", "warnings", "cost"}
+    assert set(data["cost"]) >= {"hourly_usd", "monthly_usd"}
+
+
+# --- Bad input ----------------------------------------------------------------
+
+
+def test_tp_larger_than_a_node_is_refused():
+    plan = make_plan(_prod(tp=16, pp=2))
+    assert not plan.feasible
+    assert any("larger than a node" in e for e in plan.errors)
+
+
+def test_tp_must_divide_the_heads():
+    # Qwen3-0.6B has 16 query heads and 8 KV heads: TP 3 divides neither.
+    plan = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g5.12xlarge", nodes=3, tp=3))
+    assert not plan.feasible
+
+
+def test_unknown_model_and_instance_list_the_known_names():
+    with pytest.raises(UserError, match="deepseek-v4-pro"):
+        make_plan(_prod(model="deepseek-v9"))
+    with pytest.raises(UserError, match="p5.48xlarge"):
+        make_plan(_prod(instance_type="p9.96xlarge"))
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(gpu_memory_utilization=1.5), "gpu-memory-utilization"),
+        (dict(kv_cache_dtype="fp7"), "kv-cache-dtype"),
+        (dict(weight_format="fp2"), "weight format"),
+        (dict(nodes=0), "nodes"),
+    ],
+)
+def test_bad_knobs_name_the_field(change, fragment):
+    with pytest.raises(UserError, match=fragment):
+        make_plan(_prod(**change))
+
+
+def test_max_model_len_too_long_for_the_kv_cache_is_refused():
+    # Llama-3.1-405B in bf16 on one p5: weights alone need ~810 GB of 8 x 85 GB.
+    plan = make_plan(PlanRequest(model="llama-3.1-405b", instance_type="p5.48xlarge", nodes=1))
+    assert not plan.feasible
+    assert "weights do not fit" in " ".join(plan.errors)
+
+
+# --- Cost -------------------------------------------------------------------------
+
+
+def test_tco_example_breakeven():
+    # The issue's example: $57,000 a month against an API at $2.50 per million
+    # tokens breaks even at about 22.8 billion tokens a month, ~760 million a day.
+    assert breakeven_tokens_per_month(57_000, 2.50) == pytest.approx(22.8e9, rel=1e-3)
+    plan = make_plan(
+        _prod(
+            tco=TcoInputs({"hardware": 33_333.33, "power": 12_000, "network": 1_666.67, "engineering": 10_000}),
+            api_price_usd_per_mtok=2.50,
+        )
+    )
+    cost = plan.to_json_dict()["cost"]
+    assert cost["tco_monthly_usd"] == pytest.approx(57_000, rel=1e-6)
+    assert cost["breakeven_tokens_per_month"] == pytest.approx(22.8e9, rel=1e-3)
+    assert cost["breakeven_tokens_per_day"] == pytest.approx(760e6, rel=0.02)
+
+
+def test_cloud_cost_is_price_times_nodes():
+    plan = make_plan(_prod())
+    cost = plan.to_json_dict()["cost"]
+    assert cost["hourly_usd"] == pytest.approx(4 * plan.instance.price_usd_per_hour)
+    assert cost["monthly_usd"] == pytest.approx(cost["hourly_usd"] * 730)
+
+
+def test_cost_per_million_tokens():
+    # $57,000 / month at 10,000 tokens/s: 57,000 / (10,000 x 2,628,000 s) x 1e6.
+    assert cost_per_million_tokens(57_000, 10_000) == pytest.approx(57_000 / 26_280, rel=1e-9)
+
+
+# --- Derived serving parameters ------------------------------------------------------
+
+
+def test_pod_and_shm_fit_in_the_node():
+    plan = make_plan(_prod())
+    node_ram = plan.instance.memory_bytes
+    assert plan.pod.memory_bytes < node_ram
+    assert plan.pod.object_store_bytes < plan.pod.shm_bytes <= plan.pod.memory_bytes // 2
+    assert plan.pod.cpu < plan.instance.vcpus
+    assert plan.ray_params["num-gpus"] == "8"
+
+
+def test_storage_is_sized_from_the_checkpoint():
+    plan = make_plan(_prod(cold_start_target_s=900))
+    st = plan.storage
+    assert st.size_bytes > st.checkpoint_bytes >= plan.to_json_dict()["model"]["weight_bytes"]
+    # Reading everything at the required rate fits in the target.
+    assert st.read_bytes / st.required_read_bytes_per_s <= 900
+
+
+def test_min_cost_finds_cheapest_hardware_for_a_target():
+    req = PlanRequest(model="qwen3-0.6b", instance_type=None, nodes=None, objective="min-cost", target_concurrency=4, max_model_len=8192)
+    plan = make_plan(req)
+    assert plan.feasible
+    assert plan.evaluation.max_concurrency >= 4
+    # The smallest model fits on the cheapest single-GPU instance in the catalog.
+    from infra.catalog.instances import INSTANCE_TYPES
+
+    cheapest = min(INSTANCE_TYPES.values(), key=lambda t: t.price_usd_per_hour)
+    assert plan.instance.name == cheapest.name and plan.nodes == 1
