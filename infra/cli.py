@@ -137,7 +137,7 @@ def _request_from_stack(stack: str, root: Path | None) -> PlanRequest:
     return load_stack_file(stack, root).plan_request()
 
 
-@app.command()
+@app.command(no_args_is_help=True)
 def plan(
     stack: Optional[str] = typer.Option(None, help="Plan a stack from Pulumi.<stack>.yaml."),
     model: Optional[str] = typer.Option(None, help="Catalog name, config.json, or model directory."),
@@ -160,7 +160,7 @@ def plan(
         if stack:
             req = _request_from_stack(stack, root)
         else:
-            if not (model and instance_type and nodes):
+            if not (model and instance_type and nodes is not None):
                 raise UserError("give --stack NAME, or --model, --instance-type and --nodes")
             req = PlanRequest(model=model, instance_type=instance_type, nodes=nodes)
         overrides = {
@@ -179,7 +179,11 @@ def plan(
     if chart is not None:
         from infra.chart import draw_budget
 
-        draw_budget(result, chart)
+        try:
+            draw_budget(result, chart)
+        except OSError as err:
+            Console(stderr=True).print(f"[red]error:[/red] cannot write --chart {chart}: {err.strerror or err}", soft_wrap=True)
+            raise typer.Exit(2)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
     else:

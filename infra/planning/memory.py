@@ -65,8 +65,8 @@ EP_ALL2ALL_BYTES = 1 * GiB
 # the model, then a dummy sampler run over max-num-seqs requests):
 # - the forward pass: at least ~1 GiB per 8192 batched tokens whatever the TP
 #   (Llama-3.1-8B: 1.89 GiB at TP1, TP2 and TP4, of which ~1 GiB is the sampler;
-#   middle pipeline stages 1.05-1.1 GiB), or the widest layer's transient
-#   tensors in bf16 when they are larger (big MoE layers);
+#   middle pipeline stages 1.05-1.1 GiB), or the dense MLP's transient tensors
+#   in bf16 when they are larger, plus the fused-MoE buffers on MoE stages;
 # - the sampler on the last stage: float32 logits over the whole vocabulary for
 #   max-num-seqs rows, held about twice (logits and probabilities).
 FORWARD_FLOOR_BYTES_PER_TOKEN = GiB / 8192
@@ -194,17 +194,17 @@ def bytes_per_sequence(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int, se
 # --- Activations, communication, CUDA overhead --------------------------------
 
 
-def _layer_transient_elements(arch: ModelArch, layer: LayerSpec, tokens: int, tp: int) -> float:
-    """Elements of the widest transient tensors a layer creates for `tokens` tokens on one rank.
-
-    Dense MLP: gate/up output (2 x intermediate / TP) and the activation output.
-    MoE (vLLM fused_moe): per token and chosen expert, the gate/up and activation
-    outputs at the expert's intermediate size / TP, and the expert outputs at the
-    hidden size before they are summed.
-    """
-    if layer.moe and arch.num_experts:
-        return tokens * arch.experts_per_token * (3 * arch.moe_intermediate_size / tp + arch.hidden_size)
+def _dense_transient_elements(arch: ModelArch, tokens: int, tp: int) -> float:
+    """Dense MLP: gate/up output (2 x intermediate / TP) and the activation output."""
     return tokens * 3 * arch.intermediate_size / tp
+
+
+def _moe_elements(arch: ModelArch, tokens: int) -> float:
+    """vLLM's fused_moe keeps, per token and chosen expert, a copy of the hidden
+    state going in and the expert's output coming back before they are summed;
+    Qwen3-30B-A3B (top-8) peaks ~0.5 GiB above a dense model of its vocabulary
+    at 8192 tokens, Mixtral (top-2) ~0.2 GiB."""
+    return tokens * arch.experts_per_token * arch.hidden_size * 2
 
 
 def activation_peak_bytes(
@@ -220,8 +220,10 @@ def activation_peak_bytes(
     """Torch activation peak of vLLM's profile run on one rank (see module constants)."""
     tokens = max_num_batched_tokens
     residual = 2 * tokens * arch.hidden_size  # hidden states and residual
-    transient = max((_layer_transient_elements(arch, l, tokens, tp) for l in layers), default=0)
-    forward = max((residual + transient) * ACTIVATION_BYTES_PER_ELEMENT, tokens * FORWARD_FLOOR_BYTES_PER_TOKEN)
+    dense = (residual + _dense_transient_elements(arch, tokens, tp)) * ACTIVATION_BYTES_PER_ELEMENT
+    forward = max(dense, tokens * FORWARD_FLOOR_BYTES_PER_TOKEN)
+    if arch.num_experts and any(layer.moe for layer in layers):
+        forward += _moe_elements(arch, tokens) * ACTIVATION_BYTES_PER_ELEMENT
     sampler = 0
     if last:
         # Logits are gathered to the full vocabulary in float32 for sampling.
@@ -234,8 +236,8 @@ def comm_buffer_bytes(*, tp: int, pp: int, expert_parallel: bool, ep_size: int, 
     total = 0
     if tp > 1:
         total += NCCL_TP_FIRST_PEER_BYTES + (tp - 2) * NCCL_TP_EXTRA_PEER_BYTES
-    if pp > 1:
-        # A middle stage talks to the previous and the next stage.
+    if pp > 1 and tp * pp > gpus_per_node:
+        # Stages on other nodes: a middle stage talks to the previous and the next.
         total += min(pp - 1, 2) * NCCL_NET_PEER_BYTES
     if expert_parallel and ep_size > 1:
         total += EP_ALL2ALL_BYTES
