@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infra.errors import UserError
@@ -58,7 +59,7 @@ def render(plan: Plan, console: Console) -> None:
     m, lay, kv = data["model"], data["layout"], data["kv_cache"]
 
     t = _table("Model and layout", "", "")
-    t.add_row("model", f"{m['name']} ({m['model_type']})")
+    t.add_row("model", escape(f"{m['name']} ({m['model_type']})"))
     t.add_row("parameters", f"{m['params_total'] / 1e9:,.1f}B total, {m['params_active'] / 1e9:,.1f}B active")
     t.add_row("weights", f"{m['weight_bytes'] / 1e9:,.1f} GB ({m['weight_format']})")
     t.add_row("hardware", f"{lay['nodes']} x {data['instance']['type']} ({lay['gpus_per_node']} x {data['instance']['gpu']} each)")
@@ -124,11 +125,11 @@ def render(plan: Plan, console: Console) -> None:
     console.print(t)
 
     for e in data["errors"]:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(e)}")
     for w in data["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     for a in data["assumptions"]:
-        console.print(f"[dim]model assumption:[/dim] {a}")
+        console.print(f"[dim]model assumption:[/dim] {escape(a)}")
 
 
 def _request_from_stack(stack: str, root: Path | None) -> PlanRequest:
@@ -174,7 +175,7 @@ def plan(
             raise UserError(f"--chart takes a .png or .svg file, got {chart.name!r}")
         result = make_plan(req)
     except UserError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}", soft_wrap=True)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(2)
     if chart is not None:
         from infra.chart import draw_budget
@@ -182,14 +183,14 @@ def plan(
         try:
             draw_budget(result, chart)
         except OSError as err:
-            Console(stderr=True).print(f"[red]error:[/red] cannot write --chart {chart}: {err.strerror or err}", soft_wrap=True)
+            Console(stderr=True).print(f"[red]error:[/red] cannot write --chart {escape(str(chart))}: {escape(str(err.strerror or err))}", soft_wrap=True)
             raise typer.Exit(2)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
     else:
         render(result, console)
         if chart is not None:
-            console.print(f"chart written to {chart}")
+            console.print(f"chart written to {escape(str(chart))}")
     if not result.feasible:
         raise typer.Exit(1)
 

@@ -14,7 +14,7 @@ code that uses them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -35,6 +35,12 @@ class CatalogEntry:
     published_total: int | None  # parameters, as the model card states them (rounded there)
     published_active: int | None  # activated parameters per token; None for dense models / not published
     published_source: str
+    # Checkpoints of the same model published in another weight format, by the
+    # --weight-format name; the planner falls back to them when the model's own
+    # checkpoint does not fit. Each of these repositories' config.json ships in
+    # the aiconfigurator-core 0.12.0 package (model_configs/), which is where
+    # their existence was checked.
+    variants: dict[str, str] = field(default_factory=dict)
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -42,10 +48,12 @@ CATALOG: dict[str, CatalogEntry] = {
         "deepseek-v4-pro.json", "deepseek-ai/DeepSeek-V4-Pro", 1_600_000_000_000, 49_000_000_000,
         "model card huggingface.co/deepseek-ai/DeepSeek-V4-Pro: 1.6T total, 49B activated "
         "(main model, MTP module not counted, as for V3)",
+        {"fp8": "sgl-project/DeepSeek-V4-Pro-FP8", "nvfp4": "nvidia/DeepSeek-V4-Pro-NVFP4"},
     ),
     "deepseek-v4-flash": CatalogEntry(
         "deepseek-v4-flash.json", "deepseek-ai/DeepSeek-V4-Flash", 284_000_000_000, 13_000_000_000,
         "model card huggingface.co/deepseek-ai/DeepSeek-V4-Flash: 284B total, 13B activated",
+        {"fp8": "sgl-project/DeepSeek-V4-Flash-FP8", "nvfp4": "nvidia/DeepSeek-V4-Flash-NVFP4"},
     ),
     "kimi-k3": CatalogEntry(
         "kimi-k3.json", "moonshotai/Kimi-K3", 2_800_000_000_000, None,
@@ -63,6 +71,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "deepseek-v3.2": CatalogEntry(
         "deepseek-v3.2.json", "deepseek-ai/DeepSeek-V3.2", None, None,
         "no separate figure; architecture of DeepSeek-V3 plus the lightning indexer",
+        {"nvfp4": "nvidia/DeepSeek-V3.2-NVFP4"},
     ),
     "kimi-k2": CatalogEntry(
         "kimi-k2.json", "moonshotai/Kimi-K2-Instruct", 1_000_000_000_000, 32_000_000_000,
@@ -72,10 +81,12 @@ CATALOG: dict[str, CatalogEntry] = {
     "qwen3-235b-a22b": CatalogEntry(
         "qwen3-235b-a22b.json", "Qwen/Qwen3-235B-A22B", 235_000_000_000, 22_000_000_000,
         "model card huggingface.co/Qwen/Qwen3-235B-A22B: 235B total, 22B activated",
+        {"fp8": "Qwen/Qwen3-235B-A22B-FP8", "nvfp4": "nvidia/Qwen3-235B-A22B-NVFP4"},
     ),
     "qwen3-30b-a3b": CatalogEntry(
         "qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B", 30_500_000_000, 3_300_000_000,
         "model card huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B total, 3.3B activated",
+        {"fp8": "Qwen/Qwen3-30B-A3B-FP8"},
     ),
     "llama-3.1-405b": CatalogEntry(
         "llama-3.1-405b.json", "meta-llama/Meta-Llama-3.1-405B", 405_000_000_000, None,
@@ -84,6 +95,7 @@ CATALOG: dict[str, CatalogEntry] = {
     "llama-3.1-70b": CatalogEntry(
         "llama-3.1-70b.json", "meta-llama/Meta-Llama-3.1-70B", 70_000_000_000, None,
         "model card huggingface.co/meta-llama/Llama-3.1-70B (formerly Meta-Llama-3.1-70B): 70B",
+        {"fp8": "nvidia/Llama-3.1-70B-Instruct-FP8"},
     ),
     "mixtral-8x7b": CatalogEntry(
         "mixtral-8x7b.json", "mistralai/Mixtral-8x7B-v0.1", 46_700_000_000, 12_900_000_000,
@@ -102,6 +114,18 @@ CATALOG: dict[str, CatalogEntry] = {
 
 
 # --- Loading ---------------------------------------------------------------------
+
+
+def published_variants(name_or_path: str) -> dict[str, str]:
+    """Other published checkpoints of a catalog model, by weight format (empty for paths)."""
+    entry = CATALOG.get(str(name_or_path).strip())
+    return dict(entry.variants) if entry else {}
+
+
+def checkpoint_repo(name_or_path: str) -> str:
+    """The Hugging Face repository to serve: the catalog's, or the path as given."""
+    entry = CATALOG.get(str(name_or_path).strip())
+    return entry.hf_repo if entry else str(name_or_path)
 
 
 def load_model(name_or_path: str) -> ModelArch:

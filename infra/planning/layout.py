@@ -165,7 +165,8 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    """Decimal units, as weights and GPU memory are quoted (TB above 1,000 GB)."""
+    return f"{n / 1e12:,.2f} TB" if n >= 1e12 else f"{n / 1e9:,.1f} GB"
 
 
 def _gib(n: float) -> str:
@@ -173,6 +174,8 @@ def _gib(n: float) -> str:
 
 
 def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluation, knobs: Knobs) -> list[str]:
+    from infra.catalog.models import weight_bytes
+
     """Why the memory does not work out, with the numbers that explain it."""
     errors = []
     gpu = itype.gpu
@@ -186,14 +189,14 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
         )
     worst = max(ev.stages, key=lambda s: s.weights_bytes)
     if worst.weights_bytes > worst.usable_bytes:
-        gpus = ev.layout.tp * ev.layout.pp
-        weights_total = sum(s.weights_bytes for s in ev.stages) * ev.layout.tp
+        lay = ev.layout
+        gpus = lay.tp * lay.pp
         errors.append(
-            f"the weights do not fit: {arch.name} needs {_gb(weights_total)} of weights per replica "
-            f"({_gib(worst.weights_bytes)} on the fullest GPU, stage {worst.stage}); "
-            f"{gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} "
-            f"({_gib(gpu.visible_memory_bytes)} each as CUDA reports it, "
-            f"{_gib(worst.usable_bytes)} usable at utilization {util:.2f})"
+            f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(weight_bytes(arch))} of weights, "
+            f"{_gb(worst.weights_bytes)} on the fullest GPU at TP {lay.tp} x PP {lay.pp}; "
+            f"{gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it "
+            f"({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * worst.usable_bytes)} usable at "
+            f"gpu-memory-utilization {util:.2f} ({_gb(worst.usable_bytes)} each)"
         )
         return errors
     tight = ev.constrained

@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 
 from infra.catalog.arch import ModelArch
 from infra.catalog.instances import INSTANCE_TYPES, InstanceType, get_instance_type
-from infra.catalog.models import load_model, params_active, params_total, weight_bytes, with_weight_format
+from infra.catalog.models import (
+    checkpoint_repo,
+    load_model,
+    params_active,
+    params_total,
+    published_variants,
+    weight_bytes,
+    with_weight_format,
+)
 from infra.errors import UserError
 from infra.planning import serving
 from infra.planning.cost import CostLines, cost_lines
@@ -21,6 +29,7 @@ MAX_SEARCH_NODES = 16  # cheapest-hardware search: node counts tried per instanc
 class Plan:
     request: PlanRequest
     model: ModelArch
+    checkpoint: str | None  # Hugging Face repository (or path) of the weights to serve; None if none is published
     instance: InstanceType
     nodes: int
     knobs: Knobs
@@ -70,9 +79,11 @@ class Plan:
         return {
             "model": {
                 "name": arch.name,
+                "checkpoint": self.checkpoint,
                 "model_type": arch.model_type,
                 "params_total": params_total(arch),
-                "params_active": params_active(arch),
+                # Input embedding left out (a lookup, not compute), as DeepSeek, Kimi and OpenAI count.
+                "params_active": params_active(arch, include_embedding=False),
                 "weight_bytes": weight_bytes(arch),
                 "weight_format": arch.weight_format,
             },
@@ -188,10 +199,14 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
 def _rank_key(ev: Evaluation):
     """Best first: feasible; the model's own KV dtype before FP8 (FP8 KV is a
     fallback, it costs accuracy); most concurrent sequences at max-model-len; most
-    KV tokens; fewer pipeline stages; no expert parallel unless it wins."""
+    KV tokens; fewer pipeline stages; no expert parallel unless it wins. Among
+    layouts that do not fit, the one that comes closest (least weight on its
+    fullest GPU) comes first, so its errors are the ones reported."""
     lay = ev.layout
+    closest = max((s.weights_bytes for s in ev.stages), default=float("inf"))
     return (
         not ev.feasible,
+        0 if ev.feasible else closest,
         lay.kv_cache_dtype != "auto" and KV_DTYPE_BYTES.get(lay.kv_cache_dtype) is not None,
         -ev.max_concurrency if ev.feasible else 0,
         -ev.kv_tokens if ev.feasible else 0,
@@ -207,11 +222,25 @@ def search(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, k
 # --- The plan --------------------------------------------------------------------
 
 
-def _resolve_model(req: PlanRequest) -> ModelArch:
+@dataclass(frozen=True)
+class ModelOption:
+    arch: ModelArch
+    checkpoint: str | None
+    weight_format: str | None  # None: the checkpoint's own
+
+
+def model_options(req: PlanRequest) -> list[ModelOption]:
+    """The weights to plan with, in order of preference: the format asked for; or
+    the model's own checkpoint, then its other published checkpoints (larger
+    formats first), used only when the ones before do not fit."""
     arch = load_model(req.model)
+    variants = published_variants(req.model)
     if req.weight_format:
-        arch = with_weight_format(arch, req.weight_format)
-    return arch
+        return [ModelOption(with_weight_format(arch, req.weight_format), variants.get(req.weight_format), req.weight_format)]
+    options = [ModelOption(arch, checkpoint_repo(req.model), None)]
+    for fmt, repo in variants.items():
+        options.append(ModelOption(with_weight_format(arch, fmt), repo, fmt))
+    return options
 
 
 def _cheapest(req: PlanRequest, arch: ModelArch) -> tuple[InstanceType, int, list[Evaluation]]:
@@ -237,17 +266,36 @@ def _cheapest(req: PlanRequest, arch: ModelArch) -> tuple[InstanceType, int, lis
 
 def make_plan(req: PlanRequest) -> Plan:
     _check_request(req)
-    arch = _resolve_model(req)
+    options = model_options(req)
+    option, fallback_note = options[0], None
     if req.objective == "min-cost":
-        itype, nodes, ranked = _cheapest(req, arch)
+        itype, nodes, ranked = _cheapest(req, option.arch)
     else:
         itype, nodes = get_instance_type(req.instance_type), req.nodes
-        ranked = search(req, arch, itype, nodes, _knobs(req, arch, itype))
+        ranked = []
+        for candidate in options:
+            tried = search(req, candidate.arch, itype, nodes, _knobs(req, candidate.arch, itype))
+            if not ranked:
+                ranked, option = tried, candidate  # the preferred option's errors, if nothing fits
+            if tried and tried[0].feasible:
+                if candidate is not options[0]:
+                    fallback_note = (
+                        f"the model's own checkpoint does not fit ({ranked[0].errors[0] if ranked[0].errors else 'no layout'}); "
+                        f"planned with its published {candidate.weight_format} checkpoint {candidate.checkpoint}"
+                    )
+                ranked, option = tried, candidate
+                break
     if not ranked:
         raise UserError(f"no layout to try for {nodes} x {itype.name}")
+    arch = option.arch
     knobs = _knobs(req, arch, itype)
     best = ranked[0]
-    warnings = _warnings(req, arch, itype, best)
+    warnings = ([fallback_note] if fallback_note else []) + _warnings(req, arch, itype, best)
+    if req.weight_format and option.checkpoint is None:
+        warnings.append(
+            f"no published {req.weight_format} checkpoint of {req.model} is known: serve one you quantised "
+            "(vLLM does not convert between 4-bit and 8-bit formats at load time)"
+        )
 
     # max-num-seqs: what the KV cache holds at a typical context, capped at vLLM's
     # default. The budget keeps the profile run at the cap (more sampler logits),
@@ -269,7 +317,7 @@ def make_plan(req: PlanRequest) -> Plan:
         pp=lay.pp,
         cold_start_target_s=req.cold_start_target_s,
     )
-    if storage.estimated_cold_start_s > req.cold_start_target_s:
+    if best.feasible and storage.estimated_cold_start_s > req.cold_start_target_s:
         warnings.append(
             f"estimated cold start {storage.estimated_cold_start_s:,.0f} s exceeds the target "
             f"{req.cold_start_target_s:,.0f} s: each node reads {storage.per_node_read_bytes / 1e9:,.0f} GB "
@@ -297,6 +345,7 @@ def make_plan(req: PlanRequest) -> Plan:
     return Plan(
         request=req,
         model=arch,
+        checkpoint=option.checkpoint,
         instance=itype,
         nodes=nodes,
         knobs=knobs,
@@ -329,11 +378,6 @@ def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evalua
         )
     if req.kv_cache_dtype is None and lay.kv_cache_dtype != "auto":
         out.append(f"KV cache in {lay.kv_cache_dtype}: the model's own dtype leaves no room at this max-model-len")
-    if req.weight_format:
-        out.append(
-            f"weights planned in {req.weight_format}: serve a checkpoint published in that format "
-            "(vLLM does not convert between 4-bit and 8-bit formats at load time)"
-        )
     if ev.stages:
         tight = ev.constrained
         if tight.headroom_bytes < 0:
