@@ -30,6 +30,7 @@ class Plan:
     request: PlanRequest
     model: ModelArch
     checkpoint: str | None  # Hugging Face repository (or path) of the weights to serve; None if none is published
+    weight_format: str | None  # the --weight-format planned with; None: the checkpoint's own
     instance: InstanceType
     nodes: int
     knobs: Knobs
@@ -346,6 +347,7 @@ def make_plan(req: PlanRequest) -> Plan:
         request=req,
         model=arch,
         checkpoint=option.checkpoint,
+        weight_format=option.weight_format,
         instance=itype,
         nodes=nodes,
         knobs=knobs,
