@@ -116,6 +116,45 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
     return errors
 
 
+@dataclass(frozen=True)
+class StageFigures:
+    """What one rank of a pipeline stage holds, independent of the GPU and knobs
+    other than TP, the KV element size and max-model-len."""
+
+    layers: tuple
+    weights: int
+    kv_per_token: int
+    kv_per_sequence: int
+
+
+# The search evaluates the same stages for every instance type and node count:
+# computing them once per model keeps a full catalog search well under a second.
+# Keyed by id(arch) with the arch kept alive beside its figures, so ids are not reused.
+_FIGURES: dict[int, tuple[ModelArch, dict]] = {}
+_FIGURES_MAX_MODELS = 16
+
+
+def stage_figures(arch: ModelArch, pp: int, tp: int, kv_bytes: int, seq_len: int) -> list[StageFigures]:
+    if id(arch) not in _FIGURES:
+        if len(_FIGURES) >= _FIGURES_MAX_MODELS:
+            _FIGURES.clear()
+        _FIGURES[id(arch)] = (arch, {})
+    cache = _FIGURES[id(arch)][1]
+    key = (pp, tp, kv_bytes, seq_len)
+    if key not in cache:
+        groups = memory.stage_layers(arch, pp)
+        cache[key] = [
+            StageFigures(
+                layers=layers,
+                weights=memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp),
+                kv_per_token=memory.bytes_per_token(layers, tp, kv_bytes),
+                kv_per_sequence=memory.bytes_per_sequence(layers, tp, kv_bytes, seq_len),
+            )
+            for i, layers in enumerate(groups)
+        ]
+    return cache[key]
+
+
 def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, knobs: Knobs) -> Evaluation:
     """The per-rank memory budget of every pipeline stage of one layout."""
     errors = layout_errors(arch, itype, nodes, layout)
@@ -131,30 +170,27 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
         gpus_per_node=itype.gpu_count,
     )
     stages = []
-    groups = memory.stage_layers(arch, layout.pp)
-    for i, layers in enumerate(groups):
-        first, last = i == 0, i == len(groups) - 1
-        weights = memory.stage_weight_bytes(arch, layers, first=first, last=last, tp=layout.tp, expert_shards=layout.tp)
+    figures = stage_figures(arch, layout.pp, layout.tp, kv_bytes, knobs.max_model_len)
+    for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(
             arch,
-            layers,
-            last=last,
+            fig.layers,
+            last=i == len(figures) - 1,
             tp=layout.tp,
-            expert_shards=layout.tp,
             max_num_batched_tokens=knobs.max_num_batched_tokens,
             max_num_seqs=knobs.max_num_seqs,
         )
         stages.append(
             memory.rank_budget(
                 stage=i,
-                layers=layers,
+                layers=fig.layers,
                 visible=gpu.visible_memory_bytes,
                 utilization=knobs.gpu_memory_utilization,
-                weights=weights,
+                weights=fig.weights,
                 activation=activation,
                 comm=comm,
-                kv_bytes_per_token=memory.bytes_per_token(layers, layout.tp, kv_bytes),
-                kv_bytes_per_sequence=memory.bytes_per_sequence(layers, layout.tp, kv_bytes, knobs.max_model_len),
+                kv_bytes_per_token=fig.kv_per_token,
+                kv_bytes_per_sequence=fig.kv_per_sequence,
                 block_size=knobs.block_size,
                 distributed=layout.tp * layout.pp > 1,
             )

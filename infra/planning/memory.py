@@ -213,7 +213,6 @@ def activation_peak_bytes(
     *,
     last: bool,
     tp: int,
-    expert_shards: int,
     max_num_batched_tokens: int,
     max_num_seqs: int,
 ) -> int:
