@@ -134,12 +134,25 @@ _FIGURES: dict[int, tuple[ModelArch, dict]] = {}
 _FIGURES_MAX_MODELS = 16
 
 
-def stage_figures(arch: ModelArch, pp: int, tp: int, kv_bytes: int, seq_len: int) -> list[StageFigures]:
+def _model_cache(arch: ModelArch) -> dict:
     if id(arch) not in _FIGURES:
         if len(_FIGURES) >= _FIGURES_MAX_MODELS:
             _FIGURES.clear()
         _FIGURES[id(arch)] = (arch, {})
-    cache = _FIGURES[id(arch)][1]
+    return _FIGURES[id(arch)][1]
+
+
+def total_weight_bytes(arch: ModelArch) -> int:
+    from infra.catalog.models import weight_bytes
+
+    cache = _model_cache(arch)
+    if "weights" not in cache:
+        cache["weights"] = weight_bytes(arch)
+    return cache["weights"]
+
+
+def stage_figures(arch: ModelArch, pp: int, tp: int, kv_bytes: int, seq_len: int) -> list[StageFigures]:
+    cache = _model_cache(arch)
     key = (pp, tp, kv_bytes, seq_len)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
@@ -210,8 +223,6 @@ def _gib(n: float) -> str:
 
 
 def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluation, knobs: Knobs) -> list[str]:
-    from infra.catalog.models import weight_bytes
-
     """Why the memory does not work out, with the numbers that explain it."""
     errors = []
     gpu = itype.gpu
@@ -228,7 +239,7 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
         lay = ev.layout
         gpus = lay.tp * lay.pp
         errors.append(
-            f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(weight_bytes(arch))} of weights, "
+            f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of weights, "
             f"{_gb(worst.weights_bytes)} on the fullest GPU at TP {lay.tp} x PP {lay.pp}; "
             f"{gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it "
             f"({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * worst.usable_bytes)} usable at "
