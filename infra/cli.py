@@ -48,9 +48,18 @@ def _tokens(n: float | None) -> str:
 
 
 def _table(title: str, *columns: str) -> Table:
+    """A table of figures: one label column, right-aligned numbers."""
     table = Table(title=title, title_justify="left", title_style="bold")
     for i, col in enumerate(columns):
         table.add_column(col, justify="left" if i == 0 else "right")
+    return table
+
+
+def _facts(title: str) -> Table:
+    """A two-column table of named values, no header."""
+    table = Table(title=title, title_justify="left", title_style="bold", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
     return table
 
 
@@ -58,7 +67,7 @@ def render(plan: Plan, console: Console) -> None:
     data = plan.to_json_dict()
     m, lay, kv = data["model"], data["layout"], data["kv_cache"]
 
-    t = _table("Model and layout", "", "")
+    t = _facts("Model and layout")
     t.add_row("model", escape(f"{m['name']} ({m['model_type']})"))
     t.add_row("parameters", f"{m['params_total'] / 1e9:,.1f}B total, {m['params_active'] / 1e9:,.1f}B active")
     t.add_row("weights", f"{m['weight_bytes'] / 1e9:,.1f} GB ({m['weight_format']})")
@@ -88,7 +97,7 @@ def render(plan: Plan, console: Console) -> None:
         t.caption = f"most constrained: stage {data['per_rank']['stage']}"
         console.print(t)
 
-        t = _table("KV cache capacity", "", "")
+        t = _facts("KV cache capacity")
         t.add_row("dtype", kv["dtype"])
         t.add_row("tokens (all replicas)", f"{kv['tokens']:,}")
         t.add_row("bytes per token (constrained rank)", f"{kv['bytes_per_token']:,}")
@@ -96,7 +105,7 @@ def render(plan: Plan, console: Console) -> None:
         t.add_row("block size", str(kv["block_size"]))
         console.print(t)
 
-    t = _table("Serving arguments", "", "")
+    t = _facts("Serving arguments")
     t.add_row("vllm serve", " ".join(data["vllm_args"]))
     t.add_row("ray start", " ".join(f"--{k}={v}" for k, v in data["ray_start_params"].items()))
     pod = data["pod"]
@@ -105,18 +114,21 @@ def render(plan: Plan, console: Console) -> None:
     st = data["storage"]
     t.add_row("weight storage", f"{_gib(st['size_bytes'])} for a {st['checkpoint_bytes'] / 1e9:,.0f} GB checkpoint")
     t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s for a {st['cold_start_target_s']:,.0f} s cold start")
-    t.add_row("estimated cold start", f"{st['estimated_cold_start_s']:,.0f} s")
+    t.add_row("estimated cold start", f"{st['estimated_cold_start_s']:,.0f} s at that throughput, engine start included")
     console.print(t)
 
     c = data["cost"]
-    t = _table("Cost", "", "")
+    t = _facts("Cost")
     t.add_row("cloud, hourly", _usd(c["hourly_usd"]))
     t.add_row("cloud, monthly (730 h)", _usd(c["monthly_usd"]))
     for name, value in c["tco_categories"].items():
         t.add_row(f"TCO: {name}", _usd(value))
     if c["tco_monthly_usd"] is not None:
         t.add_row("TCO, monthly", _usd(c["tco_monthly_usd"]))
-    t.add_row("cost per million tokens", _usd(c["usd_per_million_tokens"]) + (f" at {c['throughput_tokens_per_s']:,.0f} tokens/s" if c["throughput_tokens_per_s"] else ""))
+    if c["throughput_tokens_per_s"]:
+        t.add_row("cost per million tokens", f"{_usd(c['usd_per_million_tokens'])} at {c['throughput_tokens_per_s']:,.0f} tokens/s")
+    else:
+        t.add_row("cost per million tokens", "- (set gpu-serving:cost.throughputTokensPerSecond from a benchmark)")
     if c["breakeven_tokens_per_month"] is not None:
         t.add_row(
             f"break-even vs API at ${c['api_price_usd_per_mtok']:.2f}/M",
@@ -156,7 +168,7 @@ def plan(
     root: Optional[Path] = typer.Option(None, hidden=True, help="Directory holding the stack files."),
 ) -> None:
     """Plan the serving layout and every derived number, offline."""
-    console = Console(stderr=False, width=160)
+    console = Console()
     try:
         if stack:
             req = _request_from_stack(stack, root)
