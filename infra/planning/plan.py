@@ -16,7 +16,7 @@ from infra.catalog.models import (
     with_weight_format,
 )
 from infra.errors import UserError
-from infra.planning import serving
+from infra.planning import memory, serving
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
 from infra.planning.memory import KV_DTYPE_BYTES, RankBudget
@@ -335,14 +335,12 @@ def make_plan(req: PlanRequest) -> Plan:
     args = serving.vllm_args(
         tp=lay.tp,
         pp=lay.pp,
-        dp=lay.dp,
         expert_parallel=lay.expert_parallel,
         gpu_memory_utilization=knobs.gpu_memory_utilization,
         max_model_len=knobs.max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=knobs.max_num_batched_tokens,
         kv_cache_dtype=lay.kv_cache_dtype,
-        nodes_per_replica=max(1, lay.tp * lay.pp // itype.gpu_count),
     )
     return Plan(
         request=req,
@@ -364,8 +362,6 @@ def make_plan(req: PlanRequest) -> Plan:
 
 
 def _seq_bytes(arch: ModelArch, ev: Evaluation, stage: int, seq_len: int) -> int:
-    from infra.planning import memory
-
     layers = memory.stage_layers(arch, ev.layout.pp)[stage]
     kv_bytes = memory.kv_element_bytes(ev.layout.kv_cache_dtype, arch.model_dtype)
     return memory.bytes_per_sequence(layers, ev.layout.tp, kv_bytes, seq_len)

@@ -151,15 +151,14 @@ def vllm_args(
     *,
     tp: int,
     pp: int,
-    dp: int,
     expert_parallel: bool,
     gpu_memory_utilization: float,
     max_model_len: int,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     kv_cache_dtype: str,
-    nodes_per_replica: int,
 ) -> list[str]:
+    """Arguments of one engine replica's `vllm serve` (replicas are separate engines)."""
     args = [
         "--tensor-parallel-size", str(tp),
         "--pipeline-parallel-size", str(pp),
