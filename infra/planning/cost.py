@@ -23,8 +23,6 @@ class CostLines:
     api_price_usd_per_mtok: float | None
     throughput_tokens_per_s: float | None
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def cost_per_million_tokens(monthly_usd: float, tokens_per_second: float) -> float:

@@ -269,8 +269,6 @@ class RankBudget:
     kv_tokens: int  # KV cache capacity in tokens (at the marginal cost per token)
     max_sequences: float  # sequences of max-model-len the KV cache holds
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def rank_budget(

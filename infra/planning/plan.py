@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from infra.catalog.arch import ModelArch
 from infra.catalog.instances import INSTANCE_TYPES, InstanceType, get_instance_type
@@ -100,7 +100,7 @@ class Plan:
                 "layers_per_stage": [s.layers for s in self.stages],
             },
             "per_rank": per_rank,
-            "stages": [s.as_dict() for s in self.stages],
+            "stages": [asdict(s) for s in self.stages],
             "kv_cache": {
                 "dtype": lay.kv_cache_dtype,
                 "tokens": self.evaluation.kv_tokens if self.stages else 0,
@@ -113,13 +113,13 @@ class Plan:
             },
             "vllm_args": list(self.serving_args),
             "ray_start_params": dict(self.ray_params),
-            "pod": self.pod.as_dict(),
-            "storage": self.storage.as_dict(),
+            "pod": asdict(self.pod),
+            "storage": asdict(self.storage),
             "feasible": self.feasible,
             "errors": self.errors,
             "warnings": list(self.warnings),
             "assumptions": list(self.model.notes),
-            "cost": self.cost.as_dict(),
+            "cost": asdict(self.cost),
         }
 
 

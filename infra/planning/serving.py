@@ -79,8 +79,6 @@ class PodResources:
     shm_bytes: int  # memory-backed /dev/shm emptyDir
     object_store_bytes: int  # Ray --object-store-memory
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def pod_resources(itype: InstanceType) -> PodResources:
@@ -118,8 +116,6 @@ class Storage:
     estimated_cold_start_s: float  # read at the required rate (or the client limit) + engine init
     per_node_read_bytes: int
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def storage_plan(
