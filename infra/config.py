@@ -80,6 +80,215 @@ class GpuConfig(_Area):
         json_schema_extra={"allowed": "an EC2 instance type such as p5.48xlarge"},
     )
     nodes: int = Field(ge=1, le=64, description="Number of GPU nodes.")
+    ami_type: Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"] = Field(
+        default="AL2023_x86_64_NVIDIA",
+        description="EKS AMI type of the GPU nodes (NVIDIA driver, toolkit and EFA software on board; "
+        "GPU-EFA topology pairing with the EFA device plugin happens on AL2023 only).",
+    )
+    capacity: "CapacityConfig" = Field(
+        default_factory=lambda: CapacityConfig(),
+        description="Where the GPU capacity comes from: on demand, a capacity reservation, or an EC2 Capacity Block for ML.",
+    )
+    root_volume_gib: Optional[int] = Field(
+        default=None,
+        ge=50,
+        le=16_384,
+        description="Encrypted gp3 root volume per GPU node, GiB; null = the plan's size (container images and caches).",
+    )
+
+
+class CapacityConfig(_Area):
+    """`gpu-serving:gpu.capacity`: how the GPU instances are bought."""
+
+    type: Literal["on-demand", "capacity-reservation", "capacity-block"] = Field(
+        default="on-demand",
+        description="`on-demand`, `capacity-reservation` (an On-Demand Capacity Reservation) or "
+        "`capacity-block` (EC2 Capacity Block for ML; node group capacity type CAPACITY_BLOCK).",
+    )
+    reservation_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^cr-[0-9a-f]{8,17}$",
+        description="Capacity reservation id (`cr-...`); required for `capacity-reservation` and `capacity-block`.",
+        json_schema_extra={"allowed": "a capacity reservation id such as cr-0123456789abcdef0, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _reservation_needs_id(self) -> "CapacityConfig":
+        if self.type != "on-demand" and not self.reservation_id:
+            raise PydanticCustomError(
+                "required_for_capacity",
+                "required when type is {kind!r} (the reservation or Capacity Block to launch into)",
+                {"key": "reservationId", "kind": self.type},
+            )
+        if self.type == "on-demand" and self.reservation_id:
+            raise PydanticCustomError(
+                "reservation_without_type",
+                "a reservationId is given but type is 'on-demand'; set type to 'capacity-reservation' or 'capacity-block'",
+                {"key": "reservationId"},
+            )
+        return self
+
+
+Cidr = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$")]
+
+
+class NetworkConfig(_Area):
+    """`gpu-serving:network`: the VPC, or an existing one."""
+
+    vpc_cidr: str = Field(
+        default="10.0.0.0/16",
+        pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|20)$",
+        description="CIDR of the VPC the stack creates (/16 to /20).",
+        json_schema_extra={"allowed": "an IPv4 CIDR from /16 to /20, such as 10.0.0.0/16"},
+    )
+    availability_zones: Optional[list[str]] = Field(
+        default=None,
+        min_length=2,
+        max_length=6,
+        description="Availability zones for subnets (at least 2, as EKS requires); null = the region's `a` and `b` zones. "
+        "Zone names map to different physical zones per account: set them when a reservation fixes the zone.",
+        json_schema_extra={"allowed": "a list of 2 to 6 zone names such as us-east-1a, or null"},
+    )
+    gpu_availability_zone: Optional[str] = Field(
+        default=None,
+        description="The one zone of all GPU nodes (EFA traffic and cluster placement groups do not cross zones); "
+        "null = the first of availabilityZones. With a Capacity Block: the block's zone.",
+        json_schema_extra={"allowed": "one zone name from availabilityZones, or null"},
+    )
+    placement_group: Optional[StrictBool] = Field(
+        default=None,
+        description="Launch GPU nodes in a `cluster` placement group; null = yes on demand, no with a reservation "
+        "or Capacity Block (their placement is fixed already, and forcing a group breaks launches).",
+    )
+    nat_gateway_per_az: StrictBool = Field(
+        default=False, description="One NAT gateway per zone (survives a zone outage) instead of one."
+    )
+    existing_vpc_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^vpc-[0-9a-f]{8,17}$",
+        description="Use this VPC instead of creating one (then the three subnet keys below are required).",
+        json_schema_extra={"allowed": "a VPC id such as vpc-0123456789abcdef0, or null"},
+    )
+    existing_private_subnet_ids: Optional[list[str]] = Field(
+        default=None, description="Private subnets of the existing VPC (control plane, system nodes), 2 or more.",
+        json_schema_extra={"allowed": "a list of subnet ids, or null"},
+    )
+    existing_public_subnet_ids: Optional[list[str]] = Field(
+        default=None, description="Public subnets of the existing VPC (load balancers).",
+        json_schema_extra={"allowed": "a list of subnet ids, or null"},
+    )
+    existing_gpu_subnet_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^subnet-[0-9a-f]{8,17}$",
+        description="The one private subnet of the GPU nodes in the existing VPC (one zone).",
+        json_schema_extra={"allowed": "one subnet id such as subnet-0123456789abcdef0, or null"},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_gpu_zone(cls, data: Any) -> Any:
+        for key in ("gpuAvailabilityZone", "gpu_availability_zone", "existingGpuSubnetId", "existing_gpu_subnet_id"):
+            value = data.get(key) if isinstance(data, dict) else None
+            if isinstance(value, (list, tuple)):
+                raise PydanticCustomError(
+                    "one_gpu_zone",
+                    "GPU nodes must be in one availability zone and one subnet (EFA traffic and cluster "
+                    "placement groups do not cross zones); got {count}: {value}",
+                    {"key": key, "count": len(value), "value": ", ".join(map(str, value))},
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _zones_agree(self) -> "NetworkConfig":
+        if self.existing_vpc_id:
+            missing = [k for k, v in (("existingPrivateSubnetIds", self.existing_private_subnet_ids),
+                                      ("existingGpuSubnetId", self.existing_gpu_subnet_id)) if not v]  # fmt: skip
+            if missing:
+                raise PydanticCustomError(
+                    "existing_vpc_needs_subnets",
+                    "with existingVpcId, also give {keys}",
+                    {"keys": " and ".join(missing)},
+                )
+        elif self.gpu_availability_zone and self.availability_zones and self.gpu_availability_zone not in self.availability_zones:
+            raise PydanticCustomError(
+                "gpu_zone_not_listed",
+                "gpuAvailabilityZone {zone!r} is not one of availabilityZones ({zones})",
+                {"zone": self.gpu_availability_zone, "zones": ", ".join(self.availability_zones)},
+            )
+        return self
+
+    def zones(self, region: str) -> list[str]:
+        return list(self.availability_zones or [f"{region}a", f"{region}b"])
+
+    def gpu_zone(self, region: str) -> str:
+        return self.gpu_availability_zone or self.zones(region)[0]
+
+
+class ClusterConfig(_Area):
+    """`gpu-serving:cluster`: the EKS control plane and its system nodes."""
+
+    kubernetes_version: str = Field(
+        default="1.33",
+        pattern=r"^1\.[0-9]{2}$",
+        description="EKS Kubernetes version.",
+        json_schema_extra={"allowed": "a version such as 1.33"},
+    )
+    public_access_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach the API endpoint from the internet; empty = private endpoint only.",
+        json_schema_extra={"allowed": "a list of IPv4 CIDRs such as 203.0.113.0/24"},
+    )
+    admin_principal_arns: list[str] = Field(
+        default_factory=list,
+        description="IAM roles or users given cluster admin through EKS access entries.",
+        json_schema_extra={"allowed": "a list of IAM ARNs such as arn:aws:iam::123456789012:role/admin"},
+    )
+    system_instance_type: str = Field(
+        default="m7i.xlarge",
+        pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
+        description="Instance type of the small non-GPU node group for operators and add-ons.",
+        json_schema_extra={"allowed": "an EC2 instance type such as m7i.xlarge"},
+    )
+    system_node_count: int = Field(default=2, ge=1, le=10, description="Nodes in the system node group.")
+    fsx_csi: StrictBool = Field(default=False, description="Install the FSx for Lustre CSI driver add-on too.")
+
+
+class LifecycleConfig(_Area):
+    """`gpu-serving:lifecycle`: who owns the stack and how long it may live."""
+
+    production: StrictBool = Field(
+        default=False,
+        description="A production stack: resources that hold data or are costly to replace are protected, and it never expires.",
+    )
+    owner: str = Field(
+        default="unknown",
+        min_length=1,
+        max_length=128,
+        description="Team or person answerable for the stack; tagged on every AWS resource as `owner`.",
+    )
+    expires_at: Optional[str] = Field(
+        default=None,
+        pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$",
+        description="When a non-production stack may be swept, ISO 8601 UTC (`2026-12-31T18:00:00Z`); "
+        "required unless production; tagged as `expires-at`.",
+        json_schema_extra={"allowed": "an ISO 8601 UTC time such as 2026-12-31T18:00:00Z, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _expiry(self) -> "LifecycleConfig":
+        if not self.production and not self.expires_at:
+            raise PydanticCustomError(
+                "required_for_capacity",
+                "required for a non-production stack (the leak sweeper deletes expired stacks)",
+                {"key": "expiresAt"},
+            )
+        if self.production and self.expires_at:
+            raise PydanticCustomError(
+                "reservation_without_type",
+                "a production stack does not expire; remove expiresAt or set production to false",
+                {"key": "expiresAt"},
+            )
+        return self
 
 
 class ServingConfig(_Area):
@@ -176,11 +385,16 @@ class CostConfig(_Area):
     )
 
 
+GpuConfig.model_rebuild()
+
 AREAS: dict[str, type[_Area]] = {
     "model": ModelConfig,
     "gpu": GpuConfig,
     "serving": ServingConfig,
     "cost": CostConfig,
+    "network": NetworkConfig,
+    "cluster": ClusterConfig,
+    "lifecycle": LifecycleConfig,
 }
 
 
@@ -200,6 +414,51 @@ class StackConfig(BaseModel):
     gpu: GpuConfig
     serving: ServingConfig = Field(default_factory=ServingConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    lifecycle: LifecycleConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lifecycle_defaults(cls, data: Any) -> Any:
+        # No lifecycle area: a non-production stack, so the message points at expiresAt.
+        if isinstance(data, dict) and "lifecycle" not in data:
+            data = {**data, "lifecycle": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _across_areas(self) -> "StackConfig":
+        from infra.catalog.instances import INSTANCE_TYPES
+
+        if self.gpu.instance_type not in INSTANCE_TYPES:
+            raise PydanticCustomError(
+                "unknown_instance_type",
+                "unknown instance type {name!r}; known instance types: {known}",
+                {"loc": ("gpu", "instanceType"), "name": self.gpu.instance_type, "known": ", ".join(sorted(INSTANCE_TYPES))},
+            )
+        if self.gpu.capacity.type != "on-demand" and self.network.placement_group:
+            raise PydanticCustomError(
+                "placement_with_reservation",
+                "placementGroup is true but capacity type is {kind!r}: a reservation or Capacity Block already "
+                "fixes placement, and launching it into a placement group fails; set placementGroup to false or null",
+                {"loc": ("network", "placementGroup"), "kind": self.gpu.capacity.type},
+            )
+        pp = self.serving.pipeline_parallel
+        if pp and self.gpu.nodes < pp:
+            raise PydanticCustomError(
+                "nodes_below_pipeline",
+                "nodes = {nodes} is below pipelineParallel = {pp}: each pipeline stage runs on its own node; "
+                "give at least {pp} nodes or a smaller pipelineParallel",
+                {"loc": ("gpu", "nodes"), "nodes": self.gpu.nodes, "pp": pp},
+            )
+        return self
+
+    @property
+    def placement_group(self) -> bool:
+        """Whether GPU nodes go in a cluster placement group (see NetworkConfig.placement_group)."""
+        if self.network.placement_group is None:
+            return self.gpu.capacity.type == "on-demand"
+        return self.network.placement_group
 
     def plan_request(self) -> PlanRequest:
         """The planner's input for this stack."""
@@ -401,6 +660,13 @@ def _error_message(err: dict, data: dict) -> str:
         fi = area.model_fields[name] if area is not None and name is not None else None
         allowed = f" ({describe_allowed(fi, nullable=False)})" if fi is not None else ""
         return f"{key_path(loc + (key,))} is {err['msg']}{allowed}"
+    ctx = err.get("ctx") or {}
+    if typ in _CROSS_CHECKS:
+        # Our own checks: the key they are about is in the context.
+        where = tuple(ctx["loc"]) if "loc" in ctx else loc + ((ctx["key"],) if "key" in ctx else ())
+        if where and where[-1] in ("gpuAvailabilityZone", "gpu_availability_zone", "existingGpuSubnetId", "existing_gpu_subnet_id") and loc and loc[-1] == where[-1]:
+            where = loc
+        return f"{key_path(where)}: {err['msg']}"
     path = key_path(loc)
     if typ == "missing":
         allowed = f" ({describe_allowed(field)})" if field is not None else ""
@@ -419,6 +685,10 @@ def _error_message(err: dict, data: dict) -> str:
 
 
 _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+_CROSS_CHECKS = {
+    "required_for_capacity", "reservation_without_type", "one_gpu_zone", "existing_vpc_needs_subnets",
+    "gpu_zone_not_listed", "unknown_instance_type", "placement_with_reservation", "nodes_below_pipeline",
+}  # fmt: skip
 _NOT_ALLOWED = {"literal_error", "string_pattern_mismatch", "string_too_short", "enum"}
 _NOT_AN_OBJECT = {"model_type", "model_attributes_type", "dict_type"}
 
@@ -524,6 +794,8 @@ def describe_type(field: Any) -> str:
             names.append("string")
         elif origin is dict:
             names.append("map of string -> float")
+        elif origin is list:
+            names.append("list of string")
         elif a is bool:
             names.append("bool")
         elif a is int:
@@ -589,10 +861,13 @@ def reference_markdown() -> str:
         out.append("| key | type | default | range | meaning |")
         out.append("|---|---|---|---|---|")
         for name, fi in model.model_fields.items():
-            out.append(
-                f"| `{fi.alias}` | {describe_type(fi)} | {describe_default(fi)} | "
-                f"{describe_allowed(fi)} | {fi.description} |"
-            )
+            nested = _nested_model(fi)
+            rows = [(f"{fi.alias}.{sub.alias}", sub) for sub in nested.model_fields.values()] if nested else [(fi.alias, fi)]
+            for key, f in rows:
+                out.append(
+                    f"| `{key}` | {describe_type(f)} | {describe_default(f)} | "
+                    f"{describe_allowed(f)} | {f.description} |"
+                )
         out.append("")
     region = StackConfig.model_fields["region"]
     out.append("#### `aws:region`\n")

@@ -89,6 +89,7 @@ def test_every_key_reaches_the_plan_request() -> None:
         {
             "model": {"name": "kimi-k3", "weightFormat": "fp8"},
             "gpu": {"instanceType": "p5en.48xlarge", "nodes": 2},
+            "lifecycle": {"production": True},
             "serving": {
                 "tensorParallel": 8,
                 "pipelineParallel": 2,
@@ -141,7 +142,10 @@ def test_every_key_reaches_the_plan_request() -> None:
 
 
 def test_config_defaults_are_the_planner_defaults() -> None:
-    cfg = from_mapping("x", {"model": {"name": "m"}, "gpu": {"instanceType": "p5.48xlarge", "nodes": 1}})
+    cfg = from_mapping(
+        "x",
+        {"model": {"name": "m"}, "gpu": {"instanceType": "p5.48xlarge", "nodes": 1}, "lifecycle": {"production": True}},
+    )
     assert cfg.plan_request() == PlanRequest(model="m", instance_type="p5.48xlarge", nodes=1)
 
 
