@@ -111,6 +111,7 @@ def render(plan: Plan, console: Console) -> None:
     pod = data["pod"]
     t.add_row("pod requests", f"{pod['cpu']} CPU, {_gib(pod['memory_bytes'])}, {pod['gpus']} GPU, {pod['efa_interfaces']} EFA")
     t.add_row("/dev/shm", _gib(pod["shm_bytes"]))
+    t.add_row("node root volume", f"{data['node']['root_volume_gib']} GiB gp3, encrypted (images and caches)")
     st = data["storage"]
     t.add_row("weight storage", f"{_gib(st['size_bytes'])} for a {st['checkpoint_bytes'] / 1e9:,.0f} GB checkpoint")
     t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s for a {st['cold_start_target_s']:,.0f} s cold start")

@@ -117,7 +117,7 @@ class CapacityConfig(_Area):
         if self.type != "on-demand" and not self.reservation_id:
             raise PydanticCustomError(
                 "required_for_capacity",
-                "required when type is {kind!r} (the reservation or Capacity Block to launch into)",
+                "required when type is '{kind}' (the reservation or Capacity Block to launch into)",
                 {"key": "reservationId", "kind": self.type},
             )
         if self.type == "on-demand" and self.reservation_id:
@@ -212,7 +212,7 @@ class NetworkConfig(_Area):
         elif self.gpu_availability_zone and self.availability_zones and self.gpu_availability_zone not in self.availability_zones:
             raise PydanticCustomError(
                 "gpu_zone_not_listed",
-                "gpuAvailabilityZone {zone!r} is not one of availabilityZones ({zones})",
+                "gpuAvailabilityZone '{zone}' is not one of availabilityZones ({zones})",
                 {"zone": self.gpu_availability_zone, "zones": ", ".join(self.availability_zones)},
             )
         return self
@@ -433,13 +433,13 @@ class StackConfig(BaseModel):
         if self.gpu.instance_type not in INSTANCE_TYPES:
             raise PydanticCustomError(
                 "unknown_instance_type",
-                "unknown instance type {name!r}; known instance types: {known}",
+                "unknown instance type '{name}'; known instance types: {known}",
                 {"loc": ("gpu", "instanceType"), "name": self.gpu.instance_type, "known": ", ".join(sorted(INSTANCE_TYPES))},
             )
         if self.gpu.capacity.type != "on-demand" and self.network.placement_group:
             raise PydanticCustomError(
                 "placement_with_reservation",
-                "placementGroup is true but capacity type is {kind!r}: a reservation or Capacity Block already "
+                "placementGroup is true but capacity type is '{kind}': a reservation or Capacity Block already "
                 "fixes placement, and launching it into a placement group fails; set placementGroup to false or null",
                 {"loc": ("network", "placementGroup"), "kind": self.gpu.capacity.type},
             )

@@ -114,6 +114,7 @@ class Plan:
             "vllm_args": list(self.serving_args),
             "ray_start_params": dict(self.ray_params),
             "pod": asdict(self.pod),
+            "node": {"root_volume_gib": serving.ROOT_VOLUME_GIB},
             "storage": asdict(self.storage),
             "feasible": self.feasible,
             "errors": self.errors,

@@ -58,6 +58,15 @@ NFS_CLIENT_BYTES_PER_S = 1500 * MiB
 ENGINE_INIT_S = 180.0
 
 
+# Root volume of a GPU node: container images and caches, not weights (those
+# are on the shared file system). ASSUMPTION: the vLLM image is ~20 GiB
+# compressed and ~40 GiB unpacked; containerd keeps both, and two versions live
+# side by side during an upgrade (~120 GiB); torch.compile, Triton and
+# FlashInfer JIT caches ~20 GiB; the OS, logs and kubelet ~20 GiB; rounded up
+# with a margin to 200 GiB.
+ROOT_VOLUME_GIB = 200
+
+
 def uses_mla_blocks(kinds: set[str]) -> bool:
     return bool(kinds & {"mla", "compressed"})
 

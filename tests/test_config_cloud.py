@@ -1,0 +1,115 @@
+"""Config of the cloud layer: mistakes are refused with the key and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from infra.config import from_mapping, read_stack_file
+from infra.errors import UserError
+
+
+def _prod_areas(repo_root) -> dict:
+    raw = read_stack_file("prod", repo_root)
+    return {k.split(":", 1)[1]: v for k, v in raw.items() if k.startswith("gpu-serving:")}
+
+
+def _refused(areas: dict, *fragments: str) -> str:
+    with pytest.raises(UserError) as info:
+        from_mapping("prod", areas, region="us-east-1")
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    assert "Traceback" not in message
+    return message
+
+
+@pytest.fixture
+def prod(repo_root) -> dict:
+    return copy.deepcopy(_prod_areas(repo_root))
+
+
+def test_prod_and_test_stacks_load(repo_root):
+    for stack in ("prod", "test"):
+        raw = read_stack_file(stack, repo_root)
+        areas = {k.split(":", 1)[1]: v for k, v in raw.items() if k.startswith("gpu-serving:")}
+        cfg = from_mapping(stack, areas, region=raw.get("aws:region"))
+        assert cfg.gpu.nodes >= 1
+
+
+def test_unknown_instance_type_lists_the_known_ones(prod):
+    prod["gpu"]["instanceType"] = "p9.48xlarge"
+    _refused(prod, "gpu-serving:gpu.instanceType", "p9.48xlarge", "p5.48xlarge", "p5en.48xlarge", "g6e.xlarge")
+
+
+def test_gpu_nodes_in_two_zones_is_refused(prod):
+    prod["network"]["gpuAvailabilityZone"] = ["us-east-1a", "us-east-1b"]
+    _refused(prod, "gpu-serving:network.gpuAvailabilityZone", "one availability zone", "us-east-1a, us-east-1b")
+
+
+def test_gpu_zone_must_be_one_of_the_zones(prod):
+    prod["network"]["gpuAvailabilityZone"] = "us-east-1f"
+    _refused(prod, "gpu-serving:network", "us-east-1f", "us-east-1a, us-east-1b, us-east-1c")
+
+
+def test_existing_gpu_subnets_in_two_zones_is_refused(prod):
+    prod["network"].update(
+        existingVpcId="vpc-0123456789abcdef0",
+        existingPrivateSubnetIds=["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+        existingGpuSubnetId=["subnet-0123456789abcdef2", "subnet-0123456789abcdef3"],
+    )
+    _refused(prod, "gpu-serving:network.existingGpuSubnetId", "one subnet")
+
+
+def test_existing_vpc_needs_its_subnets(prod):
+    prod["network"]["existingVpcId"] = "vpc-0123456789abcdef0"
+    _refused(prod, "gpu-serving:network", "existingPrivateSubnetIds", "existingGpuSubnetId")
+
+
+@pytest.mark.parametrize("kind", ["capacity-block", "capacity-reservation"])
+def test_reserved_capacity_needs_a_reservation_id(prod, kind):
+    prod["gpu"]["capacity"] = {"type": kind}
+    _refused(prod, "gpu-serving:gpu.capacity.reservationId", kind)
+
+
+def test_reservation_id_must_look_like_one(prod):
+    prod["gpu"]["capacity"] = {"type": "capacity-block", "reservationId": "block-1"}
+    _refused(prod, "gpu-serving:gpu.capacity.reservationId", "cr-0123456789abcdef0")
+
+
+def test_capacity_block_in_a_placement_group_is_refused(prod):
+    prod["gpu"]["capacity"] = {"type": "capacity-block", "reservationId": "cr-0123456789abcdef0"}
+    prod["network"]["placementGroup"] = True
+    _refused(prod, "gpu-serving:network.placementGroup", "capacity-block")
+
+
+def test_capacity_block_drops_the_placement_group_by_default(prod):
+    prod["gpu"]["capacity"] = {"type": "capacity-block", "reservationId": "cr-0123456789abcdef0"}
+    cfg = from_mapping("prod", prod, region="us-east-1")
+    assert cfg.placement_group is False
+    prod["gpu"]["capacity"] = {"type": "on-demand"}
+    assert from_mapping("prod", prod, region="us-east-1").placement_group is True
+
+
+def test_fewer_nodes_than_pipeline_stages_is_refused(prod):
+    prod["serving"]["pipelineParallel"] = 4
+    prod["gpu"]["nodes"] = 2
+    _refused(prod, "gpu-serving:gpu.nodes", "2", "pipelineParallel = 4")
+
+
+def test_non_production_stack_needs_an_expiry(prod):
+    prod["lifecycle"] = {"production": False, "owner": "someone"}
+    _refused(prod, "gpu-serving:lifecycle.expiresAt", "non-production")
+    prod["lifecycle"]["expiresAt"] = "next tuesday"
+    _refused(prod, "gpu-serving:lifecycle.expiresAt", "2026-12-31T18:00:00Z")
+
+
+def test_missing_lifecycle_asks_for_the_expiry(prod):
+    del prod["lifecycle"]
+    _refused(prod, "gpu-serving:lifecycle.expiresAt")
+
+
+def test_public_endpoint_cidrs_must_be_cidrs(prod):
+    prod["cluster"]["publicAccessCidrs"] = ["everyone"]
+    _refused(prod, "gpu-serving:cluster.publicAccessCidrs")
