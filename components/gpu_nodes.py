@@ -1,0 +1,249 @@
+"""The GPU node group: an EKS managed node group on its own EFA launch template.
+
+One `GpuNodeGroup` component (`gpu-serving:gpu:GpuNodeGroup`) creates:
+
+- an EC2 launch template with
+  - every EFA interface the instance type has, laid out as AWS recommends
+    (`infra/efa.py`: card 0 a normal ENA interface plus an `efa-only` one, every
+    other card one `efa-only`), the security groups on each interface;
+  - the instance type (see "Where the instance type is set" below);
+  - IMDSv2 required, hop limit 1 (see "IMDS" below);
+  - an encrypted gp3 volume for the OS, container images and caches, sized by the plan;
+  - the capacity settings: Capacity Block market type and reservation target, or a
+    capacity reservation target, or nothing for on demand;
+  - the cluster placement group when one is given;
+  - Name tags on the instances, their volumes and network interfaces;
+  - no subnet (EKS rejects a managed node group template that sets one), no
+    template-level security groups (with interfaces declared they go on each
+    interface), no image id (the node group's AMI type picks the EKS-optimised
+    NVIDIA AMI and EKS merges its bootstrap user data), no IAM instance profile
+    (EKS sets it from the node role);
+- an EKS managed node group on that template: the GPU subnet, the AMI type,
+  the capacity type, min = max = desired = the plan's node count, an update
+  policy that never takes more than one GPU node away at once, the GPU taint
+  and the labels the serving layer selects on.
+
+Where the instance type is set: in the launch template, never on the node group
+(EKS rejects it in both places). A Capacity Block template must carry it (EKS
+User Guide, "Create a managed node group with Capacity Blocks for ML"), so it
+lives there for every capacity kind; it also means a new instance type is a new
+template version, which EKS rolls out node by node, where `instanceTypes` on the
+node group would replace the whole group.
+
+IMDS: `http_tokens` "required" (IMDSv2 only) and `http_put_response_hop_limit`
+1. The EKS User Guide ("Upgrade from Amazon Linux 2 to Amazon Linux 2023") says
+AL2023 requires IMDSv2 and managed node groups default the hop limit to 1 so
+that containers cannot use the node's credentials; raise it to 2 only for
+containers that need the node role, and use EKS Pod Identity instead. The EKS
+Best Practices Guide ("Restrict access to the instance profile assigned to the
+worker node") says the same. Pods here get AWS credentials from Pod Identity (the
+cluster installs eks-pod-identity-agent); host-network pods (VPC CNI, kube-proxy,
+the CSI node drivers) reach IMDS at hop limit 1 anyway. A stack whose pods really
+need the node role sets `imds_hop_limit=2`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.catalog.instances import InstanceType
+from infra.efa import (
+    capacity_settings,
+    efa_interface_count,
+    efa_interfaces,
+    gpu_labels,
+    gpu_taints,
+    root_device_name,
+    update_config,
+)
+from infra.errors import UserError
+
+TYPE = "gpu-serving:gpu:GpuNodeGroup"
+
+# EKS AMI types that carry the NVIDIA driver and container toolkit (botocore eks AMITypes).
+GPU_AMI_TYPES = (
+    "AL2023_x86_64_NVIDIA",
+    "AL2023_ARM_64_NVIDIA",
+    "BOTTLEROCKET_x86_64_NVIDIA",
+    "BOTTLEROCKET_ARM_64_NVIDIA",
+)
+ROOT_VOLUME_TYPE = "gp3"  # EC2 VolumeType
+IMDS_TOKENS = "required"  # EC2 LaunchTemplateHttpTokensState: IMDSv2 only
+IMDS_ENDPOINT = "enabled"
+TAGGED_RESOURCE_TYPES = ("instance", "volume", "network-interface")  # EC2 ResourceType
+
+
+@dataclass(frozen=True)
+class GpuNodeGroupArgs:
+    """What the GPU node group needs. Numbers come from the plan, never from here.
+
+    `security_group_ids`: the EFA security group and the cluster security group.
+    They are set on every network interface; EKS adds the cluster security group
+    itself only when a template names none, so it must be in this list or the
+    nodes cannot reach the control plane.
+    `subnet_id`: the GPU subnet (one zone; with a reservation or Capacity Block,
+    the reservation's zone).
+    `tags`: extra tags for the instances, volumes and interfaces the node group
+    launches (the provider's default tags reach the template, not what the
+    Auto Scaling group launches from it).
+    """
+
+    cluster_name: pulumi.Input[str]
+    node_role_arn: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    security_group_ids: Sequence[pulumi.Input[str]]
+    instance_type: InstanceType
+    node_count: int
+    root_volume_gib: int
+    ami_type: str = "AL2023_x86_64_NVIDIA"
+    capacity_kind: str = "on-demand"
+    reservation_id: Optional[str] = None
+    placement_group_name: Optional[pulumi.Input[str]] = None
+    kubernetes_version: Optional[str] = None
+    imds_hop_limit: int = 1
+    tags: Optional[Mapping[str, str]] = None
+
+
+def _template_version(version) -> Optional[str]:
+    # The template's latest version is an integer (a float under the mocks); EKS wants a string.
+    return None if version is None else str(int(version))
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """An EKS managed node group of EFA-wired GPU instances (see the module doc)."""
+
+    launch_template: aws.ec2.LaunchTemplate
+    node_group: aws.eks.NodeGroup
+    node_group_name: pulumi.Output[str]
+    launch_template_id: pulumi.Output[str]
+    efa_interface_count: int
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        # Everything that can be wrong is checked before anything is registered.
+        if args.ami_type not in GPU_AMI_TYPES:
+            raise UserError(
+                f"gpu-serving:gpu.amiType: {args.ami_type!r} is not an EKS GPU AMI type "
+                f"(one with the NVIDIA driver); allowed: {', '.join(GPU_AMI_TYPES)}"
+            )
+        if args.instance_type.gpu_count < 1:
+            raise UserError(f"gpu-serving:gpu.instanceType: {args.instance_type.name} has no GPU")
+        if args.root_volume_gib < 1:
+            raise UserError(f"the GPU nodes' root volume must be at least 1 GiB, got {args.root_volume_gib}")
+        if args.imds_hop_limit not in (1, 2):
+            raise ValueError(f"imds_hop_limit must be 1 or 2, got {args.imds_hop_limit}")
+        capacity = capacity_settings(args.capacity_kind, args.reservation_id)
+        if args.placement_group_name is not None and capacity.kind != "on-demand":
+            raise UserError(
+                f"gpu-serving:network.placementGroup: a placement group with capacity type {capacity.kind!r} "
+                "breaks launches (the reservation already fixes placement); set placementGroup to false or null"
+            )
+        updates = update_config(args.node_count, capacity.kind)
+        interfaces = efa_interfaces(args.instance_type, args.security_group_ids)
+
+        super().__init__(TYPE, name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.efa_interface_count = efa_interface_count(interfaces)
+        instance_tags = {**dict(args.tags or {}), "Name": pulumi.Output.concat(args.cluster_name, "-", name)}
+
+        self.launch_template = aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description=f"{args.instance_type.name} GPU nodes with {self.efa_interface_count} EFA interfaces",
+            instance_type=args.instance_type.name,
+            update_default_version=True,
+            network_interfaces=[
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    network_card_index=i["network_card_index"],
+                    device_index=i["device_index"],
+                    interface_type=i["interface_type"],
+                    security_groups=i["security_groups"],
+                    # The provider types these EC2 booleans as strings.
+                    delete_on_termination="true" if i["delete_on_termination"] else "false",
+                )
+                for i in interfaces
+            ],
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint=IMDS_ENDPOINT,
+                http_tokens=IMDS_TOKENS,
+                http_put_response_hop_limit=args.imds_hop_limit,
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=root_device_name(args.ami_type),
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=args.root_volume_gib,
+                        volume_type=ROOT_VOLUME_TYPE,
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            placement=(
+                aws.ec2.LaunchTemplatePlacementArgs(group_name=args.placement_group_name)
+                if args.placement_group_name is not None
+                else None
+            ),
+            instance_market_options=(
+                aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(**capacity.instance_market_options)
+                if capacity.instance_market_options
+                else None
+            ),
+            capacity_reservation_specification=(
+                aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                    capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                        **capacity.capacity_reservation_specification["capacity_reservation_target"]
+                    )
+                )
+                if capacity.capacity_reservation_specification
+                else None
+            ),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=instance_tags)
+                for kind in TAGGED_RESOURCE_TYPES
+            ],
+            opts=child,
+        )
+
+        # No ignore_changes, on purpose: the plan is the only owner of the size (no cluster
+        # autoscaler; min = max = desired) and of every other field here. Ignoring desiredSize, as
+        # autoscaled groups do, would let a smaller plan set max below the live desired size, which
+        # EKS rejects. With a Capacity Block, EKS scales the group to zero 40 minutes before the block
+        # ends; a later `pulumi up --refresh` then shows that drift and asks for the plan's size back,
+        # which is what should happen when a new block is configured.
+        self.node_group = aws.eks.NodeGroup(
+            f"{name}-ng",
+            cluster_name=args.cluster_name,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=[args.subnet_id],
+            ami_type=args.ami_type,
+            capacity_type=capacity.node_group_capacity_type,
+            version=args.kubernetes_version,
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.launch_template.id,
+                version=self.launch_template.latest_version.apply(_template_version),
+            ),
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=args.node_count,
+                max_size=args.node_count,
+                desired_size=args.node_count,
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(**updates),
+            taints=[aws.eks.NodeGroupTaintArgs(**t) for t in gpu_taints()],
+            labels=gpu_labels(args.instance_type),
+            tags={**dict(args.tags or {}), "Name": pulumi.Output.concat(args.cluster_name, "-", name)},
+            opts=child,
+        )
+
+        self.node_group_name = self.node_group.node_group_name
+        self.launch_template_id = self.launch_template.id
+        self.register_outputs(
+            {
+                "node_group_name": self.node_group_name,
+                "launch_template_id": self.launch_template_id,
+                "efa_interface_count": self.efa_interface_count,
+            }
+        )

@@ -1,0 +1,204 @@
+"""What a GPU node's launch template and EKS node group say, as plain data.
+
+Pure functions (no Pulumi, no AWS calls): `components/gpu_nodes.py` turns their
+results into resource arguments, and the tests check them against moto's copy of
+EC2 DescribeInstanceTypes and botocore's service models.
+
+EFA interface layout
+--------------------
+We follow the layout AWS currently recommends, on purpose:
+
+    card 0 / device 0       "interface"  the primary ENI: node IP and the pods' IPs (VPC CNI)
+    card 0 / device 1       "efa-only"   card 0's EFA device
+    card i / device 0       "efa-only"   one EFA device on every other card, i = 1 .. N-1
+
+Sources: Amazon EKS User Guide, "Manage EFA devices on Amazon EKS", section "EKS
+managed node groups and self-managed nodes" (launch template example for
+p6-b200.48xlarge: 1 ENA interface + 8 EFA-only interfaces), and the Amazon EC2
+User Guide, "Maximize network bandwidth on Amazon EC2 instances with multiple
+network cards" (primary: ENA `interface`; card 0 / device 1 `efa-only` when card
+0 supports EFA; every further card: device 0 `efa-only`).
+
+Why this one and not the alternatives:
+- every EFA device the instance has is used (N EFA devices on N cards), so NCCL
+  sees the full 3200 Gbps fabric on p5 (32 x 100 Gbps);
+- only the primary ENI carries IP addresses: 32 `efa` interfaces would each take
+  IPs from the GPU subnet (and the VPC CNI would warm more on each), which can
+  exhaust it; `efa-only` interfaces take none;
+- the primary interface is a plain ENA interface, not `efa`, exactly as AWS's
+  example; the older "card 0 `efa`, cards 1..N-1 device 1 `efa-only`" layout
+  (terraform-aws-eks, pulumi-eks) also works but leaves card 0 with an EFA
+  device that shares the node's IP interface.
+
+Cost of the choice: the template declares N + 1 interfaces (33 on p5.48xlarge),
+N of them EFA, and the cluster's VPC CNI must know `efa-only` interfaces (it
+must not try to give them IPs): VPC CNI >= 1.18.4, as recorded in
+../shared/FACTS.md (the cluster component pins the add-on version).
+
+Per EC2 (moto 5.2.5's instance_types data) every GPU type in the catalog has
+exactly one EFA per network card (p4d/p4de 4/4, p5/p5e 32/32, p5en 16/16,
+p6-b200 8/8, g6e.48xlarge 4/4, g5/g6e single-card types 1/1), and the layout
+puts at most 2 interfaces on card 0 and 1 on each other card, within every
+card's MaximumNetworkInterfaces (2 on p5/p5e, the tightest). Should a type ever
+report more EFA interfaces than cards, the extra ones are dealt out round-robin
+over the cards on the next free device index, so every EFA still has its own
+card/device slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from infra.catalog.instances import InstanceType
+from infra.errors import UserError
+
+RESERVATION_ID_KEY = "gpu-serving:gpu.capacity.reservationId"
+CAPACITY_TYPE_KEY = "gpu-serving:gpu.capacity.type"
+
+CAPACITY_KINDS = ("on-demand", "capacity-reservation", "capacity-block")
+
+# EC2 launch template values (checked against botocore's ec2 model by the tests).
+INTERFACE = "interface"  # ENA only: carries IP addresses
+EFA = "efa"  # EFA with ENA (not used by this layout; listed for the enum test)
+EFA_ONLY = "efa-only"  # EFA device only: no IP addresses
+MARKET_CAPACITY_BLOCK = "capacity-block"
+
+# EKS node group values (checked against botocore's eks model by the tests).
+CAPACITY_ON_DEMAND = "ON_DEMAND"
+CAPACITY_BLOCK = "CAPACITY_BLOCK"
+
+# Kubernetes node labels and the taint every GPU node carries.
+ROLE_LABEL = "gpu-serving/role"
+INSTANCE_TYPE_LABEL = "gpu-serving/instance-type"
+GPU_LABEL = "gpu-serving/gpu"
+EFA_LABEL = "gpu-serving/efa-interfaces"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def efa_interfaces(itype: InstanceType, security_group_ids: Sequence[Any]) -> list[dict]:
+    """The launch template's network interfaces for `itype` (layout: see the module doc).
+
+    `security_group_ids` go on every interface: a launch template that declares
+    network interfaces cannot carry security groups itself, and EKS adds the
+    cluster security group only when the template names none, so the caller
+    passes the cluster SG along with the EFA SG. Items may be Pulumi outputs;
+    they are passed through untouched.
+    """
+    groups = list(security_group_ids)
+    if not groups:
+        raise ValueError(
+            "efa_interfaces needs the security groups (EFA SG and cluster SG): with interfaces declared, "
+            "EKS adds no cluster security group and the node could not join"
+        )
+    cards = itype.network_cards
+    efa_count = itype.max_efa_interfaces
+    if cards < 1 or efa_count < 0:
+        raise ValueError(f"{itype.name}: network_cards={cards}, max_efa_interfaces={efa_count}")
+
+    def nic(card: int, device: int, kind: str) -> dict:
+        return {
+            "network_card_index": card,
+            "device_index": device,
+            "interface_type": kind,
+            "security_groups": list(groups),
+            "delete_on_termination": True,
+        }
+
+    # The primary ENI first; then the EFA devices, card 0 first, dealt out one per card.
+    result = [nic(0, 0, INTERFACE)]
+    next_device = [1] + [0] * (cards - 1)  # card 0's device 0 is the primary ENI
+    for k in range(efa_count):
+        card = k % cards
+        result.append(nic(card, next_device[card], EFA_ONLY))
+        next_device[card] += 1
+    return result
+
+
+def efa_interface_count(interfaces: Sequence[dict]) -> int:
+    """How many of `interfaces` are EFA devices (`efa` or `efa-only`)."""
+    return sum(1 for i in interfaces if i["interface_type"] in (EFA, EFA_ONLY))
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    """Where a GPU node group's instances come from, as the template and node group say it."""
+
+    kind: str  # one of CAPACITY_KINDS
+    node_group_capacity_type: str  # EKS CapacityTypes: ON_DEMAND | CAPACITY_BLOCK
+    reservation_id: str | None
+    # Launch template blocks (pulumi_aws argument names), None when not set.
+    instance_market_options: dict | None
+    capacity_reservation_specification: dict | None
+
+
+def capacity_settings(kind: str, reservation_id: str | None) -> CapacitySettings:
+    """Capacity settings for `kind` ("on-demand", "capacity-reservation", "capacity-block").
+
+    - on-demand: node group ON_DEMAND, no market options, no reservation target
+      (EC2's default "open" preference still uses a matching open reservation).
+    - capacity-reservation: ON_DEMAND, and the template targets the reservation.
+    - capacity-block (EKS User Guide, "Create a managed node group with Capacity
+      Blocks for ML"): template market type "capacity-block" plus the reservation
+      target, node group capacity type CAPACITY_BLOCK.
+    """
+    if kind not in CAPACITY_KINDS:
+        raise UserError(f"{CAPACITY_TYPE_KEY}: unknown capacity type {kind!r}; known: {', '.join(CAPACITY_KINDS)}")
+    if kind == "on-demand":
+        if reservation_id:
+            raise UserError(
+                f"{RESERVATION_ID_KEY} is {reservation_id!r} but {CAPACITY_TYPE_KEY} is 'on-demand'; "
+                "set the type to 'capacity-reservation' or 'capacity-block', or remove the id"
+            )
+        return CapacitySettings(kind, CAPACITY_ON_DEMAND, None, None, None)
+    if not reservation_id:
+        raise UserError(
+            f"{RESERVATION_ID_KEY} is required when {CAPACITY_TYPE_KEY} is {kind!r}: "
+            "the id (cr-...) of the reservation or Capacity Block the GPU nodes launch into"
+        )
+    target = {"capacity_reservation_target": {"capacity_reservation_id": reservation_id}}
+    if kind == "capacity-reservation":
+        return CapacitySettings(kind, CAPACITY_ON_DEMAND, reservation_id, None, target)
+    return CapacitySettings(
+        kind, CAPACITY_BLOCK, reservation_id, {"market_type": MARKET_CAPACITY_BLOCK}, target
+    )
+
+
+def update_config(node_count: int, capacity_kind: str = "on-demand") -> dict:
+    """The node group's update policy: never more than one GPU node unavailable at once.
+
+    The strategy says where the replacement comes from. DEFAULT (on demand) launches
+    the new node before it terminates the old one, so serving capacity never drops
+    below node_count - 1 and an update that cannot get a spare p5 fails instead of
+    taking capacity away. MINIMAL (reservation, Capacity Block) terminates first:
+    a reservation sized to the plan has no spare instance to surge into, and the
+    EKS API documents MINIMAL for exactly this case (resource-constrained GPUs).
+    """
+    if node_count < 1:
+        raise UserError(f"the GPU node count must be at least 1, got {node_count}")
+    strategy = "DEFAULT" if capacity_kind == "on-demand" else "MINIMAL"
+    return {"max_unavailable": 1, "update_strategy": strategy}
+
+
+def gpu_taints() -> list[dict]:
+    """Keep everything that does not tolerate GPUs off the GPU nodes."""
+    return [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}]
+
+
+def gpu_labels(itype: InstanceType) -> dict[str, str]:
+    """Node labels the serving layer selects on (role, instance type, GPU, EFA count)."""
+    return {
+        ROLE_LABEL: "gpu",
+        INSTANCE_TYPE_LABEL: itype.name,
+        GPU_LABEL: itype.gpu.name,
+        EFA_LABEL: str(itype.max_efa_interfaces),
+    }
+
+
+def root_device_name(ami_type: str) -> str:
+    """The block device that holds container images and caches for an EKS AMI type.
+
+    AL2023: the root volume, /dev/xvda. Bottlerocket: the data volume, /dev/xvdb
+    (its /dev/xvda is the small OS volume; images live on the data volume).
+    """
+    return "/dev/xvdb" if ami_type.startswith("BOTTLEROCKET") else "/dev/xvda"

@@ -1,0 +1,21 @@
+"""Tags every AWS resource of a stack carries (set once, as the AWS provider's default tags).
+
+The leak sweeper finds a stack's resources by `project` and `stack`, and deletes
+those of non-production stacks once the time in `expires-at` has passed.
+"""
+
+from __future__ import annotations
+
+PROJECT_TAG = "project"
+STACK_TAG = "stack"
+OWNER_TAG = "owner"
+EXPIRES_TAG = "expires-at"  # ISO 8601 UTC, e.g. 2026-12-31T18:00:00Z
+
+
+def default_tags(*, project: str, stack: str, owner: str, production: bool, expires_at: str | None) -> dict[str, str]:
+    tags = {PROJECT_TAG: project, STACK_TAG: stack, OWNER_TAG: owner}
+    if not production:
+        if not expires_at:
+            raise ValueError("a non-production stack needs an expiry time")
+        tags[EXPIRES_TAG] = expires_at
+    return tags
