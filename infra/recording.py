@@ -11,6 +11,13 @@ tests both use it.
 Values only the cloud knows (ids, ARNs, endpoints) are answered with stable
 placeholders derived from the resource's name, so two runs of the same program
 record the same document.
+
+URNs are made as the Pulumi engine makes them (`urn:pulumi:<stack>::<project>::
+<parent types $ type>::<name>`, with the root stack left out of the type chain),
+not as the SDK's `MockMonitor` does, so they match `pulumi stack --show-urns`
+and the aliases a program writes. Stack outputs are recorded resolved (`outputs`),
+the way the engine would store them. The runtime's global state is reset after
+each run, so runs in one process do not leak into each other.
 """
 
 from __future__ import annotations
@@ -22,13 +29,28 @@ from typing import Any, Callable
 import pulumi
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.settings import get_project, get_root_resource, get_stack
+from pulumi.runtime.stack import Stack, massage
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 
 # Outputs that providers compute and programs read, by resource type. Only what
 # this project's code reads needs to be here; anything else read from a mock
 # resource would be missing (and unknown), which tests notice.
-COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {}
+COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
+    # components/cluster.py reads these to build the kubeconfig and its outputs.
+    "aws:eks/cluster:Cluster": lambda name, inputs: {
+        "name": inputs.get("name", name),
+        "endpoint": f"https://{placeholder('endpoint', name)}",
+        "certificateAuthority": {"data": placeholder("ca-data", name)},
+        "vpcConfig": {"clusterSecurityGroupId": placeholder("cluster-sg", name)},
+        "identities": [{"oidcs": [{"issuer": f"https://{placeholder('oidc', name)}"}]}],
+    },
+    # components/network.py exports the placement group's (auto-generated) name.
+    "aws:ec2/placementGroup:PlacementGroup": lambda name, inputs: {"name": inputs.get("name", name)},
+    "aws:iam/role:Role": lambda name, inputs: {"name": inputs.get("name", name)},
+    "aws:kms/key:Key": lambda name, inputs: {"keyId": placeholder("key-id", name)},
+}
 
 
 def placeholder(kind: str, name: str) -> str:
@@ -58,7 +80,11 @@ class RecordedResource:
 class Recording:
     resources: list[RecordedResource] = field(default_factory=list)
     calls: list[tuple[str, dict]] = field(default_factory=list)  # invokes: token, args
-    exports: dict[str, Any] = field(default_factory=dict)
+    exports: dict[str, Any] = field(default_factory=dict)  # as passed to pulumi.export (may hold Outputs)
+    # The stack outputs as the engine would receive them when the program ends:
+    # Outputs resolved, secrets wrapped as rpc secrets (`rpc.is_rpc_secret`),
+    # unknown values as `pulumi.output.Unknown`.
+    outputs: dict[str, Any] = field(default_factory=dict)
 
     def of_type(self, typ: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == typ]
@@ -89,20 +115,67 @@ CALL_RESULTS: dict[str, Callable[[dict], dict]] = {
 }
 
 
+def _fill(state: dict, computed: dict) -> dict:
+    """Add computed values the inputs lack, inside nested objects too (vpcConfig.clusterSecurityGroupId)."""
+    for key, value in computed.items():
+        if key not in state:
+            state[key] = value
+        elif isinstance(state[key], dict) and isinstance(value, dict):
+            state[key] = _fill(dict(state[key]), value)
+    return state
+
+
 class _Mocks(pulumi.runtime.Mocks):
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        state = dict(args.inputs)
-        for key, value in _computed(args.typ, args.name, args.inputs).items():
-            state.setdefault(key, value)
-        return placeholder("id", args.name), state
+        return placeholder("id", args.name), _fill(dict(args.inputs), _computed(args.typ, args.name, args.inputs))
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.recording.calls.append((args.token, dict(args.args)))
         answer = CALL_RESULTS.get(args.token)
         return answer(dict(args.args)) if answer else {}
+
+
+def engine_urn(stack: str, project: str, parent: str, type_: str, name: str) -> str:
+    """The URN the Pulumi engine gives a resource (`resource.NewURN`).
+
+    The type part is the parent's qualified type chain joined with `$`, leaving
+    out the root stack: a top-level VPC is `...::aws:ec2/vpc:Vpc::vpc`, a VPC in a
+    component `...::gpu-serving:network:Network$aws:ec2/vpc:Vpc::vpc`.
+    """
+    if parent:
+        parent_type = parent.split("::")[2]
+        if parent_type != STACK_TYPE:
+            type_ = f"{parent_type}${type_}"
+    return f"urn:pulumi:{stack}::{project}::{type_}::{name}"
+
+
+def _alias_urns(request) -> list[str]:
+    """Aliases as URNs: alias specs are completed from the resource as the engine does."""
+    urns = set(request.aliasURNs)
+    for alias in request.aliases:
+        if alias.WhichOneof("alias") == "urn":
+            urns.add(alias.urn)
+            continue
+        spec = alias.spec
+        if spec.noParent:
+            parent = ""
+        elif spec.WhichOneof("parent") == "parentUrn" and spec.parentUrn:
+            parent = spec.parentUrn
+        else:
+            parent = request.parent
+        urns.add(
+            engine_urn(
+                spec.stack or get_stack(),
+                spec.project or get_project(),
+                parent,
+                spec.type or request.type,
+                spec.name or request.name,
+            )
+        )
+    return sorted(urns)
 
 
 def _options(request) -> dict[str, Any]:
@@ -118,9 +191,17 @@ def _options(request) -> dict[str, Any]:
         # A provider reference is "<provider URN>::<provider id>": keep the provider's name.
         "provider": request.provider.rsplit("::", 1)[0].rsplit("::", 1)[-1] if request.provider else "",
         "additional_secret_outputs": sorted(request.additionalSecretOutputs),
-        "aliases": sorted(a for a in request.aliasURNs),
+        "aliases": _alias_urns(request),
         "custom_timeouts": {k: v for k, v in (("create", timeouts.create), ("update", timeouts.update), ("delete", timeouts.delete)) if v},
     }
+
+
+def _ensure_event_loop() -> None:
+    # Monitor calls run on executor threads; deserialising may need a loop there.
+    try:
+        asyncio.get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 class _RecordingMonitor(MockMonitor):
@@ -128,14 +209,17 @@ class _RecordingMonitor(MockMonitor):
         super().__init__(mocks)
         self.recording = recording
 
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        # MockMonitor keeps the root stack in the type chain and only the parent's
+        # last type; the engine does neither.
+        return engine_urn(get_stack(), get_project(), parent, type_, name)
+
+
     def RegisterResource(self, request):  # noqa: N802 - gRPC method name
         response = super().RegisterResource(request)
         inputs = {}
         if request.type != STACK_TYPE:
-            try:
-                asyncio.get_event_loop()
-            except RuntimeError:
-                asyncio.set_event_loop(asyncio.new_event_loop())
+            _ensure_event_loop()
             inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
         self.recording.resources.append(
             RecordedResource(
@@ -161,7 +245,10 @@ def record(
     """Run `program` under the recording engine and return what it declared.
 
     `config` is the stack config as the Pulumi CLI hands it to a program
-    (`infra.config.engine_config`). Exports are recorded too.
+    (`infra.config.engine_config`). Exports are recorded too: as given
+    (`exports`) and resolved as the engine would store them (`outputs`). The
+    runtime's global state (settings, root stack, config) is reset afterwards,
+    whether the program succeeded or raised.
     """
     recording = Recording()
     real_export = pulumi.export
@@ -175,9 +262,27 @@ def record(
     mocks = _Mocks(recording)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=_RecordingMonitor(mocks, recording))
     pulumi.export = recording_export
+
+    def run():
+        program()
+        # set_mocks finished the root stack before the program ran, so its
+        # exports never reach the engine. Resolve them here, inside the run, the
+        # way the language host sends them when a program ends (massage, then
+        # serialise: Outputs awaited, secrets marked, unknowns kept).
+        root = get_root_resource()
+        if not (isinstance(root, Stack) and root.outputs):
+            return None
+
+        async def resolve_outputs() -> None:
+            struct = await rpc.serialize_properties(massage(root.outputs, []), {})
+            recording.outputs = rpc.deserialize_properties(struct, keep_unknowns=True)
+
+        return resolve_outputs()  # awaited by pulumi.runtime.test
+
     try:
-        pulumi.runtime.test(program)()
+        pulumi.runtime.test(run)()
     finally:
         pulumi.export = real_export
         pulumi.runtime.set_all_config({})
+        pulumi.runtime.reset_options()
     return recording

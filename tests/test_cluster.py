@@ -1,0 +1,399 @@
+"""The EKS cluster component under the recording engine, and its pure helpers.
+
+The recorder returns plain data once the program has finished (inputs and the
+resource options the engine saw); every test asserts on that data. AWS enum
+values are checked against botocore's EKS service model; add-on names, which
+botocore does not list, against ../shared/FACTS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import botocore.session
+import pulumi
+import pulumi_aws as aws
+import pytest
+from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
+
+from components.cluster import (
+    ADDONS_AFTER_NODES,
+    ADDONS_BEFORE_NODES,
+    VPC_CNI_VERSION,
+    ClusterArgs,
+    EksCluster,
+    addon_names,
+    assume_role_policy,
+    check_vpc_cni_version,
+    cluster_ignore_changes,
+    endpoint_access,
+    managed_policy_arn,
+    node_policies,
+    parse_addon_version,
+    principal_slug,
+)
+from infra.errors import UserError
+from infra.recording import placeholder, record
+
+CLUSTER = "aws:eks/cluster:Cluster"
+ADDON = "aws:eks/addon:Addon"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+KEY = "aws:kms/key:Key"
+ROLE = "aws:iam/role:Role"
+ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
+ACCESS_POLICY = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
+K8S_PROVIDER = "pulumi:providers:kubernetes"
+COMPONENT = "gpu-serving:cluster:EksCluster"
+
+ADMINS = ("arn:aws:iam::123456789012:role/platform-admin", "arn:aws:iam::123456789012:user/alice")
+SUBNETS = ["subnet-a", "subnet-b", "subnet-c"]
+
+
+@pytest.fixture(scope="module")
+def eks_model():
+    return botocore.session.get_session().get_service_model("eks")
+
+
+def _args(**overrides) -> ClusterArgs:
+    base = dict(version="1.33", vpc_id="vpc-0123", subnet_ids=SUBNETS, region="us-east-1", cluster_name="gs-test")
+    base.update(overrides)
+    return ClusterArgs(**base)
+
+
+def _record(args: ClusterArgs):
+    def program() -> None:
+        provider = aws.Provider("aws-test", region="us-east-1")
+        EksCluster("gs", args, opts=pulumi.ResourceOptions(providers=[provider]))
+
+    return record(program)
+
+
+@pytest.fixture(scope="module")
+def private_cluster():
+    """The prod shape: private endpoint, protected, two admins."""
+    return _record(_args(protect=True, admin_principal_arns=ADMINS))
+
+
+@pytest.fixture(scope="module")
+def public_cluster():
+    """An ephemeral shape: public endpoint from two CIDRs, FSx CSI, not protected."""
+    return _record(_args(public_access_cidrs=("203.0.113.0/24", "198.51.100.7/32"), enable_fsx_csi=True))
+
+
+def _depends_on(rec, name: str) -> set[str]:
+    return {u.rsplit("::", 1)[-1] for u in rec.named(name).options["depends_on"]}
+
+
+# ---- the control plane ---------------------------------------------------------------
+
+
+def test_authentication_through_access_entries(private_cluster, eks_model):
+    access = private_cluster.one(CLUSTER).inputs["accessConfig"]
+    assert access["authenticationMode"] == "API"
+    assert access["authenticationMode"] in eks_model.shape_for("AuthenticationMode").enum
+    assert access["bootstrapClusterCreatorAdminPermissions"] is True
+
+
+def test_secrets_encrypted_with_a_rotating_key(private_cluster):
+    cluster = private_cluster.one(CLUSTER).inputs
+    key = private_cluster.one(KEY)
+    assert cluster["encryptionConfig"]["resources"] == ["secrets"]
+    assert cluster["encryptionConfig"]["provider"]["keyArn"] == placeholder("arn", key.name)
+    assert key.inputs["enableKeyRotation"] is True
+    alias = private_cluster.one("aws:kms/alias:Alias").inputs
+    assert alias["name"] == "alias/eks/gs-test"
+    assert alias["targetKeyId"] == placeholder("key-id", key.name)
+
+
+def test_cluster_role_can_use_the_key_and_has_only_the_cluster_policy(private_cluster):
+    role = private_cluster.named("gs-cluster-role").inputs
+    trust = json.loads(role["assumeRolePolicy"])
+    assert trust["Statement"][0]["Principal"] == {"Service": "eks.amazonaws.com"}
+    attachments = private_cluster.of_type(ATTACHMENT)
+    assert len(attachments) == 5  # cluster role 1, node role 3, EFS CSI role 1
+    attached = [a.inputs["policyArn"] for a in attachments if a.inputs["role"] == "gs-cluster-role"]
+    assert attached == ["arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"]
+    inline = json.loads(private_cluster.named("gs-cluster-encryption").inputs["policy"])
+    assert inline["Statement"][0]["Resource"] == placeholder("arn", "gs-secrets")
+    assert set(inline["Statement"][0]["Action"]) == {"kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"}
+
+
+def test_control_plane_logs(private_cluster, eks_model):
+    logs = private_cluster.one(CLUSTER).inputs["enabledClusterLogTypes"]
+    assert logs == ["api", "audit", "authenticator"]
+    assert set(logs) <= set(eks_model.shape_for("LogType").enum)
+    group = private_cluster.one("aws:cloudwatch/logGroup:LogGroup").inputs
+    assert group["name"] == "/aws/eks/gs-test/cluster"  # the name EKS writes to
+    assert "gs-control-plane-logs" in _depends_on(private_cluster, "gs-eks")
+
+
+def test_endpoint_private_only_without_cidrs(private_cluster):
+    vpc = private_cluster.one(CLUSTER).inputs["vpcConfig"]
+    assert vpc["endpointPrivateAccess"] is True
+    assert vpc["endpointPublicAccess"] is False
+    assert "publicAccessCidrs" not in vpc
+    assert vpc["subnetIds"] == SUBNETS
+
+
+def test_endpoint_public_only_from_the_given_cidrs(public_cluster):
+    vpc = public_cluster.one(CLUSTER).inputs["vpcConfig"]
+    assert vpc["endpointPrivateAccess"] is True
+    assert vpc["endpointPublicAccess"] is True
+    assert vpc["publicAccessCidrs"] == ["203.0.113.0/24", "198.51.100.7/32"]
+    assert "0.0.0.0/0" not in vpc["publicAccessCidrs"]
+
+
+def test_no_self_managed_addons(private_cluster):
+    assert private_cluster.one(CLUSTER).inputs["bootstrapSelfManagedAddons"] is False
+
+
+def test_ignore_changes_recorded_on_the_cluster(private_cluster, public_cluster):
+    expected = cluster_ignore_changes()
+    assert "accessConfig.bootstrapClusterCreatorAdminPermissions" in expected
+    assert "bootstrapSelfManagedAddons" in expected
+    for rec in (private_cluster, public_cluster):
+        assert rec.one(CLUSTER).options["ignore_changes"] == sorted(expected)
+
+
+def test_protect_only_when_asked(private_cluster, public_cluster):
+    protected = {r.name for r in private_cluster.resources if r.options["protect"]}
+    assert protected == {"gs-eks", "gs-secrets"}
+    assert private_cluster.one(CLUSTER).inputs["deletionProtection"] is True
+    assert private_cluster.one(KEY).inputs["deletionWindowInDays"] == 30
+    assert [r.name for r in public_cluster.resources if r.options["protect"]] == []
+    assert public_cluster.one(CLUSTER).inputs["deletionProtection"] is False
+    assert public_cluster.one(KEY).inputs["deletionWindowInDays"] == 7
+
+
+# ---- add-ons ------------------------------------------------------------------------------
+
+
+def _facts_addon_names(shared_dir) -> set[str]:
+    facts = (shared_dir / "FACTS.md").read_text()
+    start = facts.index("Add-on names:")
+    end = facts.index("\n- ", start)
+    names = set(re.findall(r"`([a-z0-9-]+)`", facts[start:end]))
+    assert "vpc-cni" in names and len(names) >= 6, names
+    return names
+
+
+def test_addon_names_are_known_to_eks(private_cluster, public_cluster, shared_dir):
+    known = _facts_addon_names(shared_dir)
+    base = {r.inputs["addonName"] for r in private_cluster.of_type(ADDON)}
+    assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver"}
+    with_fsx = {r.inputs["addonName"] for r in public_cluster.of_type(ADDON)}
+    assert with_fsx == base | {"aws-fsx-csi-driver"}
+    assert with_fsx <= known
+    assert set(addon_names(True)) == with_fsx and set(addon_names(False)) == base
+
+
+def test_vpc_cni_version_supports_efa_only(private_cluster):
+    cni = [r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] == "vpc-cni"]
+    assert len(cni) == 1
+    version = cni[0]["addonVersion"]
+    assert version == VPC_CNI_VERSION
+    assert parse_addon_version(version) >= (1, 18, 4)
+    others = [r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] != "vpc-cni"]
+    assert len(others) == 4 and all("addonVersion" not in o for o in others)  # EKS's default for 1.33
+
+
+def test_addon_order_around_the_system_node_group(private_cluster, public_cluster):
+    for rec in (private_cluster, public_cluster):
+        node_group = _depends_on(rec, "gs-system")
+        for addon in ADDONS_BEFORE_NODES:
+            assert f"gs-{addon}" in node_group, addon
+            assert "gs-system" not in _depends_on(rec, f"gs-{addon}")
+        after = [r.name for r in rec.of_type(ADDON) if r.inputs["addonName"] not in ADDONS_BEFORE_NODES]
+        assert len(after) >= len(ADDONS_AFTER_NODES)
+        for name in after:
+            assert "gs-system" in _depends_on(rec, name), name
+
+
+def test_csi_drivers_get_pod_identity_roles(private_cluster, public_cluster):
+    efs = private_cluster.one(POD_IDENTITY).inputs
+    assert (efs["namespace"], efs["serviceAccount"]) == ("kube-system", "efs-csi-controller-sa")
+    assert efs["roleArn"] == placeholder("arn", "gs-aws-efs-csi-driver-role")
+    trust = json.loads(private_cluster.named("gs-aws-efs-csi-driver-role").inputs["assumeRolePolicy"])
+    assert trust["Statement"][0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert set(trust["Statement"][0]["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
+    policy = private_cluster.named("gs-aws-efs-csi-driver-policy").inputs["policyArn"]
+    assert policy == "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+    assert {"gs-aws-efs-csi-driver-identity", "gs-eks-pod-identity-agent"} <= _depends_on(private_cluster, "gs-aws-efs-csi-driver")
+
+    associations = {r.inputs["serviceAccount"]: r.inputs for r in public_cluster.of_type(POD_IDENTITY)}
+    assert set(associations) == {"efs-csi-controller-sa", "fsx-csi-controller-sa"}
+    fsx_policy = public_cluster.named("gs-aws-fsx-csi-driver-policy").inputs["policyArn"]
+    assert fsx_policy == "arn:aws:iam::aws:policy/AmazonFSxFullAccess"
+
+
+# ---- nodes -----------------------------------------------------------------------------------
+
+
+def test_system_node_group(private_cluster, eks_model):
+    group = private_cluster.one(NODE_GROUP).inputs
+    assert group["amiType"] == "AL2023_x86_64_STANDARD"
+    assert group["amiType"] in eks_model.shape_for("AMITypes").enum
+    assert group["capacityType"] == "ON_DEMAND"
+    assert group["capacityType"] in eks_model.shape_for("CapacityTypes").enum
+    assert group["instanceTypes"] == ["m7i.xlarge"]
+    assert group["scalingConfig"] == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
+    assert group["updateConfig"] == {"maxUnavailable": 1}
+    assert group["labels"] == {"role": "system"}
+    assert group["nodeRoleArn"] == placeholder("arn", "gs-node-role")
+    assert group["subnetIds"] == SUBNETS
+    assert group["clusterName"] == "gs-test"
+
+
+def test_system_node_group_size_and_subnets_from_args():
+    rec = _record(_args(system_node_count=3, system_subnet_ids=["subnet-x", "subnet-y"], system_instance_type="m7i.2xlarge"))
+    group = rec.one(NODE_GROUP).inputs
+    assert group["scalingConfig"] == {"minSize": 3, "maxSize": 3, "desiredSize": 3}
+    assert group["subnetIds"] == ["subnet-x", "subnet-y"]
+    assert group["instanceTypes"] == ["m7i.2xlarge"]
+
+
+def test_node_role_policies_are_minimal(private_cluster):
+    node_policies_seen = sorted(a.inputs["policyArn"] for a in private_cluster.of_type(ATTACHMENT) if a.name.startswith("gs-node-"))
+    assert node_policies_seen == sorted(
+        f"arn:aws:iam::aws:policy/{p}"
+        for p in ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy")
+    )
+    assert "AmazonSSMManagedInstanceCore" in node_policies(ssm=True)
+    assert "AmazonSSMManagedInstanceCore" not in node_policies(ssm=False)
+    trust = json.loads(private_cluster.named("gs-node-role").inputs["assumeRolePolicy"])
+    assert trust["Statement"][0]["Principal"] == {"Service": "ec2.amazonaws.com"}
+    # The node group is created after its role's policies are attached (and deleted before they go).
+    assert {f"gs-node-{p}" for p in node_policies(ssm=False)} <= _depends_on(private_cluster, "gs-system")
+
+
+# ---- access ------------------------------------------------------------------------------------
+
+
+def test_admin_access_entries(private_cluster, public_cluster, eks_model):
+    entries = {r.inputs["principalArn"]: r for r in private_cluster.of_type(ACCESS_ENTRY)}
+    assert set(entries) == set(ADMINS)
+    policies = [r.inputs for r in private_cluster.of_type(ACCESS_POLICY)]
+    assert len(policies) == len(ADMINS)
+    for policy in policies:
+        assert policy["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+        assert policy["accessScope"]["type"] == "cluster"
+        assert policy["accessScope"]["type"] in eks_model.shape_for("AccessScopeType").enum
+        assert policy["principalArn"] in ADMINS
+        assert policy["clusterName"] == "gs-test"
+    assert all(e.inputs["type"] == "STANDARD" for e in entries.values())
+    assert public_cluster.of_type(ACCESS_ENTRY) == []
+
+
+# ---- kubeconfig and the Kubernetes provider ---------------------------------------------------
+
+
+def test_kubeconfig_is_secret_and_feeds_a_kubernetes_provider(private_cluster):
+    provider = private_cluster.one(K8S_PROVIDER)
+    assert provider.name == "gs-k8s"
+    assert provider.parent == private_cluster.one(COMPONENT).urn
+    raw = provider.inputs["kubeconfig"]
+    assert is_rpc_secret(raw), "the kubeconfig must reach the engine as a secret"
+    config = json.loads(unwrap_rpc_secret(raw))
+    cluster = config["clusters"][0]["cluster"]
+    assert cluster["server"] == f"https://{placeholder('endpoint', 'gs-eks')}"
+    assert cluster["certificate-authority-data"] == placeholder("ca-data", "gs-eks")
+    # Whatever is deployed through the provider waits for a node and every add-on.
+    waits_for = _depends_on(private_cluster, "gs-k8s")
+    addons = {r.name for r in private_cluster.of_type(ADDON)}
+    assert len(addons) == 5
+    assert {"gs-eks", "gs-system", *addons} <= waits_for
+    exec_ = config["users"][0]["user"]["exec"]
+    assert exec_["command"] == "aws"
+    assert exec_["args"][:4] == ["eks", "get-token", "--cluster-name", "gs-test"]
+    assert exec_["args"][exec_["args"].index("--region") + 1] == "us-east-1"
+
+
+def test_component_outputs():
+    seen: dict = {}
+    secret: dict = {}
+
+    def program() -> None:
+        cluster = EksCluster("gs", _args())
+        pulumi.Output.all(
+            cluster.cluster_name,
+            cluster.vpc_id,
+            cluster.endpoint,
+            cluster.cluster_security_group_id,
+            cluster.node_role_arn,
+            cluster.node_role_name,
+            cluster.oidc_issuer,
+        ).apply(lambda v: seen.update(zip(("name", "vpc", "endpoint", "sg", "role_arn", "role_name", "oidc"), v)))
+        pulumi.Output.all(cluster.kubeconfig).apply(lambda v: secret.update(kubeconfig=v[0]))
+        secret["future"] = asyncio.ensure_future(cluster.kubeconfig.is_secret())
+        assert len(cluster.node_prerequisites) == len(ADDONS_BEFORE_NODES)
+
+    record(program)
+    assert seen == {
+        "name": "gs-test",
+        "vpc": "vpc-0123",
+        "endpoint": f"https://{placeholder('endpoint', 'gs-eks')}",
+        "sg": placeholder("cluster-sg", "gs-eks"),
+        "role_arn": placeholder("arn", "gs-node-role"),
+        "role_name": "gs-node-role",
+        "oidc": f"https://{placeholder('oidc', 'gs-eks')}",
+    }
+    assert json.loads(secret["kubeconfig"])["current-context"] == "gs-test"
+    assert secret["future"].done() and secret["future"].result() is True
+
+
+# ---- pure helpers and validation ---------------------------------------------------------------
+
+
+def test_parse_and_check_vpc_cni_version():
+    assert parse_addon_version("v1.21.1-eksbuild.7") == (1, 21, 1)
+    assert parse_addon_version("v1.18.4-eksbuild.1") == (1, 18, 4)
+    check_vpc_cni_version("v1.18.4-eksbuild.1")
+    with pytest.raises(UserError, match="efa-only"):
+        check_vpc_cni_version("v1.18.3-eksbuild.3")
+    with pytest.raises(UserError, match="look like"):
+        parse_addon_version("1.21.1")
+    with pytest.raises(UserError, match="efa-only"):
+        _args(vpc_cni_version="v1.17.1-eksbuild.1")
+
+
+def test_endpoint_access():
+    assert endpoint_access(()) == {"endpoint_private_access": True, "endpoint_public_access": False, "public_access_cidrs": None}
+    assert endpoint_access(("0.0.0.0/0",))["public_access_cidrs"] == ["0.0.0.0/0"]  # only when given explicitly
+
+
+def test_principal_slug_is_stable_and_order_free():
+    a, b = ADMINS
+    assert principal_slug(a) == principal_slug(a)
+    assert principal_slug(a).startswith("platform-admin-")
+    assert principal_slug(a) != principal_slug("arn:aws:iam::999999999999:role/platform-admin")
+    ab = _record(_args(admin_principal_arns=(a, b)))
+    ba = _record(_args(admin_principal_arns=(b, a)))
+    assert sorted(r.name for r in ab.of_type(ACCESS_ENTRY)) == sorted(r.name for r in ba.of_type(ACCESS_ENTRY))
+    assert len(ab.of_type(ACCESS_ENTRY)) == 2
+
+
+def test_partitions_and_trust_policies():
+    assert managed_policy_arn("us-gov-west-1", "AmazonEKSClusterPolicy") == "arn:aws-us-gov:iam::aws:policy/AmazonEKSClusterPolicy"
+    assert managed_policy_arn("cn-north-1", "X") == "arn:aws-cn:iam::aws:policy/X"
+    assert json.loads(assume_role_policy("ec2.amazonaws.com"))["Statement"][0]["Action"] == "sts:AssumeRole"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"version": "1.33.2"}, "1.33"),
+        ({"system_node_count": 0}, "at least 1"),
+        ({"public_access_cidrs": ("203.0.113.1/24",)}, "not a network"),
+        ({"admin_principal_arns": ("alice",)}, "not an IAM role"),
+        ({"admin_principal_arns": ("arn:aws:sts::123456789012:assumed-role/admin/session",)}, "not an IAM role"),
+        ({"admin_principal_arns": (ADMINS[0], ADMINS[0])}, "twice"),
+        ({"log_retention_days": 10}, "CloudWatch"),
+    ],
+)
+def test_bad_cluster_args_fail_before_any_resource(overrides, match):
+    with pytest.raises(UserError, match=match):
+        _args(**overrides)
