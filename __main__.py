@@ -1,9 +1,8 @@
 """The Pulumi program of the GPU serving stack.
 
-Thin on purpose: load the stack config, make the plan, export it. Every number
-the serving layer needs comes out of the plan (see infra/planning). The cloud
-layer (components/) is built from the plan in a later step; until then this
-program creates no resources.
+Thin on purpose: load the stack config, make the plan, build the stack from
+both (components/stack.py), export. Every number the cloud and serving layers
+need comes out of the plan (see infra/planning).
 
 A config mistake or an infeasible plan ends the program with one message
 (`pulumi.RunError`), never a stack trace.
@@ -11,6 +10,7 @@ A config mistake or an infeasible plan ends the program with one message
 
 import pulumi
 
+from components.stack import build
 from infra.config import from_pulumi_config
 from infra.errors import UserError
 from infra.planning import make_plan
@@ -37,7 +37,13 @@ def main() -> None:
     for warning in doc.get("warnings") or []:
         pulumi.log.warn(warning)
 
+    stack = build(cfg, plan)
+
     layout, kv, cost = doc["layout"], doc["kv_cache"], doc["cost"]
+    pulumi.export("clusterName", stack.cluster.cluster_name)
+    pulumi.export("endpoint", stack.cluster.endpoint)
+    pulumi.export("kubeconfig", stack.cluster.kubeconfig)  # a secret
+    pulumi.export("gpuNodeGroup", stack.gpu_nodes.node_group_name)
     pulumi.export("plan", doc)
     pulumi.export("model", doc["model"]["name"])
     pulumi.export("instanceType", (doc.get("instance") or {}).get("type", cfg.gpu.instance_type))

@@ -51,7 +51,7 @@ LOG_TYPES = ("api", "audit", "authenticator")
 ENCRYPTED_RESOURCES = ("secrets",)
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_CAPACITY_TYPE = "ON_DEMAND"
-SYSTEM_LABELS = {"role": "system"}
+SYSTEM_LABELS = {"gpu-serving/role": "system"}  # the GPU nodes carry gpu-serving/role=gpu
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 
 # vpc-cni: `efa-only` network interfaces need VPC CNI >= 1.18.4 (FACTS.md).

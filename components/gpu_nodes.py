@@ -148,7 +148,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         self.efa_interface_count = efa_interface_count(interfaces)
-        instance_tags = {**dict(args.tags or {}), "Name": pulumi.Output.concat(args.cluster_name, "-", name)}
+        instance_tags = {**dict(args.tags or {}), "Name": name}  # the component name already starts with the cluster name
 
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
@@ -234,7 +234,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             update_config=aws.eks.NodeGroupUpdateConfigArgs(**updates),
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in gpu_taints()],
             labels=gpu_labels(args.instance_type),
-            tags={**dict(args.tags or {}), "Name": pulumi.Output.concat(args.cluster_name, "-", name)},
+            tags=instance_tags,
             opts=child,
         )
 

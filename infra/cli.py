@@ -2,6 +2,8 @@
 
     python -m infra plan --stack prod
     python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--json] [--chart budget.png]
+    python -m infra synth --stack prod [--out prod.json]
+    python -m infra diff base.json head.json
 """
 
 from __future__ import annotations
@@ -206,6 +208,56 @@ def plan(
             console.print(f"chart written to {escape(str(chart))}")
     if not result.feasible:
         raise typer.Exit(1)
+
+
+def _one_line(message: str) -> str:
+    """A user error on one line: a message's own list items joined with '; '."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else message
+    return lines[0] + " " + "; ".join(line.removeprefix("- ") for line in lines[1:])
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {escape(_one_line(message))}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command(no_args_is_help=True)
+def synth(
+    stack: str = typer.Option(..., help="Synthesise the stack of Pulumi.<stack>.yaml."),
+    out: Optional[Path] = typer.Option(None, help="Write the document to FILE instead of stdout."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="The Pulumi project directory (Pulumi.yaml, __main__.py, stack files)."),
+) -> None:
+    """Run the program offline (mocked engine) and write every resource it declares as JSON."""
+    from infra.synth import dump, synthesize
+
+    try:
+        text = dump(synthesize(stack, root))
+    except UserError as err:
+        _fail(str(err))
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as err:
+        _fail(f"cannot write --out {out}: {err.strerror or err}")
+
+
+@app.command(name="diff", no_args_is_help=True)
+def diff_command(
+    base: Path = typer.Argument(..., help="Synth document before the change (e.g. of the base branch)."),
+    head: Path = typer.Argument(..., help="Synth document after the change."),
+) -> None:
+    """Print what changes between two synth documents, as Markdown for a pull-request comment."""
+    from infra.diff import diff, load, render_markdown
+
+    try:
+        text = render_markdown(diff(load(base), load(head)))
+    except UserError as err:
+        _fail(str(err))
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def main() -> None:

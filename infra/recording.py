@@ -50,6 +50,11 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
     "aws:ec2/placementGroup:PlacementGroup": lambda name, inputs: {"name": inputs.get("name", name)},
     "aws:iam/role:Role": lambda name, inputs: {"name": inputs.get("name", name)},
     "aws:kms/key:Key": lambda name, inputs: {"keyId": placeholder("key-id", name)},
+    # components/gpu_nodes.py pins the node group to the template's latest version
+    # (a new template starts at version 1); without it synth would show no version.
+    "aws:ec2/launchTemplate:LaunchTemplate": lambda name, inputs: {"latestVersion": 1},
+    # components/gpu_nodes.py exports the node group's name (the engine derives it from the resource name).
+    "aws:eks/nodeGroup:NodeGroup": lambda name, inputs: {"nodeGroupName": inputs.get("nodeGroupName", name)},
 }
 
 
@@ -241,6 +246,7 @@ def record(
     project: str = "gpu-serving",
     stack: str = "prod",
     config: dict[str, str] | None = None,
+    into: Recording | None = None,
 ) -> Recording:
     """Run `program` under the recording engine and return what it declared.
 
@@ -248,9 +254,10 @@ def record(
     (`infra.config.engine_config`). Exports are recorded too: as given
     (`exports`) and resolved as the engine would store them (`outputs`). The
     runtime's global state (settings, root stack, config) is reset afterwards,
-    whether the program succeeded or raised.
+    whether the program succeeded or raised; pass `into` to keep what was
+    recorded when the program raises.
     """
-    recording = Recording()
+    recording = into if into is not None else Recording()
     real_export = pulumi.export
 
     def recording_export(name: str, value: Any) -> None:

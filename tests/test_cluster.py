@@ -242,7 +242,7 @@ def test_system_node_group(private_cluster, eks_model):
     assert group["instanceTypes"] == ["m7i.xlarge"]
     assert group["scalingConfig"] == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
     assert group["updateConfig"] == {"maxUnavailable": 1}
-    assert group["labels"] == {"role": "system"}
+    assert group["labels"] == {"gpu-serving/role": "system"}
     assert group["nodeRoleArn"] == placeholder("arn", "gs-node-role")
     assert group["subnetIds"] == SUBNETS
     assert group["clusterName"] == "gs-test"

@@ -218,7 +218,7 @@ def test_instances_volumes_and_interfaces_are_named() -> None:
     specs = {s["resourceType"]: s["tags"] for s in lt_of(rec)["tagSpecifications"]}
     assert set(specs) == {"instance", "volume", "network-interface"}
     for tags in specs.values():
-        assert tags == {"Name": "gpu-serving-prod-gpu", "team": "ml"}
+        assert tags == {"Name": "gpu", "team": "ml"}  # the component's name
 
 
 # --- capacity -----------------------------------------------------------------------------------------
