@@ -301,7 +301,7 @@ class ServingConfig(_Area):
         default=None, ge=1, le=128, description="`--pipeline-parallel-size`; null = planner decides."
     )
     data_parallel: Optional[int] = Field(
-        default=None, ge=1, le=512, description="Independent engine replicas on the GPUs left after TP x PP; null = planner decides."
+        default=None, ge=1, le=512, description="`--data-parallel-size`: model replicas on the GPUs left after TP (never with PP > 1); null = planner decides."
     )
     expert_parallel: Optional[StrictBool] = Field(
         default=None, description="`--enable-expert-parallel` for MoE models; null = planner decides."

@@ -8,13 +8,17 @@ non-torch memory and KV capacity are compared with what vLLM printed.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from infra.planning import PlanRequest, make_plan
+from infra.catalog.instances import get_instance_type
+from infra.catalog.models import load_model, with_weight_format
+from infra.planning.layout import Knobs, Layout, evaluate
 from infra.planning.memory import NON_TORCH_BASE_BYTES, GiB
+from infra.planning.serving import BLOCK_SIZE_DEFAULT
 
 DATA = Path(__file__).parent / "data"
 LOGS = yaml.safe_load((DATA / "vllm_memory_logs.yaml").read_text())
@@ -40,27 +44,34 @@ KV_TOKENS_REL = 0.04
 CASES = [e for e in LOGS if e["model"] in MODELS and e["gpu"] in INSTANCE_FOR_GPU and e.get("profiler_format") == "v1_debug"]
 
 
+class _Run:
+    """The planner's evaluation of one logged run."""
+
+    def __init__(self, evaluation):
+        self.evaluation = evaluation
+        self.stages = evaluation.stages
+
+
 def _plan(entry):
+    """Evaluate the logged layout on a node with exactly the run's GPUs (the logs
+    come from runs on part of an 8-GPU node, which the planner's search would
+    fill with replicas)."""
     model, fmt = MODELS[entry["model"]]
+    arch = load_model(model)
+    if fmt:
+        arch = with_weight_format(arch, fmt)
     tp, pp = entry["tp"], entry["pp"]
-    req = PlanRequest(
-        model=model,
-        weight_format=fmt,
-        instance_type=INSTANCE_FOR_GPU[entry["gpu"]],
-        nodes=1,
-        tp=tp,
-        pp=pp,
-        dp=8 // (tp * pp),
-        expert_parallel=False,
-        max_model_len=entry["max_model_len"],
+    node = dataclasses.replace(get_instance_type(INSTANCE_FOR_GPU[entry["gpu"]]), gpu_count=tp * pp)
+    knobs = Knobs(
         gpu_memory_utilization=entry["gpu_memory_utilization"],
+        max_model_len=entry["max_model_len"],
         max_num_batched_tokens=entry["max_num_batched_tokens"],
         max_num_seqs=entry["max_num_seqs"],
-        kv_cache_dtype=entry["kv_cache_dtype"],
+        block_size=BLOCK_SIZE_DEFAULT,
     )
-    plan = make_plan(req)
-    assert plan.feasible, plan.errors
-    return plan
+    ev = evaluate(arch, node, 1, Layout(tp, pp, 1, False, entry["kv_cache_dtype"]), knobs)
+    assert ev.feasible, ev.errors
+    return _Run(ev)
 
 
 def _id(entry) -> str:

@@ -10,8 +10,11 @@ Placement rules (why):
   warning.
 - Expert parallelism, when on, spreads whole experts over the TP ranks of a
   stage (EP size = TP, inside the node); its all-to-all uses NVLink, never EFA.
-- Data parallelism means independent engine replicas; the GPUs left over after
-  TP x PP are filled with replicas, each holding a full copy of the weights.
+- Data parallelism fills the GPUs left over after TP with replicas of the
+  model, served by one engine (`--data-parallel-size`), each replica with a
+  full copy of the weights (for MoE models vLLM can shard experts across
+  replicas; the plan does not count on it). vLLM runs data parallelism only
+  without pipeline parallelism, so a layout has PP > 1 or DP > 1, not both.
 """
 
 from __future__ import annotations
@@ -110,6 +113,11 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
         errors.append(
             f"TP {layout.tp} x PP {layout.pp} x DP {layout.dp} = {layout.tp * layout.pp * layout.dp} GPUs, "
             f"but {nodes} x {itype.name} have {total}"
+        )
+    if layout.pp > 1 and layout.dp > 1:
+        errors.append(
+            f"pipeline parallel {layout.pp} with data parallel {layout.dp}: vLLM runs data parallelism only "
+            "without pipeline parallelism; use fewer nodes or more pipeline stages"
         )
     if layout.expert_parallel and not arch.num_experts:
         errors.append("expert parallel was asked for, but the model has no routed experts")

@@ -177,7 +177,8 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     for tp in divisors(gpn):
         if req.tp and tp != req.tp:
             continue
-        pps = [1] + ([p for p in divisors(nodes) if p > 1] if tp == gpn else [])
+        # Whole-node stages, and PP only when it takes every node (vLLM has no PP with DP).
+        pps = [1] + ([nodes] if tp == gpn and nodes > 1 else [])
         if req.pp:
             pps = [req.pp]
         for pp in pps:
@@ -336,6 +337,7 @@ def make_plan(req: PlanRequest) -> Plan:
     args = serving.vllm_args(
         tp=lay.tp,
         pp=lay.pp,
+        dp=lay.dp,
         expert_parallel=lay.expert_parallel,
         gpu_memory_utilization=knobs.gpu_memory_utilization,
         max_model_len=knobs.max_model_len,

@@ -156,6 +156,7 @@ def vllm_args(
     *,
     tp: int,
     pp: int,
+    dp: int,
     expert_parallel: bool,
     gpu_memory_utilization: float,
     max_model_len: int,
@@ -163,11 +164,13 @@ def vllm_args(
     max_num_batched_tokens: int,
     kv_cache_dtype: str,
 ) -> list[str]:
-    """Arguments of one engine replica's `vllm serve` (replicas are separate engines)."""
+    """Arguments of `vllm serve` for the whole cluster."""
     args = [
         "--tensor-parallel-size", str(tp),
         "--pipeline-parallel-size", str(pp),
     ]  # fmt: skip
+    if dp > 1:
+        args += ["--data-parallel-size", str(dp)]
     if expert_parallel:
         args.append("--enable-expert-parallel")
     args += [
