@@ -348,6 +348,40 @@ class ServingConfig(_Area):
         le=86_400,
         description="Time allowed to read all weights from storage; sizes storage throughput.",
     )
+    vllm_version: str = Field(
+        default="0.34.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="vLLM release of the serving image (`images/vllm/Dockerfile` builds on `vllm/vllm-openai:v<version>`).",
+        json_schema_extra={"allowed": "a release such as 0.34.0"},
+    )
+    ray_version: str = Field(
+        default="2.60.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="Ray release installed in the serving image and set as the RayCluster's `rayVersion`.",
+        json_schema_extra={"allowed": "a release such as 2.60.0"},
+    )
+    image: Optional[str] = Field(
+        default=None,
+        min_length=1,
+        description="Serving image (vLLM with Ray); null = the stack's ECR repository at tag `<vllmVersion>-ray<rayVersion>`, "
+        "built and pushed with `bin/build-image`.",
+        json_schema_extra={"allowed": "an image reference with a tag or digest, or null"},
+    )
+    namespace: str = Field(
+        default="gpu-serving",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="Kubernetes namespace of the serving RayCluster, its Service and the weight storage claim.",
+        json_schema_extra={"allowed": "a DNS label such as gpu-serving"},
+    )
+    service_type: Literal["cluster-ip", "internal-lb"] = Field(
+        default="cluster-ip",
+        description="How the OpenAI-compatible endpoint (port 8000) is exposed: inside the cluster only, or an internal load balancer in the VPC.",
+    )
+    monitoring: Literal["podmonitor", "annotations"] = Field(
+        default="annotations",
+        description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",
+    )
 
     @model_validator(mode="after")
     def _min_cost_needs_target(self) -> "ServingConfig":
@@ -361,6 +395,50 @@ class ServingConfig(_Area):
 
 
 UsdPerMonth = Annotated[float, Field(ge=0)]
+
+
+class StorageConfig(_Area):
+    """`gpu-serving:storage`: where the model weights live and come from."""
+
+    type: Literal["efs", "fsx"] = Field(
+        default="efs",
+        description="`efs` (Amazon EFS, elastic throughput) or `fsx` (FSx for Lustre, sized for the cold-start target).",
+    )
+    source: Literal["hf", "s3"] = Field(
+        default="hf", description="Where the staging Job copies the weights from: the Hugging Face hub or an S3 prefix."
+    )
+    s3_uri: Optional[str] = Field(
+        default=None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="S3 prefix holding the checkpoint's files; required when source is `s3`.",
+        json_schema_extra={"allowed": "an S3 URI such as s3://bucket/models/DeepSeek-V4-Pro, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _s3_needs_uri(self) -> "StorageConfig":
+        if self.source == "s3" and not self.s3_uri:
+            raise PydanticCustomError(
+                "required_for_capacity", "required when source is 's3'", {"key": "s3Uri"}
+            )
+        return self
+
+
+class ChecksConfig(_Area):
+    """`gpu-serving:checks`: optional post-deploy checks, run as Jobs."""
+
+    efa: StrictBool = Field(
+        default=False,
+        description="EFA check: the EFA provider is visible and an NCCL all-reduce across nodes reaches the floor "
+        "(needs free GPU nodes: run it at bring-up or in a maintenance window).",
+    )
+    nccl_bus_bandwidth_floor_gbps: float = Field(
+        default=100.0, gt=0, le=10_000, description="Lowest acceptable NCCL all-reduce bus bandwidth across nodes, GB/s."
+    )
+    benchmark: StrictBool = Field(
+        default=False, description="Serving benchmark (`vllm bench serve` against the Service) after deploy."
+    )
+    ttft_p99_ms: float = Field(default=250.0, gt=0, le=600_000, description="Benchmark threshold: p99 time to first token, ms.")
+    tpot_p99_ms: float = Field(default=40.0, gt=0, le=60_000, description="Benchmark threshold: p99 time per output token, ms.")
 
 
 class CostConfig(_Area):
@@ -395,7 +473,14 @@ AREAS: dict[str, type[_Area]] = {
     "network": NetworkConfig,
     "cluster": ClusterConfig,
     "lifecycle": LifecycleConfig,
+    "storage": StorageConfig,
+    "checks": ChecksConfig,
 }
+
+# Secrets live in their own keys, set with `pulumi config set --secret`; the
+# program reads them with Config.require_secret / get_secret so they stay
+# secret end to end, and the offline tools never decrypt them.
+SECRET_KEYS = {"hfToken": "Hugging Face token for the weight-staging Job (gated or private models)"}
 
 
 class StackConfig(BaseModel):
@@ -417,6 +502,8 @@ class StackConfig(BaseModel):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     lifecycle: LifecycleConfig
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -553,6 +640,10 @@ def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
         namespace, _, name = key.partition(":")
         if key == "aws:region":
             region = value
+        elif namespace == PROJECT and name in SECRET_KEYS:
+            if not (isinstance(value, dict) and set(value) == {"secure"}):
+                raise UserError(f"{source}: {key} must be a secret: set it with `pulumi config set --secret {key}`")
+            # Never decrypted offline; the program reads it as a secret Output.
         elif namespace == PROJECT:
             if isinstance(value, dict) and set(value) == {"secure"}:
                 raise UserError(f"{source}: {key} is a secret; whole-area secrets are not supported")
@@ -569,7 +660,7 @@ def from_pulumi_config() -> StackConfig:
     source = stack_file_name(stack)
     cfg = pulumi.Config(PROJECT)
     areas: dict[str, Any] = {}
-    for name in [*AREAS, *(n for n in _project_config_areas() if n not in AREAS)]:
+    for name in [*AREAS, *(n for n in _project_config_areas() if n not in AREAS and n not in SECRET_KEYS)]:
         try:
             value = cfg.get_object(name)
         except pulumi.ConfigTypeError:
@@ -580,6 +671,24 @@ def from_pulumi_config() -> StackConfig:
             areas[name] = value
     region = pulumi.Config("aws").get("region")
     return from_mapping(stack, areas, region=region, source=source)
+
+
+def secret(name: str):
+    """A secret config value as a secret `pulumi.Output[str]`, or None when unset.
+
+    Refuses a value that was set in plain text (it would sit unencrypted in the
+    stack file and in the state).
+    """
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    if name not in SECRET_KEYS:
+        raise KeyError(name)
+    key = f"{PROJECT}:{name}"
+    value = pulumi.Config(PROJECT).get_secret(name)
+    if value is not None and not runtime_config.is_config_secret(key):
+        raise UserError(f"{key} is set in plain text; set it with `pulumi config set --secret {key}`")
+    return value
 
 
 def _project_config_areas() -> list[str]:
@@ -869,6 +978,12 @@ def reference_markdown() -> str:
                     f"{describe_allowed(f)} | {f.description} |"
                 )
         out.append("")
+    out.append("#### Secrets (`pulumi config set --secret <key> <value>`)\n")
+    out.append("| key | meaning |")
+    out.append("|---|---|")
+    for name, meaning in SECRET_KEYS.items():
+        out.append(f"| `{PROJECT}:{name}` | {meaning} |")
+    out.append("")
     region = StackConfig.model_fields["region"]
     out.append("#### `aws:region`\n")
     out.append("| key | type | default | range | meaning |")
