@@ -1,0 +1,190 @@
+"""The Kubernetes platform operators: NVIDIA GPU operator, EFA device plugin, KubeRay.
+
+One `Operators` component (`gpu-serving:k8s:Operators`) creates:
+
+- the namespaces `gpu-operator` (labelled for privileged pods: the operator's
+  DaemonSets mount host paths and run privileged) and `kuberay`; the EFA device
+  plugin goes into `kube-system`, where AWS's examples install it;
+- one `helm.v3.Release` per chart, chart, version and repository pinned in
+  `infra/helm_values.py` (CHARTS, from ../shared/FACTS.md), values from the pure
+  functions there:
+  - gpu-operator (driver and toolkit off on the EKS NVIDIA AMI, DCGM exporter
+    on, MOFED injection off, operands tolerate the GPU taint);
+  - aws-efa-k8s-device-plugin, only when the GPU instance type has EFA
+    interfaces; an EFA instance type the chart does not list is refused with a
+    UserError during preview (`infra.helm_values.check_efa_supported`);
+  - kuberay-operator.
+
+The Kubernetes provider comes from the caller (`opts.providers` or
+`opts.provider`) and reaches every child through `parent=self`.
+
+`releases` (every Release) and `kuberay` (the KubeRay release) are exposed for
+`depends_on`: a RayCluster that depends on the KubeRay release is deleted while
+the operator still runs, so its finalizers are honoured and its namespace does
+not hang in Terminating.
+
+How each release is installed and upgraded (`RELEASE_OPTIONS`, see there):
+Helm's own wait is on, with a per-chart timeout; no `atomic`, so a failed
+install stays in the cluster to be inspected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.catalog.instances import InstanceType
+from infra.helm_values import (
+    EFA_DEVICE_PLUGIN,
+    GPU_OPERATOR,
+    KUBERAY_OPERATOR,
+    Chart,
+    check_efa_supported,
+    efa_device_plugin_values,
+    efa_plugin_needed,
+    gpu_operator_values,
+    kuberay_operator_values,
+)
+
+TYPE = "gpu-serving:k8s:Operators"
+
+# Namespaces this component creates (kube-system exists in every cluster).
+PRIVILEGED_NAMESPACE_LABELS = {
+    # Pod Security Admission: the GPU operator's operands are privileged, host-path
+    # DaemonSets. EKS enforces no PSA level by default; the label keeps them
+    # admitted if a cluster default is ever tightened (NVIDIA's install guide labels
+    # the namespace the same way).
+    "pod-security.kubernetes.io/enforce": "privileged",
+}
+NAMESPACE_LABELS: dict[str, dict[str, str]] = {
+    GPU_OPERATOR.namespace: PRIVILEGED_NAMESPACE_LABELS,
+    KUBERAY_OPERATOR.namespace: {},
+}
+SYSTEM_NAMESPACES = ("kube-system",)
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    """How Helm installs and upgrades one release."""
+
+    timeout: int  # seconds, for each Kubernetes operation Helm waits on
+    skip_await: bool = False
+    # atomic purges a failed install (and rolls back a failed upgrade). Off: a release
+    # that times out then leaves nothing behind but Helm's opaque "context deadline
+    # exceeded" (FACTS.md, teardown failures); kept, its pods and events say why
+    # (kubectl describe), and the next `pulumi up` upgrades the failed release in place.
+    atomic: bool = False
+    # Same reason: resources a failed upgrade created stay for inspection; the next
+    # upgrade adopts them (they are in the failed revision's manifest).
+    cleanup_on_fail: bool = False
+    # Helm keeps one Secret per revision; ten are enough to roll back by hand.
+    max_history: int = 10
+
+
+RELEASE_OPTIONS: dict[str, ReleaseOptions] = {
+    # Helm waits for the operator Deployment, the NFD master/gc Deployments and the
+    # NFD worker DaemonSet on every node, GPU nodes included (images from nvcr.io,
+    # and a pre-upgrade hook Job that applies the CRDs). The operands the operator
+    # creates itself (device plugin, DCGM exporter) are not Helm's: the serving
+    # pods' GPU requests and the post-deploy checks are what proves them.
+    GPU_OPERATOR.release: ReleaseOptions(timeout=900),
+    # One small DaemonSet; waiting proves it is running on every GPU node (where it
+    # cannot run, e.g. a missing toleration, the timeout fails `pulumi up` instead of
+    # NCCL falling back to TCP later). With no GPU node yet the wait ends at once.
+    EFA_DEVICE_PLUGIN.release: ReleaseOptions(timeout=300),
+    # The operator Deployment and its CRDs; waiting means the operator runs before
+    # the serving layer (depends_on) creates the RayCluster.
+    KUBERAY_OPERATOR.release: ReleaseOptions(timeout=300),
+}
+
+
+@dataclass(frozen=True)
+class OperatorsArgs:
+    instance_type: InstanceType  # the GPU nodes' instance type (decides the EFA plugin)
+    dcgm_service_monitor: bool = False  # a ServiceMonitor for the DCGM exporter (needs the Prometheus operator CRDs)
+
+
+def release_values(args: OperatorsArgs) -> dict[str, dict[str, Any]]:
+    """The values of each release this component installs, by release name."""
+    values = {GPU_OPERATOR.release: gpu_operator_values(dcgm_service_monitor=args.dcgm_service_monitor)}
+    if efa_plugin_needed(args.instance_type):
+        values[EFA_DEVICE_PLUGIN.release] = efa_device_plugin_values(args.instance_type)
+    values[KUBERAY_OPERATOR.release] = kuberay_operator_values()
+    return values
+
+
+class Operators(pulumi.ComponentResource):
+    """GPU operator, EFA device plugin (when the instance type has EFA) and KubeRay operator."""
+
+    releases: list[k8s.helm.v3.Release]
+    kuberay: k8s.helm.v3.Release
+    gpu_operator: k8s.helm.v3.Release
+    efa_device_plugin: Optional[k8s.helm.v3.Release]
+
+    def __init__(self, name: str, args: OperatorsArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        # Fails the preview, with the reason, before anything is created.
+        check_efa_supported(args.instance_type)
+        values = release_values(args)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.namespaces: dict[str, k8s.core.v1.Namespace] = {
+            ns: k8s.core.v1.Namespace(
+                f"{name}-ns-{ns}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=ns, labels=dict(labels) or None),
+                opts=child,
+            )
+            for ns, labels in NAMESPACE_LABELS.items()
+        }
+
+        self.gpu_operator = self._release(name, GPU_OPERATOR, values[GPU_OPERATOR.release], child)
+        self.efa_device_plugin = (
+            self._release(name, EFA_DEVICE_PLUGIN, values[EFA_DEVICE_PLUGIN.release], child)
+            if EFA_DEVICE_PLUGIN.release in values
+            else None
+        )
+        self.kuberay = self._release(name, KUBERAY_OPERATOR, values[KUBERAY_OPERATOR.release], child)
+        self.releases = [r for r in (self.gpu_operator, self.efa_device_plugin, self.kuberay) if r is not None]
+
+        self.register_outputs(
+            {
+                "gpu_operator_status": self.gpu_operator.status,
+                "efa_device_plugin_status": self.efa_device_plugin.status if self.efa_device_plugin else None,
+                "kuberay_status": self.kuberay.status,
+            }
+        )
+
+    def _namespace(self, chart: Chart) -> pulumi.Input[str]:
+        """The release's namespace: through the Namespace resource when we create it (an ordering edge)."""
+        ns = self.namespaces.get(chart.namespace)
+        return ns.metadata.name if ns is not None else chart.namespace
+
+    def _release(
+        self, name: str, chart: Chart, values: dict[str, Any], child: pulumi.ResourceOptions
+    ) -> k8s.helm.v3.Release:
+        o = RELEASE_OPTIONS[chart.release]
+        return k8s.helm.v3.Release(
+            f"{name}-{chart.release}",
+            # A fixed release name: `helm list` and the objects the chart names after
+            # the release stay the same across stacks and replacements.
+            name=chart.release,
+            chart=chart.chart,
+            version=chart.version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repository),
+            namespace=self._namespace(chart),
+            values=values,
+            atomic=o.atomic,
+            cleanup_on_fail=o.cleanup_on_fail,
+            timeout=o.timeout,
+            skip_await=o.skip_await,
+            max_history=o.max_history,
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                # The release name is fixed, so a replacement (e.g. a new namespace) must
+                # uninstall the old release before installing the new one.
+                pulumi.ResourceOptions(delete_before_replace=True),
+            ),
+        )

@@ -1,0 +1,471 @@
+"""The Helm releases of the platform layer: values checked against the charts, and the Operators component.
+
+Three kinds of check:
+
+1. Every key path our values set exists in the chart's own default values
+   (`../shared/upstream/<chart>-<version>/values.yaml`), with a value of the
+   same kind, so a misspelt or misplaced key fails here instead of being
+   silently ignored by Helm. Only the contents of *free-form* subtrees are
+   exempt (FREE_FORM below): maps whose keys are data, not chart settings.
+   Lists are leaves: Helm replaces a list wholesale, and the items are
+   Kubernetes objects (tolerations, env vars), checked instead against the
+   Kubernetes schema with kubernetes-validate (strict).
+2. What the settings mean: driver and toolkit off, DCGM exporter on, MOFED off,
+   tolerations exactly the GPU taint, operators on the system nodes, the EFA
+   plugin's supported-instance list.
+3. The `Operators` component under the recording engine: the Release resources'
+   chart, version and repository (FACTS.md's table and the upstream folders),
+   namespaces, options, and the values reaching the Release inputs.
+
+The recording engine turns integers into floats, so numbers compare numerically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+
+from components.cluster import SYSTEM_LABELS
+from components.operators import (
+    NAMESPACE_LABELS,
+    RELEASE_OPTIONS,
+    TYPE,
+    Operators,
+    OperatorsArgs,
+    release_values,
+)
+from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
+from infra.config import load_stack_file
+from infra.efa import GPU_TAINT_KEY, gpu_labels, gpu_taints
+from infra.errors import UserError
+from infra.helm_values import (
+    CHARTS,
+    EFA_DEVICE_PLUGIN,
+    EFA_SUPPORTED_INSTANCE_TYPES,
+    GPU_OPERATOR,
+    INSTANCE_TYPE_NODE_LABEL,
+    KUBERAY_OPERATOR,
+    SYSTEM_NODE_SELECTOR,
+    TAINT_EFFECTS,
+    Chart,
+    check_efa_supported,
+    efa_device_plugin_values,
+    efa_plugin_needed,
+    gpu_operator_values,
+    gpu_tolerations,
+    kuberay_operator_values,
+)
+from infra.recording import Recording, record
+
+REPO = Path(__file__).resolve().parents[1]
+RELEASE = "kubernetes:helm.sh/v3:Release"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+EFA_TYPES = ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p6-b200.48xlarge")
+
+# Subtrees whose *contents* are data rather than chart settings, by chart. The
+# subtree's own key must still exist in the chart's defaults (and be a map there);
+# only the keys inside it are not looked up.
+#   operator.nodeSelector / nodeSelector: node label -> value, any label may be used
+#   (the defaults hold `kubernetes.io/os: linux` or nothing, so our
+#   `gpu-serving/role` key is not among them by nature).
+# Lists (tolerations, env, supportedInstanceLabels.keys/values) need no entry: the
+# checker treats every list as a leaf (Helm replaces lists, it does not merge them)
+# and test_list_items_are_valid_kubernetes_objects checks their items.
+FREE_FORM: dict[str, set[tuple[str, ...]]] = {
+    GPU_OPERATOR.chart: {("operator", "nodeSelector")},
+    EFA_DEVICE_PLUGIN.chart: set(),
+    KUBERAY_OPERATOR.chart: {("nodeSelector",)},
+}
+
+
+def values_of(chart: Chart) -> dict[str, Any]:
+    """Our values for `chart` (the EFA plugin's for p5.48xlarge)."""
+    if chart is GPU_OPERATOR:
+        return gpu_operator_values(dcgm_service_monitor=True)
+    if chart is EFA_DEVICE_PLUGIN:
+        return efa_device_plugin_values(get_instance_type("p5.48xlarge"))
+    if chart is KUBERAY_OPERATOR:
+        return kuberay_operator_values()
+    raise AssertionError(chart)
+
+
+# ---- the key-path checker ---------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "map"
+    return type(value).__name__
+
+
+def unknown_paths(ours: dict, defaults: dict, free_form: set[tuple[str, ...]], path: tuple[str, ...] = ()) -> list[str]:
+    """Where `ours` sets a key the chart's defaults do not have, or a value of another kind.
+
+    A default of null accepts any value (the chart declares the key without a type).
+    """
+    problems = []
+    for key, value in ours.items():
+        here = (*path, key)
+        dotted = ".".join(here)
+        if not isinstance(defaults, dict) or key not in defaults:
+            problems.append(f"{dotted}: not in the chart's default values")
+            continue
+        default = defaults[key]
+        if default is not None and _kind(value) != _kind(default):
+            problems.append(f"{dotted}: we set a {_kind(value)}, the chart's default is a {_kind(default)}")
+            continue
+        if here in free_form:
+            continue  # the map's contents are data
+        if isinstance(value, dict) and isinstance(default, dict):
+            problems += unknown_paths(value, default, free_form, here)
+    return problems
+
+
+@lru_cache(maxsize=None)
+def _upstream_values(upstream: Path, folder: str) -> dict:
+    return yaml.safe_load((upstream / folder / "values.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def chart_defaults(upstream_dir):
+    return lambda chart: _upstream_values(upstream_dir, chart.upstream_folder)
+
+
+@pytest.mark.parametrize("chart", CHARTS, ids=lambda c: c.chart)
+def test_every_key_we_set_is_in_the_charts_defaults(chart, chart_defaults):
+    defaults = chart_defaults(chart)
+    assert unknown_paths(values_of(chart), defaults, FREE_FORM[chart.chart]) == []
+    # Every free-form subtree we declare is a map in the chart's defaults, and one we set.
+    for subtree in FREE_FORM[chart.chart]:
+        node: Any = defaults
+        for key in subtree:
+            node = node[key]
+        assert isinstance(node, dict), subtree
+
+
+def test_the_checker_catches_typos(chart_defaults):
+    """Negative examples against the same checker and the real gpu-operator defaults."""
+    defaults = chart_defaults(GPU_OPERATOR)
+    free = FREE_FORM[GPU_OPERATOR.chart]
+    # A misspelt leaf deep in the tree (`enable` for `enabled`): Helm would ignore it.
+    assert unknown_paths({"dcgmExporter": {"serviceMonitor": {"enable": True}}}, defaults, free) == [
+        "dcgmExporter.serviceMonitor.enable: not in the chart's default values"
+    ]
+    # A misspelt top-level key, and the MOFED switch put under the wrong component.
+    assert unknown_paths({"devicePlugins": {"env": []}}, defaults, free) == ["devicePlugins: not in the chart's default values"]
+    assert unknown_paths({"toolkit": {"env": [], "mofed": False}}, defaults, free) == [
+        "toolkit.mofed: not in the chart's default values"
+    ]
+    # A string where the chart has a boolean ("false" is truthy in a Helm template).
+    assert unknown_paths({"driver": {"enabled": "false"}}, defaults, free) == [
+        "driver.enabled: we set a string, the chart's default is a bool"
+    ]
+    # A map where the chart has a list (tolerations are a list of objects).
+    assert unknown_paths({"daemonsets": {"tolerations": {"key": "x"}}}, defaults, free) == [
+        "daemonsets.tolerations: we set a map, the chart's default is a list"
+    ]
+    # Keys inside a free-form map are data, any label is fine ...
+    assert unknown_paths({"operator": {"nodeSelector": {"any.example/label": "x"}}}, defaults, free) == []
+    # ... but the same map outside the free-form set is checked key by key.
+    assert unknown_paths({"operator": {"nodeSelector": {"any.example/label": "x"}}}, defaults, set()) == [
+        "operator.nodeSelector.any.example/label: not in the chart's default values"
+    ]
+
+
+def test_list_items_are_valid_kubernetes_objects():
+    """Tolerations, env vars and node selectors, in a Pod, against the cluster's Kubernetes schema (strict)."""
+    version = load_stack_file("prod", REPO).cluster.kubernetes_version + ".0"
+    gpu_op = gpu_operator_values()
+    efa = efa_device_plugin_values(get_instance_type("p5.48xlarge"))
+    kuberay = kuberay_operator_values()
+    tolerations = [
+        *gpu_op["daemonsets"]["tolerations"],
+        *gpu_op["node-feature-discovery"]["worker"]["tolerations"],
+        *efa["tolerations"],
+    ]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": key, "operator": "In", "values": efa["supportedInstanceLabels"]["values"]}]}
+                    for key in efa["supportedInstanceLabels"]["keys"]
+                ]
+            }
+        }
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "values-check"},
+        "spec": {
+            "nodeSelector": {**gpu_op["operator"]["nodeSelector"], **kuberay["nodeSelector"]},
+            "tolerations": tolerations,
+            "affinity": affinity,
+            "containers": [{"name": "c", "image": "busybox", "env": gpu_op["devicePlugin"]["env"]}],
+        },
+    }
+    kubernetes_validate.validate(pod, version, strict=True)
+
+
+# ---- what the settings mean ---------------------------------------------------------------
+
+
+def _tolerates(toleration: dict, taint: dict) -> bool:
+    """Kubernetes' rule (k8s.io/api/core/v1 Toleration.ToleratesTaint)."""
+    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+        return False
+    if toleration.get("key") and toleration["key"] != taint["key"]:
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return toleration.get("value", "") == taint.get("value", "")
+
+
+def test_gpu_tolerations_are_exactly_the_gpu_taint():
+    taints = gpu_taints()
+    expected = [
+        {"key": t["key"], "operator": "Equal", "value": t["value"], "effect": TAINT_EFFECTS[t["effect"]]} for t in taints
+    ]
+    assert gpu_tolerations() == expected == [
+        {"key": GPU_TAINT_KEY, "operator": "Equal", "value": "present", "effect": "NoSchedule"}
+    ]
+    k8s_taints = [{**t, "effect": TAINT_EFFECTS[t["effect"]]} for t in taints]
+    assert all(any(_tolerates(tol, taint) for tol in gpu_tolerations()) for taint in k8s_taints)
+    # The EKS effect names are mapped, not passed through.
+    assert set(TAINT_EFFECTS.values()) == {"NoSchedule", "NoExecute", "PreferNoSchedule"}
+
+
+def test_gpu_operator_values():
+    v = gpu_operator_values()
+    assert v["driver"]["enabled"] is False
+    assert v["toolkit"]["enabled"] is False
+    assert v["dcgmExporter"]["enabled"] is True
+    assert v["dcgmExporter"]["serviceMonitor"]["enabled"] is False
+    assert gpu_operator_values(dcgm_service_monitor=True)["dcgmExporter"]["serviceMonitor"]["enabled"] is True
+    # MOFED off, as a string (an EnvVar value), once.
+    assert [e for e in v["devicePlugin"]["env"] if e["name"] == "MOFED_ENABLED"] == [{"name": "MOFED_ENABLED", "value": "false"}]
+    # Every operand DaemonSet and the NFD worker tolerate exactly the GPU taint.
+    assert v["daemonsets"]["tolerations"] == gpu_tolerations()
+    assert v["node-feature-discovery"]["worker"]["tolerations"] == gpu_tolerations()
+    assert v["nfd"]["enabled"] is True
+    # The operator itself on the system nodes.
+    assert v["operator"]["nodeSelector"].items() >= SYSTEM_NODE_SELECTOR.items()
+    assert v["operator"]["nodeSelector"]["kubernetes.io/os"] == "linux"
+
+
+def test_operators_go_to_the_system_nodes_not_the_gpu_nodes():
+    assert SYSTEM_NODE_SELECTOR == SYSTEM_LABELS  # components/cluster.py labels the system node group so
+    gpu = gpu_labels(get_instance_type("p5.48xlarge"))
+    for selector in (gpu_operator_values()["operator"]["nodeSelector"], kuberay_operator_values()["nodeSelector"]):
+        assert selector.items() >= SYSTEM_LABELS.items()
+        assert not selector.items() <= gpu.items()  # a GPU node does not match
+
+
+def test_defaults_would_not_have_done_it(chart_defaults):
+    """The settings change something: each differs from the chart default (or the default is missing)."""
+    gpu = chart_defaults(GPU_OPERATOR)
+    assert gpu["driver"]["enabled"] is True and gpu["toolkit"]["enabled"] is True
+    assert gpu["dcgmExporter"]["serviceMonitor"]["enabled"] is True  # would need the Prometheus operator
+    assert gpu["devicePlugin"]["env"] == []
+    efa = chart_defaults(EFA_DEVICE_PLUGIN)
+    assert efa["tolerations"] == []  # FACTS.md: the EFA plugin's default tolerations are empty
+    assert chart_defaults(KUBERAY_OPERATOR)["nodeSelector"] == {}
+
+
+# ---- the EFA device plugin -----------------------------------------------------------------
+
+
+def test_supported_list_is_the_charts_own(chart_defaults):
+    upstream = chart_defaults(EFA_DEVICE_PLUGIN)["supportedInstanceLabels"]
+    assert list(EFA_SUPPORTED_INSTANCE_TYPES) == upstream["values"]
+    assert [INSTANCE_TYPE_NODE_LABEL] == upstream["keys"]
+
+
+@pytest.mark.parametrize("name", EFA_TYPES)
+def test_efa_instance_types_are_supported(name, chart_defaults):
+    itype = get_instance_type(name)
+    assert efa_plugin_needed(itype)
+    assert name in chart_defaults(EFA_DEVICE_PLUGIN)["supportedInstanceLabels"]["values"]
+    v = efa_device_plugin_values(itype)
+    assert name in v["supportedInstanceLabels"]["values"]
+    assert v["supportedInstanceLabels"]["keys"] == ["node.kubernetes.io/instance-type"]
+    assert v["tolerations"] == gpu_tolerations()
+
+
+def test_every_efa_type_in_the_catalog_is_supported():
+    for itype in INSTANCE_TYPES.values():
+        if efa_plugin_needed(itype):
+            check_efa_supported(itype)
+
+
+def test_unsupported_efa_instance_type_is_refused():
+    made_up = dataclasses.replace(get_instance_type("p5.48xlarge"), name="p9z.96xlarge")
+    assert efa_plugin_needed(made_up)
+    for call in (check_efa_supported, efa_device_plugin_values):
+        with pytest.raises(UserError) as err:
+            call(made_up)
+        message = str(err.value)
+        assert "p9z.96xlarge" in message
+        assert f"aws-efa-k8s-device-plugin {EFA_DEVICE_PLUGIN.version}" in message
+        assert "zero nodes" in message and "fall back to TCP" in message
+
+
+def test_instance_without_efa_needs_no_plugin():
+    for name in ("g6e.xlarge", "g5.xlarge"):
+        itype = get_instance_type(name)
+        assert not efa_plugin_needed(itype)
+        check_efa_supported(itype)  # nothing to refuse
+        with pytest.raises(UserError, match="no EFA"):
+            efa_device_plugin_values(itype)
+
+
+# ---- charts: FACTS.md and the upstream copies --------------------------------------------------
+
+
+def _facts_charts(shared_dir: Path) -> dict[str, tuple[str, str]]:
+    """chart -> (repository, version) from FACTS.md's "Helm charts" table."""
+    text = (shared_dir / "FACTS.md").read_text()
+    section = text.split("## Helm charts", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].startswith("https://"):
+            rows[cells[2]] = (cells[1], cells[3].split()[0])  # "v0.5.30 (app v0.5.20)" -> "v0.5.30"
+    return rows
+
+
+def test_charts_match_facts_and_upstream(shared_dir, upstream_dir):
+    facts = _facts_charts(shared_dir)
+    assert {c.chart: (c.repository, c.version) for c in CHARTS} == facts
+    for chart in CHARTS:
+        folder = upstream_dir / chart.upstream_folder
+        assert folder.is_dir(), f"no upstream copy for {chart.chart} {chart.version}: {folder}"
+        chart_yaml = folder / "Chart.yaml"
+        if chart_yaml.exists():  # the gpu-operator copy has values.yaml only: its folder name is the version
+            meta = yaml.safe_load(chart_yaml.read_text())
+            assert (meta["name"], str(meta["version"])) == (chart.chart, chart.version)
+    assert len({c.release for c in CHARTS}) == len(CHARTS)
+
+
+# ---- the component under the recording engine ------------------------------------------------------
+
+
+def _record(args: OperatorsArgs) -> Recording:
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="{}")
+        Operators("gpu-serving-prod", args, opts=pulumi.ResourceOptions(providers={"kubernetes": provider}))
+
+    return record(program)
+
+
+@pytest.fixture(scope="module")
+def p5() -> Recording:
+    return _record(OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), dcgm_service_monitor=True))
+
+
+def _releases(rec: Recording) -> dict[str, Any]:
+    return {r.inputs["chart"]: r for r in rec.of_type(RELEASE)}
+
+
+def test_releases_pin_chart_version_and_repository(p5, shared_dir):
+    facts = _facts_charts(shared_dir)
+    releases = _releases(p5)
+    assert set(releases) == set(facts) == {c.chart for c in CHARTS}
+    for chart in CHARTS:
+        r = releases[chart.chart]
+        assert (r.inputs["repositoryOpts"]["repo"], r.inputs["version"]) == facts[chart.chart]
+        assert r.inputs["name"] == chart.release
+        assert r.inputs["namespace"] == chart.namespace
+
+
+def test_release_options(p5):
+    for chart in CHARTS:
+        r = _releases(p5)[chart.chart]
+        o = RELEASE_OPTIONS[chart.release]
+        assert r.inputs["atomic"] is False and r.inputs["cleanupOnFail"] is False
+        assert r.inputs["skipAwait"] is False
+        assert r.inputs["timeout"] == o.timeout and o.timeout >= 300
+        assert r.inputs["maxHistory"] == o.max_history
+        # Fixed release names: a replacement must uninstall first.
+        assert r.options["delete_before_replace"] is True
+        # The caller's provider, inherited through parent=self.
+        assert r.options["provider"] == "k8s"
+        assert r.parent == p5.one(TYPE).urn
+
+
+def test_values_reach_the_releases(p5):
+    releases = _releases(p5)
+    expected = release_values(OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), dcgm_service_monitor=True))
+    assert set(expected) == {c.release for c in CHARTS}
+    for chart in CHARTS:
+        assert releases[chart.chart].inputs["values"] == expected[chart.release]
+    gpu = releases[GPU_OPERATOR.chart].inputs["values"]
+    assert gpu["dcgmExporter"]["serviceMonitor"]["enabled"] is True
+    assert gpu["driver"]["enabled"] is False and gpu["toolkit"]["enabled"] is False
+    assert gpu["devicePlugin"]["env"] == [{"name": "MOFED_ENABLED", "value": "false"}]
+    assert releases[EFA_DEVICE_PLUGIN.chart].inputs["values"]["tolerations"] == gpu_tolerations()
+
+
+def test_namespaces(p5):
+    namespaces = {r.inputs["metadata"]["name"]: r for r in p5.of_type(NAMESPACE)}
+    assert set(namespaces) == set(NAMESPACE_LABELS) == {"gpu-operator", "kuberay"}
+    assert namespaces["gpu-operator"].inputs["metadata"]["labels"] == {"pod-security.kubernetes.io/enforce": "privileged"}
+    version = load_stack_file("prod", REPO).cluster.kubernetes_version + ".0"
+    for ns in namespaces.values():
+        assert ns.options["provider"] == "k8s" and ns.parent == p5.one(TYPE).urn
+        kubernetes_validate.validate(ns.inputs, version, strict=True)
+    # A release into a namespace we create waits for it (and is deleted before it).
+    releases = _releases(p5)
+    for chart in (GPU_OPERATOR, KUBERAY_OPERATOR):
+        assert releases[chart.chart].options["depends_on"] == [namespaces[chart.namespace].urn]
+    assert EFA_DEVICE_PLUGIN.namespace == "kube-system" and releases[EFA_DEVICE_PLUGIN.chart].options["depends_on"] == []
+
+
+def test_no_efa_plugin_without_efa():
+    rec = _record(OperatorsArgs(instance_type=get_instance_type("g6e.xlarge")))
+    assert set(_releases(rec)) == {GPU_OPERATOR.chart, KUBERAY_OPERATOR.chart}
+    assert _releases(rec)[GPU_OPERATOR.chart].inputs["values"]["dcgmExporter"]["serviceMonitor"]["enabled"] is False
+
+
+def test_unsupported_efa_type_fails_the_program():
+    made_up = dataclasses.replace(get_instance_type("p5en.48xlarge"), name="p9z.96xlarge")
+    kept = Recording()
+    with pytest.raises(UserError, match=re.escape("p9z.96xlarge")):
+        record(lambda: Operators("x", OperatorsArgs(instance_type=made_up)), into=kept)
+    assert kept.of_type(RELEASE) == []  # refused before any release is declared
+
+
+def test_component_exposes_releases_and_kuberay():
+    seen: dict[str, Any] = {}
+
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="{}")
+        ops = Operators(
+            "ops",
+            OperatorsArgs(instance_type=get_instance_type("p5.48xlarge")),
+            opts=pulumi.ResourceOptions(providers={"kubernetes": provider}),
+        )
+        seen["ops"] = ops
+
+    record(program)
+    ops = seen["ops"]
+    assert len(ops.releases) == 3 and ops.kuberay in ops.releases
+    assert ops.releases == [ops.gpu_operator, ops.efa_device_plugin, ops.kuberay]
+    assert all(isinstance(r, k8s.helm.v3.Release) for r in ops.releases)
