@@ -53,6 +53,12 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
     # components/gpu_nodes.py pins the node group to the template's latest version
     # (a new template starts at version 1); without it synth would show no version.
     "aws:ec2/launchTemplate:LaunchTemplate": lambda name, inputs: {"latestVersion": 1},
+    # components/storage.py puts these in the weights' PersistentVolume.
+    "aws:efs/mountTarget:MountTarget": lambda name, inputs: {"ipAddress": "10.0.128.10"},
+    "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {
+        "dnsName": f"{placeholder('fsx', name)}.fsx.amazonaws.com",
+        "mountName": "abcdefgh",
+    },
     # components/gpu_nodes.py exports the node group's name (the engine derives it from the resource name).
     "aws:eks/nodeGroup:NodeGroup": lambda name, inputs: {"nodeGroupName": inputs.get("nodeGroupName", name)},
 }

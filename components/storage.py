@@ -1,0 +1,579 @@
+"""Model-weight storage: a shared file system, its volume and claim, and the Job that fills it.
+
+One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
+
+- the file system, in the GPU subnet:
+  - `efs` (default): Amazon EFS, encrypted at rest, Elastic throughput,
+    General Purpose mode, one mount target in the GPU subnet with its own
+    security group that admits NFS (TCP 2049) from the given client security
+    groups only; its lifecycle policy never moves files to Infrequent Access
+    (a cold start reads every byte: IA would bill each read and slow it) and
+    brings back, on first access, anything someone moved there;
+  - `fsx`: FSx for Lustre, PERSISTENT_2 on SSD, capacity and per-TiB throughput
+    from `infra.planning.storage.fsx_lustre_sizing` (the checkpoint with the
+    plan's margin, the plan's cold-start read rate), with a security group for
+    Lustre (TCP 988 and 1018-1023) between the file servers and from/to the
+    clients; no daily backups (the checkpoint's source is the backup);
+  - in production (`production=True`) the file system is protected and retained
+    on delete (`pulumi destroy` refuses, and even an unprotected delete leaves
+    it in the account); in ephemeral stacks it is deleted with the stack;
+- a static PersistentVolume through the EFS CSI driver (`efs.csi.aws.com`,
+  volumeHandle = file system id, `mounttargetip` = the mount target's address,
+  so nodes in other zones, such as the system nodes that run the staging Job,
+  can mount it without a mount target in their zone) or the FSx CSI driver
+  (`fsx.csi.aws.com`, `dnsname`/`mountname`, `flock` so the hub client's file
+  locks work), ReadWriteMany, reserved for our claim (`claimRef`);
+- the PersistentVolumeClaim in the serving namespace, bound to that volume by
+  name. Binding is static: `storageClassName: ""` on both, and no StorageClass
+  (neither driver needs one for a pre-created volume);
+- when a Hugging Face token is given, a Kubernetes Secret holding it (from the
+  secret Output, so Pulumi encrypts it in state and never shows it);
+- for an S3 source, an IAM role with read-only access to the prefix, given to
+  the staging Job's service account through EKS Pod Identity;
+- the staging Job (`infra/staging.py`): on a system node, mounts the claim
+  read-write and copies the checkpoint to `<mount>/<checkpoint>`, skipping
+  complete files, checking sizes, and writing the completion marker the
+  serving pods wait for (`wait_for_weights_command`). Its deadline and retries
+  come from the plan's checkpoint size and cold-start target. `pulumi up`
+  waits for it to complete (unless `await_staging=False`).
+
+Reclaim policy: always `Retain`. A static volume's `Delete` would not delete an
+EFS file system (the EFS CSI driver deletes only access points; our volume
+handle has none), but the FSx CSI driver's DeleteVolume deletes the *file
+system* named by the handle; whether the external provisioner acts on a
+statically created volume depends on its version. With `Retain`, deleting the
+claim never touches data; the file system's fate is Pulumi's alone (protected
+and retained in production, deleted with an ephemeral stack).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Optional, Sequence
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.cluster import assume_role_policy, partition_of
+from infra.errors import UserError
+from infra.planning.memory import GiB
+from infra.planning.storage import (
+    FSX_DEPLOYMENT_TYPE,
+    FSX_STORAGE_TYPE,
+    FsxSizing,
+    efs_read_throughput_bytes_per_s,
+    fsx_lustre_sizing,
+)
+from infra.staging import (
+    check_packages,
+    job_name,
+    marker_path,
+    model_path,
+    source_url,
+    split_checkpoint,
+    staging_args,
+    staging_await_timeout_s,
+    staging_command,
+    staging_deadline_s,
+    staging_job_spec,
+    staging_pod_spec,
+    staging_script,
+    wait_for_weights_command,
+    weights_volume,
+)
+
+TYPE = "gpu-serving:storage:ModelStorage"
+
+# EFS (values checked against botocore's efs model in the tests).
+EFS_THROUGHPUT_MODE = "elastic"
+EFS_PERFORMANCE_MODE = "generalPurpose"
+EFS_BACK_FROM_IA = "AFTER_1_ACCESS"  # TransitionToPrimaryStorageClass
+NFS_PORT = 2049
+# FSx for Lustre (FSx for Lustre user guide, "File system access control with Amazon VPC").
+LUSTRE_PORTS = ((988, 988), (1018, 1023))
+LUSTRE_VERSION = "2.15"
+
+EFS_CSI_DRIVER = "efs.csi.aws.com"
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
+RECLAIM_POLICY = "Retain"
+ACCESS_MODES = ["ReadWriteMany"]
+SYSTEM_NODE_SELECTOR = {"gpu-serving/role": "system"}  # components/cluster.py SYSTEM_LABELS
+
+Kind = Literal["efs", "fsx"]
+Source = Literal["hf", "s3"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    """The plan's storage figures the component needs, as plain numbers."""
+
+    size_bytes: int
+    checkpoint_bytes: int
+    required_read_bytes_per_s: int
+    cold_start_target_s: float = 600.0
+
+    @classmethod
+    def of(cls, value: Any) -> "StorageFigures":
+        """From `infra.planning.serving.Storage`, the plan JSON's `storage` dict, or a StorageFigures."""
+        if isinstance(value, StorageFigures):
+            return value
+        get = value.get if isinstance(value, Mapping) else (lambda k, d=None: getattr(value, k, d))
+        return cls(
+            size_bytes=int(get("size_bytes")),
+            checkpoint_bytes=int(get("checkpoint_bytes")),
+            required_read_bytes_per_s=int(get("required_read_bytes_per_s")),
+            cold_start_target_s=float(get("cold_start_target_s", 600.0)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelStorageArgs:
+    """What the weight storage needs. Validated when built (a `UserError` says what is wrong).
+
+    `client_security_group_ids`: the security groups of every node that mounts
+    the volume (the GPU nodes and the system nodes that run the staging Job;
+    the EKS cluster security group covers both). `hf_token` must be a secret
+    Output (`pulumi.Config().require_secret(...)`), never a plain string.
+    `cluster_name` is needed for an S3 source (EKS Pod Identity). `staging_image`:
+    a pinned image with Python 3 and the source's client (`huggingface_hub` or
+    `boto3`), or any Python image plus `staging_packages` (pinned specs installed
+    at start).
+    """
+
+    kind: Kind
+    vpc_id: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    client_security_group_ids: Sequence[pulumi.Input[str]]
+    storage: Any  # StorageFigures, infra.planning.serving.Storage, or the plan JSON's storage dict
+    production: bool
+    namespace: str
+    checkpoint: str  # "org/name[@revision]" (hf) or "s3://bucket/prefix" (s3)
+    source: Source
+    staging_image: str
+    pvc_name: str = "model-weights"
+    hf_token: Optional[pulumi.Output] = None
+    mount_path: str = "/models"
+    cluster_name: Optional[pulumi.Input[str]] = None
+    region: Optional[str] = None  # for the IAM partition and EFS's regional read ceiling
+    staging_packages: tuple[str, ...] = ()
+    staging_workers: int = 8
+    staging_excludes: tuple[str, ...] = ()
+    await_staging: bool = True
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage", StorageFigures.of(self.storage))
+        object.__setattr__(self, "client_security_group_ids", list(self.client_security_group_ids))
+        object.__setattr__(self, "staging_packages", tuple(self.staging_packages))
+        object.__setattr__(self, "staging_excludes", tuple(self.staging_excludes))
+        validate_storage_args(self)
+
+
+def validate_storage_args(args: ModelStorageArgs) -> None:
+    if args.kind not in ("efs", "fsx"):
+        raise UserError(f"storage: kind {args.kind!r} must be 'efs' or 'fsx'")
+    if args.source not in ("hf", "s3"):
+        raise UserError(f"storage: checkpoint source {args.source!r} must be 'hf' or 's3'")
+    try:
+        split_checkpoint(args.checkpoint, args.source)
+        check_packages(args.staging_packages)
+    except ValueError as exc:
+        raise UserError(f"storage: {exc}") from None
+    if not args.client_security_group_ids:
+        raise UserError("storage: client_security_group_ids is empty; no node could mount the file system")
+    if not _DNS_LABEL.match(args.namespace) or len(args.namespace) > 63:
+        raise UserError(f"storage: namespace {args.namespace!r} is not a DNS label")
+    if not _DNS_LABEL.match(args.pvc_name) or len(args.pvc_name) > 48:
+        raise UserError(f"storage: pvc_name {args.pvc_name!r} must be a DNS label of at most 48 characters")
+    if not args.mount_path.startswith("/") or args.mount_path.rstrip("/") in ("", "/tmp"):
+        raise UserError(f"storage: mount_path {args.mount_path!r} must be an absolute path other than / and /tmp")
+    if not args.staging_image or ":" not in args.staging_image.rsplit("/", 1)[-1] and "@" not in args.staging_image:
+        raise UserError(f"storage: staging_image {args.staging_image!r} must be pinned (a tag or a digest)")
+    if isinstance(args.hf_token, str):
+        raise UserError("storage: hf_token must be a secret Output (pulumi.Config().require_secret), not a plain string")
+    if args.hf_token is not None and args.source != "hf":
+        raise UserError("storage: hf_token is only used with a Hugging Face ('hf') checkpoint source")
+    if args.source == "s3" and args.cluster_name is None:
+        raise UserError("storage: an S3 source needs cluster_name (the staging Job reads S3 through EKS Pod Identity)")
+    if args.staging_workers < 1:
+        raise UserError("storage: staging_workers must be at least 1")
+    figures: StorageFigures = args.storage
+    if figures.checkpoint_bytes <= 0 or figures.size_bytes < figures.checkpoint_bytes:
+        raise UserError(f"storage: the plan's sizes are inconsistent ({figures})")
+
+
+# ---- pure helpers (tested directly) -------------------------------------------------------
+
+
+def protection(production: bool) -> pulumi.ResourceOptions:
+    """What holds the weights: protected and retained on delete in production, disposable otherwise."""
+    return pulumi.ResourceOptions(protect=production, retain_on_delete=production)
+
+
+def pv_name(namespace: str, pvc_name: str) -> str:
+    """The PersistentVolume's (cluster-wide) name: unique per namespace and claim."""
+    return f"{namespace}-{pvc_name}"[:253]
+
+
+def capacity_quantity(size_bytes: int) -> str:
+    """A PV/PVC capacity in whole GiB (EFS ignores it; FSx's is the file system's size)."""
+    return f"{-(-size_bytes // GiB)}Gi"
+
+
+def efs_volume_source(file_system_id: pulumi.Input[str], mount_target_ip: pulumi.Input[str]) -> dict[str, Any]:
+    # The EFS CSI driver accepts only path, encryptInTransit, mounttargetip and
+    # crossaccount as volume attributes (pkg/driver/node.go); TLS is its default.
+    return {"driver": EFS_CSI_DRIVER, "volumeHandle": file_system_id, "volumeAttributes": {"mounttargetip": mount_target_ip}}
+
+
+def fsx_volume_source(
+    file_system_id: pulumi.Input[str], dns_name: pulumi.Input[str], mount_name: pulumi.Input[str]
+) -> dict[str, Any]:
+    # aws-fsx-csi-driver examples/kubernetes/static_provisioning/specs/pv.yaml.
+    return {"driver": FSX_CSI_DRIVER, "volumeHandle": file_system_id, "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name}}
+
+
+def persistent_volume_spec(csi: dict[str, Any], *, size_bytes: int, namespace: str, pvc_name: str, kind: Kind) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "capacity": {"storage": capacity_quantity(size_bytes)},
+        "accessModes": list(ACCESS_MODES),
+        "volumeMode": "Filesystem",
+        "persistentVolumeReclaimPolicy": RECLAIM_POLICY,
+        "storageClassName": "",
+        # Reserved for our claim: no other claim can bind it first.
+        "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": pvc_name},
+        "csi": csi,
+    }
+    if kind == "fsx":
+        spec["mountOptions"] = ["flock"]
+    return spec
+
+
+def persistent_volume_claim_spec(*, size_bytes: int, volume_name: str) -> dict[str, Any]:
+    return {
+        "accessModes": list(ACCESS_MODES),
+        "volumeMode": "Filesystem",
+        "storageClassName": "",
+        "volumeName": volume_name,
+        "resources": {"requests": {"storage": capacity_quantity(size_bytes)}},
+    }
+
+
+def s3_read_policy(partition: str, checkpoint: str) -> str:
+    """Read-only access to one S3 prefix: list it, get its objects."""
+    directory, _ = split_checkpoint(checkpoint, "s3")
+    bucket, _, prefix = directory.partition("/")
+    prefix_slash = f"{prefix}/" if prefix else ""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:ListBucket",
+                    "Resource": f"arn:{partition}:s3:::{bucket}",
+                    "Condition": {"StringLike": {"s3:prefix": [f"{prefix_slash}*"]}},
+                },
+                {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"arn:{partition}:s3:::{bucket}/{prefix_slash}*"},
+            ],
+        },
+        sort_keys=True,
+    )
+
+
+def read_throughput_bytes_per_s(kind: Kind, sizing: Optional[FsxSizing], region: Optional[str]) -> int:
+    """What the file system can serve to all nodes together."""
+    if kind == "fsx":
+        assert sizing is not None
+        return sizing.throughput_bytes_per_s
+    return efs_read_throughput_bytes_per_s(region)
+
+
+# ---- the component --------------------------------------------------------------------------
+
+
+class ModelStorage(pulumi.ComponentResource):
+    """The weights' file system, volume, claim and staging Job (see the module docstring)."""
+
+    file_system_id: pulumi.Output[str]
+    pvc_name: str
+    staging_job_name: str
+    marker_path: str
+    model_path: str
+    mount_path: str
+    volume_read_only_mount: dict[str, dict[str, Any]]
+    read_throughput_bytes_per_s: int
+    fsx_sizing: Optional[FsxSizing]
+    staging_deadline_s: int
+
+    def __init__(self, name: str, args: ModelStorageArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        self.args = args
+        child = pulumi.ResourceOptions(parent=self)
+        keep = pulumi.ResourceOptions.merge(child, protection(args.production))
+        tags = dict(args.tags)
+        figures: StorageFigures = args.storage
+
+        # -- the file system ---------------------------------------------------------------
+        self.fsx_sizing = None
+        self.mount_target: Optional[aws.efs.MountTarget] = None
+        if args.kind == "efs":
+            csi, fs_ready = self._efs(name, args, tags, child, keep)
+            capacity_bytes = figures.size_bytes
+        else:
+            csi, fs_ready = self._fsx(name, args, figures, tags, child, keep)
+            assert self.fsx_sizing is not None
+            capacity_bytes = self.fsx_sizing.storage_capacity_gib * GiB
+        self.read_throughput_bytes_per_s = read_throughput_bytes_per_s(args.kind, self.fsx_sizing, args.region)
+
+        # -- volume and claim ---------------------------------------------------------------------
+        volume_name = pv_name(args.namespace, args.pvc_name)
+        labels = {"app.kubernetes.io/name": "model-weights", "app.kubernetes.io/part-of": "gpu-serving"}
+        self.persistent_volume = k8s.core.v1.PersistentVolume(
+            f"{name}-pv",
+            metadata={"name": volume_name, "labels": labels},
+            spec=persistent_volume_spec(
+                csi, size_bytes=capacity_bytes, namespace=args.namespace, pvc_name=args.pvc_name, kind=args.kind
+            ),
+            opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=fs_ready)),
+        )
+        self.persistent_volume_claim = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-pvc",
+            metadata={"name": args.pvc_name, "namespace": args.namespace, "labels": labels},
+            spec=persistent_volume_claim_spec(size_bytes=capacity_bytes, volume_name=volume_name),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(protect=args.production, depends_on=[self.persistent_volume])
+            ),
+        )
+
+        # -- credentials for the staging Job ------------------------------------------------------
+        staging_deps: list[pulumi.Resource] = [self.persistent_volume_claim, *fs_ready]
+        service_account = f"{args.pvc_name}-staging"
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-staging-sa",
+            metadata={"name": service_account, "namespace": args.namespace, "labels": labels},
+            opts=child,
+        )
+        staging_deps.append(self.service_account)
+        secret_name: Optional[str] = None
+        self.hf_token_secret: Optional[k8s.core.v1.Secret] = None
+        if args.hf_token is not None:
+            secret_name = f"{args.pvc_name}-hf-token"
+            self.hf_token_secret = k8s.core.v1.Secret(
+                f"{name}-hf-token",
+                metadata={"name": secret_name, "namespace": args.namespace, "labels": labels},
+                type="Opaque",
+                # Output.secret: encrypted in state, hidden in previews, whatever the caller passed.
+                string_data={"HF_TOKEN": pulumi.Output.secret(args.hf_token)},
+                opts=child,
+            )
+            staging_deps.append(self.hf_token_secret)
+        if args.source == "s3":
+            staging_deps.append(self._s3_access(name, args, service_account, tags, child))
+
+        # -- the staging Job ---------------------------------------------------------------------------
+        self.mount_path = args.mount_path.rstrip("/")
+        self.model_path = model_path(self.mount_path, args.checkpoint, args.source)
+        self.marker_path = marker_path(self.mount_path, args.checkpoint, args.source)
+        self.staging_deadline_s = staging_deadline_s(figures.checkpoint_bytes, figures.cold_start_target_s)
+        command = staging_command(args.staging_packages)
+        job_args = staging_args(
+            source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
+        )
+        self.staging_job_name = job_name(
+            args.pvc_name, staging_script(), args.staging_image, *command, *job_args, " ".join(args.staging_packages)
+        )
+        pod_spec = staging_pod_spec(
+            image=args.staging_image,
+            command=command,
+            args=job_args,
+            pvc_name=args.pvc_name,
+            mount_path=self.mount_path,
+            service_account=service_account,
+            hf_token_secret=secret_name,
+            packages=args.staging_packages,
+            node_selector=SYSTEM_NODE_SELECTOR,
+        )
+        job_labels = {**labels, "app.kubernetes.io/component": "weight-staging"}
+        annotations = {"gpu-serving/checkpoint": args.checkpoint, "gpu-serving/marker": self.marker_path}
+        if not args.await_staging:
+            annotations["pulumi.com/skipAwait"] = "true"
+        timeout = f"{staging_await_timeout_s(self.staging_deadline_s)}s"
+        self.staging_job = k8s.batch.v1.Job(
+            f"{name}-staging",
+            metadata={"name": self.staging_job_name, "namespace": args.namespace, "labels": job_labels, "annotations": annotations},
+            spec=staging_job_spec(pod_spec, deadline_s=self.staging_deadline_s, labels=job_labels),
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    depends_on=staging_deps,
+                    custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
+                ),
+            ),
+        )
+
+        # -- outputs ------------------------------------------------------------------------------------
+        self.pvc_name = args.pvc_name
+        self.volume_read_only_mount = weights_volume(self.pvc_name, self.mount_path)
+        self.register_outputs(
+            {
+                "file_system_id": self.file_system_id,
+                "pvc_name": self.pvc_name,
+                "staging_job_name": self.staging_job_name,
+                "marker_path": self.marker_path,
+                "model_path": self.model_path,
+                "read_throughput_bytes_per_s": self.read_throughput_bytes_per_s,
+            }
+        )
+
+    # -- what the serving pods use ----------------------------------------------------------------
+
+    def weights_volume(self) -> dict[str, dict[str, Any]]:
+        """The pod volume and read-only mount of the weights (see `infra.staging.weights_volume`)."""
+        return weights_volume(self.pvc_name, self.mount_path)
+
+    def wait_for_weights_command(self, timeout_s: Optional[int] = None, interval_s: int = 10) -> list[str]:
+        """An init container's command waiting for the marker; by default as long as the staging Job may run."""
+        return wait_for_weights_command(self.marker_path, self.staging_deadline_s if timeout_s is None else timeout_s, interval_s)
+
+    # -- file systems -----------------------------------------------------------------------------------
+
+    def _efs(self, name, args: ModelStorageArgs, tags, child, keep):
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-efs-sg",
+            vpc_id=args.vpc_id,
+            description="Model weights on EFS: NFS from the cluster's nodes only",
+            tags={**tags, "Name": f"{name}-efs"},
+            opts=child,
+        )
+        for i, client in enumerate(args.client_security_group_ids):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-efs-nfs-from-{i}",
+                security_group_id=self.security_group.id,
+                referenced_security_group_id=client,
+                ip_protocol="tcp",
+                from_port=NFS_PORT,
+                to_port=NFS_PORT,
+                description="NFS from cluster nodes",
+                opts=child,
+            )
+        self.file_system = aws.efs.FileSystem(
+            f"{name}-efs",
+            encrypted=True,
+            performance_mode=EFS_PERFORMANCE_MODE,
+            throughput_mode=EFS_THROUGHPUT_MODE,
+            # No TransitionToIA/ToArchive: the weights stay in Standard storage.
+            lifecycle_policies=[aws.efs.FileSystemLifecyclePolicyArgs(transition_to_primary_storage_class=EFS_BACK_FROM_IA)],
+            tags={**tags, "Name": f"{name}-weights"},
+            opts=keep,
+        )
+        self.mount_target = aws.efs.MountTarget(
+            f"{name}-efs-mt",
+            file_system_id=self.file_system.id,
+            subnet_id=args.subnet_id,
+            security_groups=[self.security_group.id],
+            opts=child,
+        )
+        self.file_system_id = self.file_system.id
+        return efs_volume_source(self.file_system.id, self.mount_target.ip_address), [self.mount_target]
+
+    def _fsx(self, name, args: ModelStorageArgs, figures: StorageFigures, tags, child, keep):
+        sizing = fsx_lustre_sizing(figures.checkpoint_bytes, figures.required_read_bytes_per_s)
+        self.fsx_sizing = sizing
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-fsx-sg",
+            vpc_id=args.vpc_id,
+            description="Model weights on FSx for Lustre: Lustre between file servers and with cluster nodes",
+            tags={**tags, "Name": f"{name}-fsx"},
+            opts=child,
+        )
+        sg = self.security_group.id
+        peers: list[tuple[str, pulumi.Input[str]]] = [("self", sg)] + [
+            (str(i), client) for i, client in enumerate(args.client_security_group_ids)
+        ]
+        for slug, peer in peers:
+            for low, high in LUSTRE_PORTS:
+                ports = f"{low}" if low == high else f"{low}-{high}"
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-fsx-in-{slug}-{ports}",
+                    security_group_id=sg,
+                    referenced_security_group_id=peer,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    description=f"Lustre {ports} from {'the file servers' if slug == 'self' else 'cluster nodes'}",
+                    opts=child,
+                )
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-fsx-out-{slug}-{ports}",
+                    security_group_id=sg,
+                    referenced_security_group_id=peer,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    description=f"Lustre {ports} to {'the file servers' if slug == 'self' else 'cluster nodes'}",
+                    opts=child,
+                )
+                if slug != "self":
+                    # Lustre servers also open connections to clients (LNet on 988/1018-1023).
+                    aws.vpc.SecurityGroupIngressRule(
+                        f"{name}-fsx-client-{slug}-{ports}",
+                        security_group_id=peer,
+                        referenced_security_group_id=sg,
+                        ip_protocol="tcp",
+                        from_port=low,
+                        to_port=high,
+                        description=f"Lustre {ports} from the model-weight file servers",
+                        opts=child,
+                    )
+        self.file_system = aws.fsx.LustreFileSystem(
+            f"{name}-fsx",
+            deployment_type=FSX_DEPLOYMENT_TYPE,
+            storage_type=FSX_STORAGE_TYPE,
+            storage_capacity=sizing.storage_capacity_gib,
+            per_unit_storage_throughput=sizing.per_unit_storage_throughput_mbps,
+            subnet_ids=args.subnet_id,
+            security_group_ids=[sg],
+            file_system_type_version=LUSTRE_VERSION,
+            data_compression_type="NONE",  # safetensors of quantised weights barely compress
+            # The checkpoint's source (the hub or S3) is its backup.
+            automatic_backup_retention_days=0,
+            skip_final_backup=True,
+            tags={**tags, "Name": f"{name}-weights"},
+            opts=keep,
+        )
+        self.file_system_id = self.file_system.id
+        csi = fsx_volume_source(self.file_system.id, self.file_system.dns_name, self.file_system.mount_name)
+        return csi, [self.file_system]
+
+    def _s3_access(self, name, args: ModelStorageArgs, service_account: str, tags, child) -> pulumi.Resource:
+        partition = partition_of(args.region) if args.region else "aws"
+        role = aws.iam.Role(
+            f"{name}-staging-role",
+            assume_role_policy=assume_role_policy("pods.eks.amazonaws.com", tag_session=True),
+            description=f"Weight staging: read {args.checkpoint}",
+            tags=tags,
+            opts=child,
+        )
+        policy = aws.iam.RolePolicy(
+            f"{name}-staging-s3-read",
+            role=role.id,
+            policy=s3_read_policy(partition, args.checkpoint),
+            opts=child,
+        )
+        # The association must exist before the pod starts: Pod Identity injects
+        # credentials only into pods created after it.
+        return aws.eks.PodIdentityAssociation(
+            f"{name}-staging-identity",
+            cluster_name=args.cluster_name,
+            namespace=args.namespace,
+            service_account=service_account,
+            role_arn=role.arn,
+            tags=tags,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[policy])),
+        )
