@@ -1,0 +1,169 @@
+"""The serving RayCluster and what goes with it.
+
+One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
+`infra/rayspec.py` (built from the plan) into Kubernetes objects:
+
+- the RayCluster (`ray.io/v1`, a `CustomResource`), which pulumi-kubernetes
+  waits on until KubeRay reports `HeadPodReady` (the head passes vLLM's /health),
+  with a timeout from the plan's cold-start estimate;
+- the Service for port 8000 (ClusterIP, or an internal NLB);
+- the PodDisruptionBudget;
+- a PodMonitor when `monitoring` is "podmonitor" (the pods carry scrape
+  annotations otherwise);
+- the EFA check (headless Service + Indexed Job) when enabled, before the
+  RayCluster: it needs two free GPU nodes, which only exist before the serving
+  pods take them, so the RayCluster waits for it and `pulumi up` stops if the
+  fabric is not right;
+- the serving benchmark Job when enabled, after the RayCluster and the Service.
+
+Ordering on destroy: the RayCluster `depends_on` the operator releases (KubeRay,
+GPU operator, EFA device plugin) and the weights' storage, so Pulumi deletes it
+first, while KubeRay still runs and can tear its pods and services down; an
+operator removed before its custom resources leaves finalizers and stuck
+namespaces behind (../shared/FACTS.md, "Common teardown failures"). The same
+edges order creation: no RayCluster before KubeRay and the device plugins are
+installed and the weights are staged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import rayspec
+from infra.rayspec import ServingSpec
+
+TYPE = "gpu-serving:serving:Serving"
+
+
+@dataclass(frozen=True)
+class ServingArgs:
+    spec: ServingSpec
+    # What must exist before the RayCluster and outlive it: the operator releases,
+    # the weights' claim and staging Job.
+    depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
+    # The serving image when it is only known as an Output (e.g. the stack's ECR
+    # repository URL and tag); None: `spec.image`. Names and metadata never depend
+    # on it, so a preview shows every object; only the pod specs wait for it.
+    image: Optional[pulumi.Input[str]] = None
+
+
+def _timeout(seconds: int) -> str:
+    return f"{max(1, -(-int(seconds) // 60))}m"
+
+
+class Serving(pulumi.ComponentResource):
+    """The vLLM RayCluster, its Service, disruption budget, monitoring and checks."""
+
+    raycluster: k8s.apiextensions.CustomResource
+    service: k8s.core.v1.Service
+    pdb: k8s.policy.v1.PodDisruptionBudget
+    pod_monitor: Optional[k8s.apiextensions.CustomResource]
+    efa_check: Optional[k8s.batch.v1.Job]
+    benchmark: Optional[k8s.batch.v1.Job]
+
+    def __init__(self, name: str, args: ServingArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        super().__init__(TYPE, name, None, opts)
+        spec = args.spec
+        child = pulumi.ResourceOptions(parent=self)
+        prerequisites = list(args.depends_on)
+
+        def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
+            """A builder's `spec`, with the image resolved when it is an Output."""
+            if args.image is None:
+                return builder(spec)["spec"]
+            return pulumi.Output.from_input(args.image).apply(lambda img: builder(dataclasses.replace(spec, image=img))["spec"])
+
+        self.efa_check = None
+        if spec.efa_check:
+            efa_svc = self._typed(k8s.core.v1.Service, f"{name}-efa-check", rayspec.efa_check_service(spec), child)
+            self.efa_check = self._typed(
+                k8s.batch.v1.Job,
+                f"{name}-efa-check",
+                {"metadata": rayspec.efa_check_job(spec)["metadata"], "spec": built(rayspec.efa_check_job)},
+                pulumi.ResourceOptions.merge(
+                    child,
+                    pulumi.ResourceOptions(
+                        depends_on=[*prerequisites, efa_svc],
+                        # Fixed name: a changed Job must go before its replacement comes.
+                        delete_before_replace=True,
+                        custom_timeouts=pulumi.CustomTimeouts(
+                            create=_timeout(rayspec.EFA_CHECK_DEADLINE_S + 300),
+                            update=_timeout(rayspec.EFA_CHECK_DEADLINE_S + 300),
+                        ),
+                    ),
+                ),
+            )
+            prerequisites.append(self.efa_check)
+
+        rc = rayspec.raycluster(spec)
+        wait = _timeout(rayspec.ready_timeout_s(spec))
+        self.raycluster = k8s.apiextensions.CustomResource(
+            f"{name}-raycluster",
+            api_version=rc["apiVersion"],
+            kind=rc["kind"],
+            metadata=rc["metadata"],
+            spec=built(rayspec.raycluster),
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    # Created after, deleted before, the operators and the weights (module doc).
+                    depends_on=prerequisites,
+                    custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait),
+                ),
+            ),
+        )
+
+        self.service = self._typed(k8s.core.v1.Service, f"{name}-api", rayspec.service(spec), child)
+        self.pdb = self._typed(k8s.policy.v1.PodDisruptionBudget, f"{name}-pdb", rayspec.pdb(spec), child)
+
+        self.pod_monitor = None
+        if spec.monitoring == "podmonitor":
+            pm = rayspec.pod_monitor(spec)
+            self.pod_monitor = k8s.apiextensions.CustomResource(
+                f"{name}-podmonitor",
+                api_version=pm["apiVersion"],
+                kind=pm["kind"],
+                metadata=pm["metadata"],
+                spec=pm["spec"],
+                opts=child,
+            )
+
+        self.benchmark = None
+        if spec.benchmark:
+            run = _timeout(rayspec.ready_timeout_s(spec) + rayspec.BENCHMARK_RUN_ALLOWANCE_S + 300)
+            self.benchmark = self._typed(
+                k8s.batch.v1.Job,
+                f"{name}-benchmark",
+                {"metadata": rayspec.benchmark_job(spec)["metadata"], "spec": built(rayspec.benchmark_job)},
+                pulumi.ResourceOptions.merge(
+                    child,
+                    pulumi.ResourceOptions(
+                        depends_on=[self.raycluster, self.service],
+                        delete_before_replace=True,
+                        custom_timeouts=pulumi.CustomTimeouts(create=run, update=run),
+                    ),
+                ),
+            )
+
+        self.service_name = self.service.metadata.apply(lambda m: m["name"])
+        self.endpoint = self.service_name.apply(
+            lambda svc: f"http://{svc}.{spec.namespace}.svc.cluster.local:{rayspec.API_PORT}/v1"
+        )
+        self.served_model_name = pulumi.Output.from_input(spec.served_model_name)
+        self.register_outputs(
+            {
+                "service_name": self.service_name,
+                "endpoint": self.endpoint,
+                "served_model_name": self.served_model_name,
+            }
+        )
+
+    @staticmethod
+    def _typed(cls, resource_name: str, manifest: dict, opts: pulumi.ResourceOptions):  # noqa: ANN001
+        """A typed pulumi-kubernetes resource from a manifest (metadata and spec, camelCase as in the API)."""
+        return cls(resource_name, metadata=manifest["metadata"], spec=manifest["spec"], opts=opts)

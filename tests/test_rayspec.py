@@ -1,0 +1,739 @@
+"""infra/rayspec.py: the serving manifests against the real schemas and the plan.
+
+- The RayCluster validates against the KubeRay 1.7.0 CRD (the served `v1`
+  openAPIV3Schema in ../shared/upstream), made strict: an object schema that
+  lists properties rejects any other (the API server would silently prune
+  them), `x-kubernetes-int-or-string` takes an integer or a string,
+  `x-kubernetes-list-type: map|set` lists must not repeat their keys/items.
+  The CRD's two CEL rules (`x-kubernetes-validations`) concern `managedBy` and
+  GCS fault tolerance, which the RayCluster never sets (asserted).
+- Its pod templates, wrapped in a Pod, and every other manifest validate with
+  kubernetes-validate in strict mode against Kubernetes 1.33.
+- Cross-layer invariants hold for every stack file, and a changed model or
+  instance type changes every dependent figure with no other edit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from infra import efa, rayspec, staging
+from infra.catalog.instances import get_instance_type
+from infra.config import load_stack_file, read_stack_file
+from infra.errors import UserError
+from infra.planning.plan import make_plan
+from infra.rayspec import ServingSpec
+
+REPO = Path(__file__).resolve().parent.parent
+K8S_VERSION = "1.33.0"
+STACKS = ["prod", "test"]
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0"
+RAY_VERSION = "2.60.0"
+# Kubernetes quantity (apimachinery resource.Quantity's regular form).
+QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$")
+
+
+# --- Plans and specs --------------------------------------------------------------
+
+
+def plan_for(config_root: Path, stack: str) -> dict:
+    return make_plan(load_stack_file(stack, config_root).plan_request()).to_json_dict()
+
+
+@lru_cache(maxsize=None)
+def stack_plan_json(stack: str) -> str:
+    return json.dumps(plan_for(REPO, stack))
+
+
+def stack_plan(stack: str) -> dict:
+    return json.loads(stack_plan_json(stack))
+
+
+def make_spec(plan: dict, **overrides) -> ServingSpec:
+    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights")
+    base.update(overrides)
+    return ServingSpec(**base)
+
+
+def all_checks(plan: dict, **overrides) -> ServingSpec:
+    """Every optional object on (the EFA check only where it can run)."""
+    can_check_efa = plan["layout"]["nodes"] >= 2 and plan["pod"]["efa_interfaces"] > 0
+    return make_spec(plan, efa_check=can_check_efa, benchmark=True, monitoring="podmonitor", **overrides)
+
+
+def modified_config(tmp_path: Path, model: str, instance: str) -> Path:
+    """Pulumi.prod.yaml with another model and instance type, nothing else edited."""
+    cfg = read_stack_file("prod", REPO)
+    cfg["gpu-serving:model"]["name"] = model
+    cfg["gpu-serving:gpu"]["instanceType"] = instance
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump({"config": cfg}))
+    return tmp_path
+
+
+# --- The KubeRay CRD, strict ---------------------------------------------------------
+
+
+def _strict(schema):
+    """The CRD's structural schema as strict JSON Schema (see the module doc)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if out.pop("x-kubernetes-int-or-string", False):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _list_type(validator, list_type, instance, schema):
+    if not isinstance(instance, list):
+        return
+    if list_type == "set" and len({json.dumps(i, sort_keys=True) for i in instance}) != len(instance):
+        yield jsonschema.ValidationError("x-kubernetes-list-type set: duplicate items")
+    if list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        seen = [tuple(item.get(k) for k in keys) for item in instance if isinstance(item, dict)]
+        if len(set(seen)) != len(seen):
+            yield jsonschema.ValidationError(f"x-kubernetes-list-type map: duplicate keys {keys}")
+
+
+StrictCRDValidator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"x-kubernetes-list-type": _list_type})
+
+
+@pytest.fixture(scope="module")
+def crd(upstream_dir) -> dict:
+    doc = yaml.safe_load((upstream_dir / "kuberay-operator-1.7.0" / "ray.io_rayclusters.yaml").read_text())
+    (served,) = [v for v in doc["spec"]["versions"] if v["name"] == "v1" and v["served"]]
+    return served["schema"]["openAPIV3Schema"]
+
+
+def crd_errors(crd_schema: dict, manifest: dict) -> list[str]:
+    validator = StrictCRDValidator(_strict(crd_schema))
+    return [f"{e.message} at {'/'.join(map(str, e.absolute_path))}" for e in validator.iter_errors(manifest)]
+
+
+def k8s_errors(manifest: dict) -> list[str]:
+    try:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{manifest['kind']}: {exc.message} at {'/'.join(map(str, exc.path))}"]
+    return []
+
+
+def as_pod(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}
+
+
+def pod_templates(rc: dict) -> list[dict]:
+    return [rc["spec"]["headGroupSpec"]["template"]] + [g["template"] for g in rc["spec"].get("workerGroupSpecs", [])]
+
+
+def quantities(doc) -> list[str]:
+    """Every resource amount and emptyDir size in a manifest."""
+    found = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key in ("requests", "limits") and isinstance(value, dict):
+                found += [str(v) for v in value.values()]
+            elif key == "sizeLimit":
+                found.append(str(value))
+            else:
+                found += quantities(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            found += quantities(item)
+    return found
+
+
+# --- Schemas ---------------------------------------------------------------------------
+
+
+def test_strict_crd_schema_catches_what_pruning_would_hide(crd):
+    rc = rayspec.raycluster(make_spec(stack_plan("prod")))
+    bad = copy.deepcopy(rc)
+    bad["spec"]["headGroupSpec"]["rayStartparams"] = {}  # misspelt
+    bad["spec"]["workerGroupSpecs"][0]["replicas"] = "3"
+    bad["spec"]["upgradeStrategy"]["type"] = "Rolling"
+    errors = "\n".join(crd_errors(crd, bad))
+    assert "rayStartparams" in errors and "'3' is not of type 'integer'" in errors and "Rolling" in errors
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_raycluster_validates_against_the_kuberay_crd(stack, crd):
+    rc = rayspec.raycluster(all_checks(stack_plan(stack)))
+    assert crd_errors(crd, rc) == []
+    # The CRD's CEL rules concern fields the stack never sets.
+    assert "managedBy" not in rc["spec"] and "gcsFaultToleranceOptions" not in rc["spec"]
+    assert k8s_errors({"apiVersion": "v1", "kind": "ConfigMap", "metadata": rc["metadata"]}) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pod_templates_are_valid_pods(stack):
+    for monitoring in rayspec.MONITORING_KINDS:
+        rc = rayspec.raycluster(make_spec(stack_plan(stack), monitoring=monitoring))
+        for template in pod_templates(rc):
+            assert k8s_errors(as_pod(template)) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("service_type", rayspec.SERVICE_TYPES)
+def test_every_other_manifest_validates_strictly(stack, service_type):
+    spec = all_checks(stack_plan(stack), service_type=service_type)
+    docs = [d for d in rayspec.manifests(spec) if d["kind"] not in ("RayCluster", "PodMonitor")]
+    assert {d["kind"] for d in docs} >= {"Service", "PodDisruptionBudget", "Job"}
+    for doc in docs:
+        assert k8s_errors(doc) == []
+    for doc in rayspec.manifests(spec):
+        bad = [q for q in quantities(doc) if not QUANTITY.match(q)]
+        assert not bad, (doc["kind"], bad)
+
+
+def test_strict_validation_rejects_unknown_fields():
+    svc = rayspec.service(make_spec(stack_plan("prod")))
+    svc["spec"]["selectr"] = {}
+    assert k8s_errors(svc)
+
+
+def test_pod_monitor_shape():
+    spec = make_spec(stack_plan("prod"), monitoring="podmonitor", monitor_labels={"release": "kube-prometheus-stack"})
+    pm = rayspec.pod_monitor(spec)
+    assert (pm["apiVersion"], pm["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert pm["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": spec.name}}
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": [spec.namespace]}
+    ports = {e["port"]: e["path"] for e in pm["spec"]["podMetricsEndpoints"]}
+    assert ports == {"http": "/metrics", "metrics": "/metrics"}
+    # The port names exist on the containers they scrape.
+    rc = rayspec.raycluster(spec)
+    head_ports = {p["name"]: p["containerPort"] for p in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    worker_ports = {p["name"] for p in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["ports"]}
+    assert head_ports["http"] == 8000 and head_ports["metrics"] == 8080 and "metrics" in worker_ports
+    # No scrape annotations when a PodMonitor scrapes.
+    assert not any("prometheus.io/scrape" in (t["metadata"].get("annotations") or {}) for t in pod_templates(rc))
+
+
+def test_scrape_annotations_when_chosen():
+    rc = rayspec.raycluster(make_spec(stack_plan("prod"), monitoring="annotations"))
+    head, worker = pod_templates(rc)
+    assert head["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    assert worker["metadata"]["annotations"]["prometheus.io/port"] == "8080"
+    assert all(t["metadata"]["annotations"]["prometheus.io/path"] == "/metrics" for t in (head, worker))
+    assert "PodMonitor" not in {d["kind"] for d in rayspec.manifests(make_spec(stack_plan("prod")))}
+
+
+# --- Cross-layer invariants ---------------------------------------------------------
+
+
+def ray_containers(rc: dict) -> list[dict]:
+    return [t["spec"]["containers"][0] for t in pod_templates(rc)]
+
+
+def pod_count(rc: dict) -> int:
+    return 1 + sum(g["replicas"] for g in rc["spec"].get("workerGroupSpecs", []))
+
+
+def bytes_of(q: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix, factor in units.items():
+        if q.endswith(suffix):
+            return int(q[: -len(suffix)]) * factor
+    return int(q)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gpus_per_pod_times_pods_is_the_layout(stack):
+    plan = stack_plan(stack)
+    rc = rayspec.raycluster(make_spec(plan))
+    lay = plan["layout"]
+    per_pod = {int(c["resources"]["limits"]["nvidia.com/gpu"]) for c in ray_containers(rc)}
+    assert per_pod == {lay["gpus_per_node"]}
+    assert pod_count(rc) == lay["nodes"]
+    assert lay["gpus_per_node"] * pod_count(rc) == lay["tp"] * lay["pp"] * lay["dp"]
+    # One pod per node, the head included; no autoscaling.
+    assert rc["spec"]["enableInTreeAutoscaling"] is False
+    for group in rc["spec"].get("workerGroupSpecs", []):
+        assert group["groupName"] == "gpu"
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == lay["nodes"] - 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_efa_per_pod_matches_the_plan_and_the_launch_template(stack):
+    plan = stack_plan(stack)
+    rc = rayspec.raycluster(make_spec(plan))
+    itype = get_instance_type(plan["instance"]["type"])
+    template_efa = efa.efa_interface_count(efa.efa_interfaces(itype, ["sg"]))
+    assert plan["pod"]["efa_interfaces"] == template_efa
+    for c in ray_containers(rc):
+        res = c["resources"]
+        assert res["requests"] == res["limits"]
+        if template_efa:
+            assert int(res["limits"]["vpc.amazonaws.com/efa"]) == template_efa
+        else:
+            assert "vpc.amazonaws.com/efa" not in res["limits"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cpu_memory_and_shm_come_from_the_plan_and_fit_the_node(stack):
+    plan = stack_plan(stack)
+    rc = rayspec.raycluster(make_spec(plan))
+    node_memory = get_instance_type(plan["instance"]["type"]).memory_bytes
+    for template in pod_templates(rc):
+        c = template["spec"]["containers"][0]
+        memory = bytes_of(c["resources"]["limits"]["memory"])
+        assert memory == plan["pod"]["memory_bytes"]
+        assert int(c["resources"]["limits"]["cpu"]) == plan["pod"]["cpu"]
+        (shm,) = [v for v in template["spec"]["volumes"] if v["name"] == rayspec.SHM_VOLUME]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        shm_bytes = bytes_of(shm["emptyDir"]["sizeLimit"])
+        assert shm_bytes == plan["pod"]["shm_bytes"] >= plan["pod"]["object_store_bytes"]
+        assert {"name": rayspec.SHM_VOLUME, "mountPath": "/dev/shm"} in c["volumeMounts"]
+        # A memory-backed emptyDir is charged to the pod's memory limit (Kubernetes
+        # API, EmptyDirVolumeSource.sizeLimit: "the minimum value between the
+        # SizeLimit specified here and the sum of memory limits of all containers"),
+        # so /dev/shm lives inside the pod's memory, which lives inside the node's.
+        assert shm_bytes <= memory <= node_memory
+        init = template["spec"]["initContainers"]
+        assert memory + sum(bytes_of(i["resources"]["limits"]["memory"]) for i in init) <= node_memory
+    if stack == "prod":
+        # On the p5 nodes there is room even if /dev/shm were counted on top.
+        assert plan["pod"]["memory_bytes"] + plan["pod"]["shm_bytes"] <= node_memory
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_tolerations_and_node_selection_match_the_gpu_nodes(stack):
+    plan = stack_plan(stack)
+    spec = all_checks(plan)
+    itype = get_instance_type(plan["instance"]["type"])
+    node_labels = efa.gpu_labels(itype)
+    taints = efa.gpu_taints()
+    pod_specs = [t["spec"] for t in pod_templates(rayspec.raycluster(spec))]
+    pod_specs += [d["spec"]["template"]["spec"] for d in rayspec.manifests(spec) if d["kind"] == "Job"]
+    for ps in pod_specs:
+        assert [(t["key"], t["value"], t["effect"]) for t in ps["tolerations"]] == [
+            (t["key"], t["value"], {"NO_SCHEDULE": "NoSchedule"}[t["effect"]]) for t in taints
+        ]
+        assert all(t["operator"] == "Equal" for t in ps["tolerations"])
+        assert ps["nodeSelector"] == {
+            efa.ROLE_LABEL: "gpu",
+            efa.INSTANCE_TYPE_LABEL: plan["instance"]["type"],
+        }
+        assert all(node_labels[k] == v for k, v in ps["nodeSelector"].items())
+        assert ps["enableServiceLinks"] is False
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_vllm_serve_arguments_are_the_plans(stack):
+    plan = stack_plan(stack)
+    spec = make_spec(plan)
+    head = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]
+    command = head["spec"]["containers"][0]["command"]
+    assert command[:2] == ["/bin/bash", "-c"]
+    argv = rayspec.serve_argv_from_script(command[2])
+    model_path = f"/models/{plan['model']['checkpoint']}"
+    assert argv[:5] == ["vllm", "serve", model_path, "--served-model-name", plan["model"]["checkpoint"]]
+    assert argv[5:] == plan["vllm_args"]
+    # The weights path is the one mounted read-only from the claim.
+    assert {"name": rayspec.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in head["spec"]["containers"][0]["volumeMounts"]
+    (weights,) = [v for v in head["spec"]["volumes"] if v["name"] == rayspec.WEIGHTS_VOLUME]
+    assert weights["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_head_starts_ray_without_block_and_waits_for_every_gpu(stack):
+    plan = stack_plan(stack)
+    spec = make_spec(plan)
+    head = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
+    script = head["spec"]["containers"][0]["command"][2]
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+    lines = script.splitlines()
+    start = lines.index('ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"')
+    wait = lines.index("python3 - <<'PY'")
+    serve = next(i for i, line in enumerate(lines) if line.startswith("exec vllm serve "))
+    assert start < wait < serve == len(lines) - 1
+    want = plan["layout"]["nodes"] * plan["layout"]["gpus_per_node"]
+    assert f"WANT_GPUS, WANT_NODES, TIMEOUT_S = {want}, {plan['layout']['nodes']}, {rayspec.RAY_JOIN_TIMEOUT_S}" in script
+    # Workers keep KubeRay's generated, blocking command.
+    for group in rayspec.raycluster(spec)["spec"].get("workerGroupSpecs", []):
+        c = group["template"]["spec"]["containers"][0]
+        assert "command" not in c and "args" not in c
+        assert "ray.io/overwrite-container-cmd" not in (group["template"]["metadata"].get("annotations") or {})
+
+
+def test_generated_command_with_block_removed_runs_in_the_background(tmp_path):
+    """What the head does with KubeRay's generated command: a `ray start` that would block returns."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ray").write_text('#!/bin/sh\ncase " $* " in *" --block "*) sleep 30;; esac\necho "ray $*" >> "$LOG"\n')
+    (fake_bin / "ray").chmod(0o755)
+    generated = "ray start --head  --block  --dashboard-host=0.0.0.0  --num-gpus=8 "
+    script = 'ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"\n/bin/bash -c "${ray_start}"\n'
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "KUBERAY_GEN_RAY_START_CMD": generated, "LOG": str(tmp_path / "log")}
+    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=10)
+    assert "--block" not in (tmp_path / "log").read_text()
+    assert "--num-gpus=8" in (tmp_path / "log").read_text()
+
+
+FAKE_RAY = """
+import os
+STATE = {"calls": 0}
+def init(**kw): pass
+def shutdown(): pass
+def nodes():
+    STATE["calls"] += 1
+    n = int(os.environ["FAKE_NODES"])
+    return [{"Alive": True, "Resources": {"GPU": float(os.environ["FAKE_GPUS_PER_NODE"]), "CPU": 4.0}} for _ in range(n)] + [
+        {"Alive": False, "Resources": {"GPU": 8.0}}
+    ]
+"""
+
+
+@pytest.mark.parametrize("nodes, expected_rc", [(4, 0), (3, 1)])
+def test_ray_wait_script_waits_for_all_gpus(tmp_path, nodes, expected_rc):
+    (tmp_path / "ray.py").write_text(FAKE_RAY)
+    script = rayspec.ray_wait_script(gpus=32, nodes=4, timeout_s=0)
+    env = {"PYTHONPATH": str(tmp_path), "FAKE_NODES": str(nodes), "FAKE_GPUS_PER_NODE": "8", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == expected_rc, done.stderr
+    assert f"{nodes * 8}/32 GPUs on {nodes}/4 nodes" in done.stdout
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_startup_probe_budget_covers_the_cold_start(stack):
+    plan = stack_plan(stack)
+    spec = make_spec(plan)
+    c = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    startup = c["startupProbe"]
+    budget = startup["failureThreshold"] * startup["periodSeconds"]
+    cold = plan["storage"]["estimated_cold_start_s"]
+    assert budget >= cold * rayspec.COLD_START_MARGIN + rayspec.RAY_JOIN_TIMEOUT_S
+    assert budget < cold * rayspec.COLD_START_MARGIN + rayspec.RAY_JOIN_TIMEOUT_S + startup["periodSeconds"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["http"] == rayspec.API_PORT == 8000
+    # Liveness runs only after startup succeeded; it tolerates a minute of failures.
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 60
+    if stack == "prod":
+        assert budget == 1500  # 1.5 x 600 s + 600 s
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ray_start_params_are_the_plans(stack):
+    plan = stack_plan(stack)
+    rc = rayspec.raycluster(make_spec(plan))
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"] == {**plan["ray_start_params"], "dashboard-host": "0.0.0.0"}
+    for group in rc["spec"].get("workerGroupSpecs", []):
+        assert group["rayStartParams"] == plan["ray_start_params"]
+    for params in [rc["spec"]["headGroupSpec"]["rayStartParams"]] + [g["rayStartParams"] for g in rc["spec"].get("workerGroupSpecs", [])]:
+        assert all(isinstance(v, str) for v in params.values())
+    assert rc["spec"]["rayVersion"] == RAY_VERSION
+    assert rc["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_environment_and_weights_wait(stack):
+    plan = stack_plan(stack)
+    spec = make_spec(plan)
+    for template in pod_templates(rayspec.raycluster(spec)):
+        c = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+        assert env["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env["HF_HUB_OFFLINE"] == "1"
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+        assert ("FI_EFA_USE_HUGE_PAGE" in env) == (plan["pod"]["efa_interfaces"] > 0)
+        for unneeded in ("FI_EFA_USE_DEVICE_RDMA", "FI_PROVIDER", "NCCL_PROTO", "RDMAV_FORK_SAFE", "LD_LIBRARY_PATH"):
+            assert unneeded not in env
+        (init,) = template["spec"]["initContainers"]
+        marker = f"/models/{plan['model']['checkpoint']}/.gpu-serving-complete"
+        assert init["command"] == staging.wait_for_weights_command(marker, timeout_s=0, interval_s=rayspec.WEIGHTS_POLL_S)
+        assert marker == staging.marker_path("/models", plan["model"]["checkpoint"], "hf")
+        assert init["volumeMounts"] == [{"name": rayspec.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True}]
+        assert init["resources"]["requests"] == init["resources"]["limits"]  # Guaranteed QoS kept
+
+
+KUBELET_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_command_is_rewritten_by_the_kubelet(stack):
+    """The kubelet expands `$(NAME)` in command/args; scripts must not contain that form."""
+    spec = all_checks(stack_plan(stack))
+    texts = []
+    for doc in rayspec.manifests(spec):
+        for ps in [t["spec"] for t in (pod_templates(doc) if doc["kind"] == "RayCluster" else [])] + (
+            [doc["spec"]["template"]["spec"]] if doc["kind"] == "Job" else []
+        ):
+            for c in ps.get("initContainers", []) + ps["containers"]:
+                texts += c.get("command", []) + c.get("args", [])
+    assert texts and not [m for t in texts for m in KUBELET_REF.findall(t)]
+
+
+# --- Service, PDB ----------------------------------------------------------------------
+
+
+def test_service_selects_the_head_by_kuberays_labels():
+    spec = make_spec(stack_plan("prod"))
+    svc = rayspec.service(spec)
+    # KubeRay 1.7.0 utils/constant.go: RayClusterLabelKey, RayNodeTypeLabelKey; rayv1.HeadNode = "head".
+    assert svc["spec"]["selector"] == {"ray.io/cluster": "vllm", "ray.io/node-type": "head"}
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert "annotations" not in svc["metadata"]
+    # Never a Service called `vllm` (its VLLM_* link variables would clash with vLLM's).
+    assert svc["metadata"]["name"] == "vllm-api" != "vllm"
+    assert spec.endpoint == "http://vllm-api.gpu-serving.svc.cluster.local:8000/v1"
+
+
+def test_internal_load_balancer():
+    svc = rayspec.service(make_spec(stack_plan("prod"), service_type="internal-lb"))
+    assert svc["spec"]["type"] == "LoadBalancer"
+    ann = svc["metadata"]["annotations"]
+    assert ann["service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"
+    assert ann["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
+    assert ann["service.beta.kubernetes.io/aws-load-balancer-type"] == "nlb"
+    assert "loadBalancerClass" not in svc["spec"]
+
+
+def test_pdb_allows_no_voluntary_disruption():
+    spec = make_spec(stack_plan("prod"))
+    doc = rayspec.pdb(spec)
+    assert doc["spec"]["maxUnavailable"] == 0 and "minAvailable" not in doc["spec"]
+    assert doc["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": spec.name}}
+    assert doc["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+# --- Checks ------------------------------------------------------------------------------
+
+
+def test_efa_check_job_owns_two_whole_gpu_nodes():
+    plan = stack_plan("prod")
+    spec = make_spec(plan, efa_check=True)
+    job, svc = rayspec.efa_check_job(spec), rayspec.efa_check_service(spec)
+    js = job["spec"]
+    assert js["completionMode"] == "Indexed" and js["completions"] == js["parallelism"] == 2
+    ps = js["template"]["spec"]
+    assert ps["subdomain"] == svc["metadata"]["name"] and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
+    c = ps["containers"][0]
+    assert c["resources"] == rayspec.gpu_pod_resources(spec)
+    script = c["command"][2]
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+    assert '"$FI_INFO" -p efa' in script
+    assert f"--nnodes 2 --nproc-per-node {plan['pod']['gpus']}" in script
+    assert "vllm-efa-check-0.vllm-efa-check.gpu-serving.svc.cluster.local" in script
+    for name in ("allreduce", "verdict"):
+        body = script.split(f"cat > /tmp/{name}.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+        compile(body, name, "exec")
+
+
+def test_efa_check_needs_two_nodes_with_efa():
+    with pytest.raises(UserError, match="2 GPU nodes"):
+        make_spec(stack_plan("test"), efa_check=True)
+
+
+EFA_LOG = textwrap.dedent(
+    """\
+    ip-10-0-1-5:71:80 [0] NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)
+    ip-10-0-1-5:71:80 [0] NCCL INFO Using network Libfabric
+    GPU_SERVING_BUSBW_GBPS=312.480
+    """
+)
+
+
+def test_efa_check_verdict():
+    assert rayspec.efa_check_problems(EFA_LOG, 100.0, 32) == []
+    slow = EFA_LOG.replace("312.480", "41.200")
+    assert any("below the floor" in p for p in rayspec.efa_check_problems(slow, 100.0, 32))
+    tcp = "NCCL INFO Using network Socket\nGPU_SERVING_BUSBW_GBPS=3.1\n"
+    problems = rayspec.efa_check_problems(tcp, 100.0, 32)
+    assert any("EFA provider" in p for p in problems) and any("Socket" in p for p in problems)
+    assert any("did not complete" in p for p in rayspec.efa_check_problems("", 100.0, 32))
+    assert rayspec.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
+
+
+SAMPLE_RESULT = {
+    "date": "20261202-120000",
+    "backend": "openai",
+    "model_id": "/models/deepseek-ai/DeepSeek-V4-Pro",
+    "num_prompts": 200,
+    "completed": 200,
+    "total_input_tokens": 204800,
+    "total_output_tokens": 51200,
+    "request_throughput": 3.1,
+    "output_throughput": 790.0,
+    "mean_ttft_ms": 120.5,
+    "median_ttft_ms": 110.2,
+    "std_ttft_ms": 30.1,
+    "p99_ttft_ms": 231.7,
+    "mean_tpot_ms": 25.3,
+    "median_tpot_ms": 24.9,
+    "std_tpot_ms": 2.2,
+    "p99_tpot_ms": 33.8,
+}
+
+
+def test_benchmark_checker_passes_and_fails_on_sample_results():
+    assert rayspec.check_benchmark_result(SAMPLE_RESULT, 250, 40, 200) == []
+    slow = {**SAMPLE_RESULT, "p99_ttft_ms": 250.0, "p99_tpot_ms": 41.5}
+    problems = rayspec.check_benchmark_result(slow, 250, 40, 200)
+    assert len(problems) == 2 and "TTFT 250.0 ms is not below 250" in problems[0] and "TPOT 41.5" in problems[1]
+    failed = {**SAMPLE_RESULT, "completed": 190}
+    assert rayspec.check_benchmark_result(failed, 250, 40, 200) == ["10 of 200 requests failed"]
+    missing = {k: v for k, v in SAMPLE_RESULT.items() if k != "p99_tpot_ms"}
+    assert "no p99_tpot_ms" in rayspec.check_benchmark_result(missing, 250, 40, 200)[0]
+
+
+@pytest.mark.parametrize("result, rc", [(SAMPLE_RESULT, 0), ({**SAMPLE_RESULT, "p99_tpot_ms": 90.0}, 1)])
+def test_benchmark_job_runs_the_tested_checker(tmp_path, result, rc):
+    spec = make_spec(stack_plan("prod"), benchmark=True)
+    job = rayspec.benchmark_job(spec)
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+    verdict = script.split("cat > /tmp/verdict.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    (tmp_path / "verdict.py").write_text(verdict)
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    done = subprocess.run([sys.executable, str(tmp_path / "verdict.py"), str(tmp_path / "result.json")], capture_output=True, text=True)
+    assert done.returncode == rc, done.stderr
+
+
+def test_benchmark_command_targets_the_service_with_the_plans_model():
+    plan = stack_plan("prod")
+    spec = make_spec(plan, benchmark=True)
+    argv = rayspec.benchmark_argv(spec)
+    assert argv[:3] == ["vllm", "bench", "serve"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags["--base-url"] == "http://vllm-api.gpu-serving.svc.cluster.local:8000"
+    assert flags["--served-model-name"] == plan["model"]["checkpoint"]
+    assert "--save-result" in argv and argv[argv.index("--percentile-metrics") + 1] == "ttft,tpot"
+    assert argv[argv.index("--metric-percentiles") + 1] == "99"
+    script = rayspec.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert shlex.join(argv) in script.splitlines()
+    # Re-run whenever what is served changes.
+    other = make_spec(plan, benchmark=True, image=IMAGE + "-2")
+    key = rayspec.SPEC_HASH_ANNOTATION
+    ann = lambda s: rayspec.benchmark_job(s)["spec"]["template"]["metadata"]["annotations"][key]  # noqa: E731
+    assert ann(spec) != ann(other)
+
+
+def test_bad_settings_are_refused_with_the_reason():
+    plan = stack_plan("prod")
+    with pytest.raises(UserError, match="service type"):
+        make_spec(plan, service_type="nodeport")
+    with pytest.raises(UserError, match="monitoring"):
+        make_spec(plan, monitoring="scrape")
+    with pytest.raises(UserError, match="DNS-1035"):
+        make_spec(plan, name="VLLM")
+    infeasible = {**plan, "feasible": False, "errors": ["weights do not fit"]}
+    with pytest.raises(UserError, match="weights do not fit"):
+        make_spec(infeasible)
+
+
+# --- A changed stack file changes every dependent figure -----------------------------------
+
+
+def figures_from_manifests(rc: dict) -> dict:
+    head = rc["spec"]["headGroupSpec"]
+    c = head["template"]["spec"]["containers"][0]
+    lim = c["resources"]["limits"]
+    (shm,) = [v for v in head["template"]["spec"]["volumes"] if v["name"] == rayspec.SHM_VOLUME]
+    argv = rayspec.serve_argv_from_script(c["command"][2])
+    workers = rc["spec"].get("workerGroupSpecs", [])
+    return {
+        "instance_type": head["template"]["spec"]["nodeSelector"][efa.INSTANCE_TYPE_LABEL],
+        "pods": pod_count(rc),
+        "gpus": int(lim["nvidia.com/gpu"]),
+        "efa": int(lim.get("vpc.amazonaws.com/efa", 0)),
+        "cpu": int(lim["cpu"]),
+        "memory": bytes_of(lim["memory"]),
+        "shm": bytes_of(shm["emptyDir"]["sizeLimit"]),
+        "ray_params": {k: v for k, v in head["rayStartParams"].items() if k != "dashboard-host"},
+        "worker_ray_params": workers[0]["rayStartParams"] if workers else None,
+        "model_path": argv[2],
+        "served_model_name": argv[4],
+        "vllm_args": argv[5:],
+        "startup_threshold": c["startupProbe"]["failureThreshold"],
+    }
+
+
+def figures_from_plan(plan: dict) -> dict:
+    budget = math.ceil(rayspec.COLD_START_MARGIN * plan["storage"]["estimated_cold_start_s"]) + rayspec.RAY_JOIN_TIMEOUT_S
+    return {
+        "instance_type": plan["instance"]["type"],
+        "pods": plan["layout"]["nodes"],
+        "gpus": plan["pod"]["gpus"],
+        "efa": plan["pod"]["efa_interfaces"],
+        "cpu": plan["pod"]["cpu"],
+        "memory": plan["pod"]["memory_bytes"],
+        "shm": plan["pod"]["shm_bytes"],
+        "ray_params": plan["ray_start_params"],
+        "worker_ray_params": plan["ray_start_params"] if plan["layout"]["nodes"] > 1 else None,
+        "model_path": f"/models/{plan['model']['checkpoint']}",
+        "served_model_name": plan["model"]["checkpoint"],
+        "vllm_args": plan["vllm_args"],
+        "startup_threshold": math.ceil(budget / rayspec.STARTUP_PERIOD_S),
+    }
+
+
+@pytest.mark.parametrize(
+    "model, instance",
+    [("kimi-k3", "p5e.48xlarge"), ("qwen3-0.6b", "g5.12xlarge"), ("deepseek-v4-pro", "p5en.48xlarge")],
+)
+def test_changing_model_or_instance_changes_every_dependent_figure(tmp_path, crd, model, instance):
+    prod_plan = stack_plan("prod")
+    new_plan = plan_for(modified_config(tmp_path, model, instance), "prod")
+    assert new_plan["feasible"], new_plan["errors"]
+    before = figures_from_manifests(rayspec.raycluster(make_spec(prod_plan)))
+    after = figures_from_manifests(rayspec.raycluster(make_spec(new_plan)))
+    # Every figure follows the plan, and a figure changed exactly where the plan's did.
+    assert before == figures_from_plan(prod_plan)
+    assert after == figures_from_plan(new_plan)
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed == {k for k in after if figures_from_plan(new_plan)[k] != figures_from_plan(prod_plan)[k]}
+    assert "instance_type" in changed
+    if model != "deepseek-v4-pro":
+        assert {"model_path", "served_model_name", "vllm_args"} <= changed
+    # And the new cluster is still valid.
+    spec = all_checks(new_plan)
+    assert crd_errors(crd, rayspec.raycluster(spec)) == []
+    for template in pod_templates(rayspec.raycluster(spec)):
+        assert k8s_errors(as_pod(template)) == []
+
+
+def test_model_and_marker_paths_from_the_storage_layer():
+    """An S3-staged checkpoint lives where infra.staging puts it; serving follows, the served name stays the checkpoint."""
+    plan = stack_plan("prod")
+    s3 = "s3://weights-bucket/models/DeepSeek-V4-Pro"
+    spec = make_spec(
+        plan,
+        model_path=staging.model_path("/models", s3, "s3"),
+        marker_path=staging.marker_path("/models", s3, "s3"),
+    )
+    rc = rayspec.raycluster(spec)
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    argv = rayspec.serve_argv_from_script(head["containers"][0]["command"][2])
+    assert argv[2] == staging.model_path("/models", s3, "s3") and argv[4] == plan["model"]["checkpoint"]
+    assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["command"]
+    assert argv[5:] == plan["vllm_args"]

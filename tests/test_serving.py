@@ -1,0 +1,187 @@
+"""components/serving.py under the recording engine: what reaches each Kubernetes object.
+
+The mocks turn integers into floats, so manifests are compared numerically
+(`==` between 8000 and 8000.0 holds).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pulumi
+
+from components.serving import TYPE, Serving, ServingArgs
+from infra import rayspec
+from infra.config import load_stack_file
+from infra.planning.plan import make_plan
+from infra.recording import Recording, record
+from infra.rayspec import ServingSpec
+
+REPO = Path(__file__).resolve().parent.parent
+RC = "kubernetes:ray.io/v1:RayCluster"
+SVC = "kubernetes:core/v1:Service"
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+JOB = "kubernetes:batch/v1:Job"
+PM = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
+DEP = "test:index:Prerequisite"
+
+
+@lru_cache(maxsize=None)
+def _plan_json(stack: str) -> str:
+    return json.dumps(make_plan(load_stack_file(stack, REPO).plan_request()).to_json_dict())
+
+
+def spec(stack: str = "prod", **overrides) -> ServingSpec:
+    base = dict(
+        plan=json.loads(_plan_json(stack)),
+        namespace="gpu-serving",
+        image="123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0",
+        ray_version="2.60.0",
+        pvc_name="model-weights",
+    )
+    base.update(overrides)
+    return ServingSpec(**base)
+
+
+class Prerequisite(pulumi.CustomResource):
+    """Stands in for an operator's Helm release or the weights' claim."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(DEP, name, {})
+
+
+def run(s: ServingSpec, image=None) -> tuple[Recording, dict]:
+    seen: dict = {}
+
+    def program() -> None:
+        deps = [Prerequisite("kuberay-operator"), Prerequisite("gpu-operator"), Prerequisite("weights-pvc")]
+        img = pulumi.Output.from_input(image) if image is not None else None
+        serving = Serving("vllm", ServingArgs(spec=s, depends_on=deps, image=img))
+        seen["deps"] = deps
+        pulumi.Output.all(serving.service_name, serving.endpoint, serving.served_model_name).apply(
+            lambda v: seen.update(service_name=v[0], endpoint=v[1], served_model_name=v[2])
+        )
+
+    return record(program), seen
+
+
+def urn_of(rec: Recording, name: str, typ: str) -> str:
+    (r,) = [r for r in rec.resources if r.name == name and r.type == typ]
+    return r.urn
+
+
+def test_creates_the_raycluster_service_and_pdb_from_the_builders():
+    s = spec()
+    rec, seen = run(s)
+    comp = rec.one(TYPE)
+    rc = rec.one(RC)
+    assert rc.parent == comp.urn
+    expected = rayspec.raycluster(s)
+    assert rc.inputs["apiVersion"] == "ray.io/v1" and rc.inputs["kind"] == "RayCluster"
+    assert rc.inputs["metadata"] == expected["metadata"]
+    assert rc.inputs["spec"] == expected["spec"]
+    (svc,) = [r for r in rec.of_type(SVC) if r.name == "vllm-api"]
+    assert svc.inputs["spec"] == rayspec.service(s)["spec"]
+    assert svc.inputs["metadata"] == rayspec.service(s)["metadata"]
+    pdb = rec.one(PDB)
+    assert pdb.inputs["spec"] == rayspec.pdb(s)["spec"]
+    assert seen["service_name"] == "vllm-api"
+    assert seen["endpoint"] == "http://vllm-api.gpu-serving.svc.cluster.local:8000/v1"
+    assert seen["served_model_name"] == "deepseek-ai/DeepSeek-V4-Pro"
+
+
+def test_raycluster_depends_on_the_given_resources_and_waits_for_the_head():
+    s = spec()
+    rec, _ = run(s)
+    rc = rec.one(RC)
+    deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
+    assert set(rc.options["depends_on"]) == deps
+    # pulumi-kubernetes waits for HeadPodReady as long as the head may take.
+    assert rc.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=HeadPodReady"
+    minutes = int(rc.options["custom_timeouts"]["create"].rstrip("m"))
+    assert minutes * 60 >= rayspec.ready_timeout_s(s) >= rayspec.startup_budget_s(s)
+    assert rc.options["custom_timeouts"]["update"] == rc.options["custom_timeouts"]["create"]
+
+
+def test_no_checks_and_annotations_by_default():
+    s = spec()
+    rec, _ = run(s)
+    assert rec.of_type(JOB) == [] and rec.of_type(PM) == []
+    assert [r.name for r in rec.of_type(SVC)] == ["vllm-api"]
+    head = rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_pod_monitor_when_chosen():
+    s = spec(monitoring="podmonitor", monitor_labels={"release": "kube-prometheus-stack"})
+    rec, _ = run(s)
+    pm = rec.one(PM)
+    assert pm.inputs["spec"] == rayspec.pod_monitor(s)["spec"]
+    assert pm.inputs["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    head = rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]
+    assert "prometheus.io/scrape" not in head["metadata"]["annotations"]
+
+
+def test_efa_check_runs_before_the_raycluster():
+    s = spec(efa_check=True)
+    rec, _ = run(s)
+    (job,) = rec.of_type(JOB)
+    assert job.name == "vllm-efa-check"
+    assert job.inputs["spec"] == rayspec.efa_check_job(s)["spec"]
+    headless = urn_of(rec, "vllm-efa-check", SVC)
+    deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
+    assert set(job.options["depends_on"]) == deps | {headless}
+    assert job.options["delete_before_replace"] is True
+    rc = rec.one(RC)
+    assert set(rc.options["depends_on"]) == deps | {job.urn}
+
+
+def test_benchmark_runs_after_the_raycluster():
+    s = spec(benchmark=True)
+    rec, _ = run(s)
+    (job,) = rec.of_type(JOB)
+    assert job.name == "vllm-benchmark"
+    assert job.inputs["spec"] == rayspec.benchmark_job(s)["spec"]
+    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC)}
+    minutes = int(job.options["custom_timeouts"]["create"].rstrip("m"))
+    assert minutes * 60 >= job.inputs["spec"]["activeDeadlineSeconds"]
+
+
+def test_internal_load_balancer_option():
+    rec, _ = run(spec(service_type="internal-lb"))
+    (svc,) = [r for r in rec.of_type(SVC) if r.name == "vllm-api"]
+    assert svc.inputs["spec"]["type"] == "LoadBalancer"
+    assert svc.inputs["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"
+
+
+def test_single_node_stack_has_no_worker_group():
+    s = spec("test")
+    rec, seen = run(s)
+    rc = rec.one(RC)
+    assert "workerGroupSpecs" not in rc.inputs["spec"]
+    assert seen["served_model_name"] == "Qwen/Qwen3-0.6B"
+
+
+def test_benchmark_checker_on_sample_json():
+    result = {"completed": 100, "p99_ttft_ms": 180.0, "p99_tpot_ms": 30.0, "mean_ttft_ms": 90.0}
+    assert rayspec.check_benchmark_result(result, 250.0, 40.0, 100) == []
+    failing = {**result, "p99_ttft_ms": 400.0}
+    assert rayspec.check_benchmark_result(failing, 250.0, 40.0, 100) == ["p99 TTFT 400.0 ms is not below 250 ms"]
+
+
+def test_image_known_only_as_an_output():
+    """The stack's ECR image URL is an Output: the pod specs take it, names and metadata do not wait for it."""
+    import dataclasses
+
+    s = spec(image="", efa_check=True, benchmark=True)
+    ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0"
+    rec, _ = run(s, image=ecr)
+    with_image = dataclasses.replace(s, image=ecr)
+    assert rec.one(RC).inputs["spec"] == rayspec.raycluster(with_image)["spec"]
+    jobs = {j.name: j for j in rec.of_type(JOB)}
+    assert jobs["vllm-efa-check"].inputs["spec"] == rayspec.efa_check_job(with_image)["spec"]
+    assert jobs["vllm-benchmark"].inputs["spec"] == rayspec.benchmark_job(with_image)["spec"]
+    images = {c["image"] for t in [rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]] for c in t["spec"]["containers"] + t["spec"]["initContainers"]}
+    assert images == {ecr}
