@@ -44,6 +44,10 @@ def main() -> None:
     pulumi.export("endpoint", stack.cluster.endpoint)
     pulumi.export("kubeconfig", stack.cluster.kubeconfig)  # a secret
     pulumi.export("gpuNodeGroup", stack.gpu_nodes.node_group_name)
+    pulumi.export("imageRepository", stack.image_repository.repository_url)
+    pulumi.export("servingEndpoint", stack.serving.endpoint)  # OpenAI-compatible, inside the cluster
+    pulumi.export("servedModelName", stack.serving.served_model_name)
+    pulumi.export("weightsFileSystemId", stack.storage.file_system_id)
     pulumi.export("plan", doc)
     pulumi.export("model", doc["model"]["name"])
     pulumi.export("instanceType", (doc.get("instance") or {}).get("type", cfg.gpu.instance_type))

@@ -11,13 +11,24 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_kubernetes as k8s
 
 from components.cluster import ClusterArgs, EksCluster
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
-from infra.config import PROJECT, StackConfig
+from components.operators import Operators, OperatorsArgs
+from components.serving import Serving, ServingArgs
+from components.storage import ModelStorage, ModelStorageArgs
+from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
+from infra.rayspec import ServingSpec
 from infra.tags import default_tags
+
+# The weight-staging Job runs on the system nodes: a slim Python image plus the
+# source's client, pinned (not the ~20 GB serving image, which would not fit
+# their root volumes and is not needed to copy files).
+STAGING_IMAGE = "python:3.12-slim"
+STAGING_PACKAGES = {"hf": ("huggingface_hub==2.4.0",), "s3": ("boto3==1.44.8",)}
 
 
 def cluster_name(stack: str) -> str:
@@ -29,12 +40,21 @@ def root_volume_gib(cfg: StackConfig, plan: Plan) -> int:
     return cfg.gpu.root_volume_gib or int(plan.to_json_dict()["node"]["root_volume_gib"])
 
 
+def image_tag(cfg: StackConfig) -> str:
+    """Tag of the serving image `bin/build-image` pushes: the vLLM and Ray releases it holds."""
+    return f"{cfg.serving.vllm_version}-ray{cfg.serving.ray_version}"
+
+
 @dataclass
 class Stack:
     provider: aws.Provider
     network: Network
     cluster: EksCluster
     gpu_nodes: GpuNodeGroup
+    image_repository: aws.ecr.Repository
+    operators: Operators
+    storage: ModelStorage
+    serving: Serving
 
 
 def build(cfg: StackConfig, plan: Plan) -> Stack:
@@ -114,4 +134,88 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         # identity agent never becomes Ready.
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=cluster.node_prerequisites)),
     )
-    return Stack(provider=provider, network=network, cluster=cluster, gpu_nodes=gpu_nodes)
+    # The serving image (images/vllm/Dockerfile), pushed by bin/build-image.
+    repository = aws.ecr.Repository(
+        f"{name}-vllm",
+        name=f"{name}/vllm",
+        image_tag_mutability="IMMUTABLE",  # a tag always means the same image
+        image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
+        encryption_configurations=[aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="KMS")],
+        force_delete=not life.production,  # ephemeral stacks take their images with them
+        opts=pulumi.ResourceOptions(provider=provider),
+    )
+    image = cfg.serving.image or pulumi.Output.concat(repository.repository_url, ":", image_tag(cfg))
+
+    kube = pulumi.ResourceOptions(providers={"kubernetes": cluster.k8s_provider})
+    both = pulumi.ResourceOptions(providers={"aws": provider, "kubernetes": cluster.k8s_provider})
+    operators = Operators(
+        f"{name}-operators",
+        OperatorsArgs(instance_type=plan.instance, dcgm_service_monitor=cfg.serving.monitoring == "podmonitor"),
+        # After the GPU nodes: Helm's wait then covers the GPU DaemonSets, and on
+        # destroy they go before the nodes.
+        opts=pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes])),
+    )
+    namespace = k8s.core.v1.Namespace(
+        f"{name}-serving",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.serving.namespace),
+        opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
+    )
+    doc = plan.to_json_dict()
+    st = cfg.storage
+    storage = ModelStorage(
+        f"{name}-weights",
+        ModelStorageArgs(
+            kind=st.type,
+            vpc_id=network.vpc_id,
+            subnet_id=network.gpu_subnet_id,
+            client_security_group_ids=[cluster.cluster_security_group_id, network.efa_security_group_id],
+            storage=doc["storage"],
+            production=life.production,
+            namespace=cfg.serving.namespace,
+            checkpoint=st.s3_uri if st.source == "s3" else doc["model"]["checkpoint"],
+            source=st.source,
+            staging_image=STAGING_IMAGE,
+            staging_packages=STAGING_PACKAGES[st.source],
+            hf_token=secret("hfToken") if st.source == "hf" else None,
+            cluster_name=cluster.cluster_name,
+            region=cfg.region,
+        ),
+        opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
+    )
+    checks = cfg.checks
+    serving = Serving(
+        f"{name}-serving",
+        ServingArgs(
+            spec=ServingSpec(
+                plan=doc,
+                namespace=cfg.serving.namespace,
+                image=cfg.serving.image or f"{name}/vllm:{image_tag(cfg)}",
+                ray_version=cfg.serving.ray_version,
+                pvc_name=storage.pvc_name,
+                model_path=storage.model_path,
+                marker_path=storage.marker_path,
+                service_type=cfg.serving.service_type,
+                monitoring=cfg.serving.monitoring,
+                efa_check=checks.efa,
+                nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
+                benchmark=checks.benchmark,
+                ttft_p99_ms=checks.ttft_p99_ms,
+                tpot_p99_ms=checks.tpot_p99_ms,
+            ),
+            # Created after, and deleted before, the operators (KubeRay must remove
+            # its finalizers) and the weights.
+            depends_on=[*operators.releases, storage, namespace],
+            image=image,
+        ),
+        opts=kube,
+    )
+    return Stack(
+        provider=provider,
+        network=network,
+        cluster=cluster,
+        gpu_nodes=gpu_nodes,
+        image_repository=repository,
+        operators=operators,
+        storage=storage,
+        serving=serving,
+    )

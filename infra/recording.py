@@ -53,6 +53,10 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
     # components/gpu_nodes.py pins the node group to the template's latest version
     # (a new template starts at version 1); without it synth would show no version.
     "aws:ec2/launchTemplate:LaunchTemplate": lambda name, inputs: {"latestVersion": 1},
+    # components/stack.py builds the serving image's reference from it.
+    "aws:ecr/repository:Repository": lambda name, inputs: {
+        "repositoryUrl": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{inputs.get('name', name)}"
+    },
     # components/storage.py puts these in the weights' PersistentVolume.
     "aws:efs/mountTarget:MountTarget": lambda name, inputs: {"ipAddress": "10.0.128.10"},
     "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name, inputs: {

@@ -27,6 +27,7 @@ KEY_FIGURES = {
     "model", "instanceType", "nodes", "tensorParallel", "pipelineParallel", "kvCacheTokens",
     "maxConcurrency", "vllmArgs", "hourlyCostUsd", "monthlyCostUsd",
     "clusterName", "endpoint", "kubeconfig", "gpuNodeGroup", "plan",
+    "imageRepository", "servingEndpoint", "servedModelName", "weightsFileSystemId",
 }  # fmt: skip
 
 
