@@ -530,6 +530,12 @@ class StackConfig(BaseModel):
                 "fixes placement, and launching it into a placement group fails; set placementGroup to false or null",
                 {"loc": ("network", "placementGroup"), "kind": self.gpu.capacity.type},
             )
+        if self.storage.type == "fsx" and not self.cluster.fsx_csi:
+            raise PydanticCustomError(
+                "fsx_needs_driver",
+                "storage type is 'fsx' but the FSx for Lustre CSI driver is off; set gpu-serving:cluster.fsxCsi to true",
+                {"loc": ("storage", "type")},
+            )
         pp = self.serving.pipeline_parallel
         if pp and self.gpu.nodes < pp:
             raise PydanticCustomError(
@@ -797,6 +803,7 @@ _OUT_OF_RANGE = {"greater_than", "greater_than_equal", "less_than", "less_than_e
 _CROSS_CHECKS = {
     "required_for_capacity", "reservation_without_type", "one_gpu_zone", "existing_vpc_needs_subnets",
     "gpu_zone_not_listed", "unknown_instance_type", "placement_with_reservation", "nodes_below_pipeline",
+    "fsx_needs_driver",
 }  # fmt: skip
 _NOT_ALLOWED = {"literal_error", "string_pattern_mismatch", "string_too_short", "enum"}
 _NOT_AN_OBJECT = {"model_type", "model_attributes_type", "dict_type"}

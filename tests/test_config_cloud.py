@@ -113,3 +113,15 @@ def test_missing_lifecycle_asks_for_the_expiry(prod):
 def test_public_endpoint_cidrs_must_be_cidrs(prod):
     prod["cluster"]["publicAccessCidrs"] = ["everyone"]
     _refused(prod, "gpu-serving:cluster.publicAccessCidrs")
+
+
+def test_fsx_storage_needs_the_fsx_driver(prod):
+    prod["storage"] = {"type": "fsx"}
+    _refused(prod, "gpu-serving:storage.type", "fsxCsi")
+    prod["cluster"]["fsxCsi"] = True
+    assert from_mapping("prod", prod, region="us-east-1").storage.type == "fsx"
+
+
+def test_s3_source_needs_a_uri(prod):
+    prod["storage"] = {"source": "s3"}
+    _refused(prod, "gpu-serving:storage.s3Uri")

@@ -220,3 +220,65 @@ def test_infeasible_plan_stops_with_the_numbers():
 )
 def test_config_mistake_stops_with_one_message(area, changes, expected):
     _refused(_with(engine_config("prod", REPO), area, **changes), expected)
+
+
+# --- The Kubernetes layer follows the plan and the node group ------------------------
+
+
+def _raycluster(rec: Recording) -> dict:
+    (rc,) = rec.of_type("kubernetes:ray.io/v1:RayCluster")
+    return rc.inputs
+
+
+def _pods(rc: dict) -> list[tuple[dict, int]]:
+    """(container of the pod template, number of such pods) for the head and each worker group."""
+    spec = rc["spec"]
+    groups = [(spec["headGroupSpec"]["template"], 1)]
+    groups += [(g["template"], g["replicas"]) for g in spec.get("workerGroupSpecs", [])]
+    return [(t["spec"]["containers"][0], n) for t, n in groups]
+
+
+def _cross_layer(rec: Recording) -> dict:
+    """The figures every layer must agree on, as each layer states them."""
+    plan = rec.outputs["plan"]
+    lt = next(r.inputs for r in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate"))
+    ng = next(r.inputs for r in rec.of_type("aws:eks/nodeGroup:NodeGroup") if r.name.endswith("-gpu-ng"))
+    pods = _pods(_raycluster(rec))
+    limits = [c["resources"]["limits"] for c, _ in pods]
+    head = pods[0][0]
+    command = " ".join(head.get("command", []) + head.get("args", []))
+    return {
+        "plan": plan,
+        "launch_template_efa": sum(n["interfaceType"] in ("efa", "efa-only") for n in lt["networkInterfaces"]),
+        "nodes": ng["scalingConfig"]["desiredSize"],
+        "instance_type": lt["instanceType"],
+        "pod_count": sum(n for _, n in pods),
+        "gpus": {int(l["nvidia.com/gpu"]) for l in limits},
+        "efa": {int(l.get("vpc.amazonaws.com/efa", 0)) for l in limits},
+        "command": command,
+    }
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_layers_agree(stack):
+    x = _cross_layer(_stack(stack))
+    plan, layout = x["plan"], x["plan"]["layout"]
+    assert x["pod_count"] == x["nodes"] == layout["nodes"]  # one serving pod per GPU node
+    assert x["gpus"] == {layout["gpus_per_node"]}
+    assert x["pod_count"] * layout["gpus_per_node"] == layout["tp"] * layout["pp"] * layout["dp"]
+    assert x["efa"] == {x["launch_template_efa"]} == {plan["pod"]["efa_interfaces"]}
+    assert " ".join(plan["vllm_args"]) in x["command"]
+
+
+def test_changing_model_and_instance_type_changes_every_figure():
+    config = _with(engine_config("prod", REPO), "model", name="kimi-k3")
+    config = _with(config, "gpu", instanceType="p5en.48xlarge")
+    x = _cross_layer(_run(config, "prod"))
+    base = _cross_layer(_stack("prod"))
+    assert x["instance_type"] == "p5en.48xlarge" != base["instance_type"]
+    assert x["launch_template_efa"] == 16 != base["launch_template_efa"]  # p5en: 16 EFA cards
+    assert x["efa"] == {16}
+    assert x["plan"]["model"]["name"] == "kimi-k3"
+    assert x["plan"]["vllm_args"] != base["plan"]["vllm_args"] or x["plan"]["kv_cache"] != base["plan"]["kv_cache"]
+    assert " ".join(x["plan"]["vllm_args"]) in x["command"]
+    assert "moonshotai/Kimi-K3" in x["command"]
