@@ -150,7 +150,7 @@ def test_every_aws_resource_uses_the_tagging_provider():
     rec = _stack("prod")
     provider = rec.one("pulumi:providers:aws")
     tags = json.loads(provider.inputs["defaultTags"])["tags"]
-    assert tags == {"project": "gpu-serving", "stack": "prod", "owner": "ml-platform"}
+    assert tags == {"project": "gpu-serving", "stack": "prod", "owner": "ml-platform", "lifecycle": "production"}
     aws_resources = [r for r in rec.resources if r.custom and r.type.startswith("aws:")]
     assert aws_resources and all(r.options["provider"] == "aws" for r in aws_resources)
 
