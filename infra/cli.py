@@ -4,6 +4,10 @@
     python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--json] [--chart budget.png]
     python -m infra synth --stack prod [--out prod.json]
     python -m infra diff base.json head.json
+    python -m infra check --stack prod [--json]
+    python -m infra ephemeral up [--from test] [--ttl 6] | test | down   (Pulumi CLI + AWS credentials)
+    python -m infra preflight --stack prod [--region R] [--json] [--allow-unknown]   (AWS credentials, read-only)
+    python -m infra sweep [--yes] [--region R ...] [--wait S] [--json]               (AWS credentials)
 """
 
 from __future__ import annotations
@@ -258,6 +262,115 @@ def diff_command(
     except UserError as err:
         _fail(str(err))
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@app.command(no_args_is_help=True)
+def check(
+    stack: str = typer.Option(..., help="Check the stack of Pulumi.<stack>.yaml."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rules and violations as one JSON object."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="The Pulumi project directory (Pulumi.yaml, __main__.py, stack files)."),
+) -> None:
+    """Synthesise the stack offline and run the policy pack's rules (policies/) over it.
+
+    Exit status: 0 when every mandatory rule passes, 1 when one fails, 2 on a usage or config error.
+    """
+    from infra.policy_check import check_stack, report
+
+    try:
+        doc, violations = check_stack(stack, root)
+    except UserError as err:
+        _fail(str(err))
+    result = report(doc, violations)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        console = Console()
+        if violations:
+            t = Table(title=f"Policy violations: stack {escape(stack)}", title_justify="left", title_style="bold")
+            t.add_column("resource", overflow="fold", max_width=32)
+            t.add_column("rule", no_wrap=True)
+            t.add_column("level", no_wrap=True)
+            t.add_column("message", overflow="fold", ratio=1)
+            for v in violations:
+                level = f"[red]{v.enforcement}[/red]" if v.mandatory else f"[yellow]{v.enforcement}[/yellow]"
+                t.add_row(escape(v.name or v.urn or "(stack)"), escape(v.rule), level, escape(v.message))
+            console.print(t)
+            failed = sorted({v.rule for v in violations})
+            console.print(f"{len(violations)} violation(s) of {len(failed)} of {len(result['rules'])} rules: {escape(', '.join(failed))}", soft_wrap=True)
+        else:
+            console.print(f"All {len(result['rules'])} policy rules passed: stack {escape(stack)}, {result['resources']} resources.", soft_wrap=True)
+    if not result["passed"]:
+        raise typer.Exit(1)
+
+
+# `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ephemeral.py).
+from infra.ephemeral import cli as _ephemeral_cli  # noqa: E402
+
+app.add_typer(_ephemeral_cli, name="ephemeral")
+
+
+@app.command(no_args_is_help=True)
+def preflight(
+    stack: str = typer.Option(..., help="Check the stack of Pulumi.<stack>.yaml against the AWS account."),
+    region: Optional[str] = typer.Option(None, help="AWS region (default: the stack's aws:region)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as one JSON object."),
+    allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Exit 0 when the only non-go checks are unknown (not readable)."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="Directory holding the stack files."),
+) -> None:
+    """Go/no-go before `pulumi up`: GPU offering in the zone, vCPU quota, reservation, EFA, EKS version (boto3).
+
+    Exit status: 0 all go, 1 a no-go (or an unknown, without --allow-unknown), 2 config or credentials error.
+    """
+    from infra import preflight as pf
+
+    try:
+        target, checks = pf.preflight(stack, region=region, root=root)
+    except UserError as err:
+        _fail(str(err))
+    except Exception as err:  # noqa: BLE001 - botocore configuration errors (no region, bad profile) are usage errors
+        if type(err).__module__.startswith("botocore"):
+            _fail(f"AWS configuration: {err}")
+        raise
+    if as_json:
+        sys.stdout.write(json.dumps(pf.to_json_dict(target, checks, allow_unknown), indent=2) + "\n")
+    else:
+        pf.render(target, checks, Console(), allow_unknown)
+    if not pf.all_go(checks, allow_unknown):
+        raise typer.Exit(1)
+
+
+@app.command(name="sweep")
+def sweep_command(
+    yes: bool = typer.Option(False, "--yes", help="Delete. Without it: a dry run that only lists."),
+    region: Optional[list[str]] = typer.Option(None, "--region", help="Region to sweep; repeat for more (default: boto3's configured region)."),
+    wait: float = typer.Option(900.0, "--wait", min=0, help="Seconds to wait per step for AWS to finish deleting (bounded poll)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object (progress goes to stderr)."),
+) -> None:
+    """Delete resources of expired ephemeral stacks (tags project, lifecycle=ephemeral, expires-at < now).
+
+    Never touches a resource without those tags, with lifecycle=production, or with an
+    unreadable expires-at. Exit status: 0 nothing failed, 1 a deletion or listing failed, 2 no region or credentials.
+    """
+    from infra import sweep as sw
+
+    progress = sw.RichProgress(Console(stderr=True))
+    try:
+        report = sw.sweep(region or None, yes=yes, wait=wait, progress=progress)
+    except UserError as err:
+        progress.close()
+        _fail(str(err))
+    except Exception as err:  # noqa: BLE001
+        progress.close()
+        if type(err).__module__.startswith("botocore"):
+            _fail(f"AWS configuration: {err}")
+        raise
+    progress.close()
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json_dict(), indent=2) + "\n")
+    else:
+        sw.render(report, Console())
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -1,0 +1,648 @@
+"""AWS pre-flight: can this account actually get the GPUs the stack plans for?
+
+    python -m infra preflight --stack prod [--region R] [--json] [--allow-unknown]
+
+Run before `pulumi up`. Each check is a small function that returns a `Check`
+(name, ok, detail, fix): `ok` is True (go), False (no-go) or None (unknown: the
+answer could not be read, e.g. no permission). Exit status: 0 when every check
+is a go, 1 otherwise (unknowns count as no-go unless `--allow-unknown`), 2 on a
+config error or when boto3 has no credentials or region.
+
+The checks, and the AWS calls behind them:
+
+1. instance type offered in the GPU zone: EC2 DescribeInstanceTypeOfferings
+   (LocationType availability-zone). Zone names map to different physical zones
+   per account, so this is answered for this account.
+2. On-Demand vCPU quota: Service Quotas GetServiceQuota for the instance
+   family's quota (`QUOTAS`), compared with nodes x vCPUs of the plan plus the
+   vCPUs of that family's instances already running in the region that are not
+   this stack's (EC2 DescribeInstances). Does not apply to a capacity
+   reservation or Capacity Block: EC2 checked the On-Demand limit when the
+   reservation was created ("Your request could also fail if the requested
+   quantity exceeds your On-Demand Instance limit", EC2 API reference,
+   CreateCapacityReservation), and a Capacity Block is bought, not drawn from it.
+3. capacity reservation / Capacity Block: EC2 DescribeCapacityReservations:
+   exists, right kind (`ReservationType` default vs capacity-block), state
+   active (a block that is `scheduled` shows when it starts and ends), in the GPU
+   zone, the right instance type, at least `nodes` instances in total and
+   available. An active block must also outlive EKS's scale-to-zero, which
+   happens 40 minutes before it ends (EKS User Guide, Capacity Blocks).
+4. EFA: EC2 DescribeInstanceTypes NetworkInfo.EfaSupported and
+   EfaInfo.MaximumEfaInterfaces, when the plan wires EFA interfaces (every
+   catalog type with `max_efa_interfaces > 0`: see infra/efa.py).
+5. EKS version: EKS DescribeClusterVersions; where that call is not available
+   (older endpoints, no permission, emulators) the built-in calendar
+   `EKS_CALENDAR` is used and the detail says so.
+
+The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
+the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
+instance role), and `AWS_ENDPOINT_URL` is honoured like any boto3 setting.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from infra.catalog.instances import InstanceType, get_instance_type
+from infra.errors import UserError
+from infra.tags import PROJECT_TAG, STACK_TAG
+
+# --------------------------------------------------------------------------- data
+
+# EC2 On-Demand vCPU quotas (Service Quotas service code `ec2`), one per instance class.
+# Sources: L-1216C47A, the example of `aws service-quotas get-service-quota` in the AWS CLI
+# command reference (QuotaName "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z)
+# instances", UsageMetric Class Standard/OnDemand, Resource vCPU); L-417A185B and L-DB2E81BA
+# as linked from "Running On-Demand P instances" and "Running On-Demand G and VT instances"
+# in the Service Quotas console (servicequotas/home/services/ec2/quotas/<code>), and used by
+# many public quota scripts. The names are AWS's quota names: the check confirms the name the
+# API returns for a code, and finds the quota by name (ListServiceQuotas) when a code is not
+# known or does not match, so a wrong or renamed code degrades to a name lookup, never to a
+# wrong answer.
+QUOTA_SOURCE = (
+    "Service Quotas, service code ec2: L-1216C47A per the AWS CLI reference example of "
+    "get-service-quota; L-417A185B (P) and L-DB2E81BA (G and VT) per the Service Quotas console; "
+    "names confirmed against the API's QuotaName at run time"
+)
+
+
+@dataclass(frozen=True)
+class Quota:
+    classes: tuple[str, ...]  # leading letters of the instance family, e.g. ("p",), ("g", "vt")
+    name: str  # AWS's quota name
+    code: Optional[str]  # None: looked up by name
+
+
+QUOTAS: tuple[Quota, ...] = (
+    Quota(("p",), "Running On-Demand P instances", "L-417A185B"),
+    Quota(("g", "vt"), "Running On-Demand G and VT instances", "L-DB2E81BA"),
+    Quota(("a", "c", "d", "h", "i", "m", "r", "t", "z"), "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "L-1216C47A"),
+    # Codes not confirmed from a source we trust: found by name at run time.
+    Quota(("inf",), "Running On-Demand Inf instances", None),
+    Quota(("trn",), "Running On-Demand Trn instances", None),
+    Quota(("dl",), "Running On-Demand DL instances", None),
+    Quota(("f",), "Running On-Demand F instances", None),
+    Quota(("x",), "Running On-Demand X instances", None),
+    Quota(("u",), "Running On-Demand High Memory instances", None),
+    Quota(("hpc",), "Running On-Demand HPC instances", None),
+)  # fmt: skip
+
+# EKS Kubernetes versions: (version, end of standard support, end of extended support).
+# Source: Amazon EKS User Guide, "Understand the Kubernetes version lifecycle on EKS",
+# release calendar (standard support 14 months from the EKS release, extended support 12 more),
+# as published on 2026-04-24 (the dates also match endoflife.date/amazon-eks). Used only when
+# EKS DescribeClusterVersions cannot be called.
+EKS_CALENDAR_SOURCE = "Amazon EKS User Guide, Kubernetes release calendar, as of 2026-04-24"
+EKS_CALENDAR: dict[str, tuple[dt.date, dt.date]] = {
+    "1.28": (dt.date(2024, 11, 26), dt.date(2025, 11, 26)),
+    "1.29": (dt.date(2025, 3, 23), dt.date(2026, 3, 23)),
+    "1.30": (dt.date(2025, 7, 23), dt.date(2026, 7, 23)),
+    "1.31": (dt.date(2025, 11, 26), dt.date(2026, 11, 26)),
+    "1.32": (dt.date(2026, 3, 23), dt.date(2027, 3, 23)),
+    "1.33": (dt.date(2026, 7, 29), dt.date(2027, 7, 29)),
+    "1.34": (dt.date(2026, 12, 2), dt.date(2027, 12, 2)),
+    "1.35": (dt.date(2027, 3, 27), dt.date(2028, 3, 27)),
+}
+
+# EKS scales a Capacity Block node group to zero this long before the block ends (EKS User Guide).
+BLOCK_SCALE_DOWN = dt.timedelta(minutes=40)
+
+GO, NO_GO, UNKNOWN = "go", "no-go", "unknown"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: Optional[bool]  # True go, False no-go, None unknown
+    detail: str
+    fix: str = ""
+
+    @property
+    def status(self) -> str:
+        return GO if self.ok is True else NO_GO if self.ok is False else UNKNOWN
+
+    def to_json_dict(self) -> dict:
+        return {**asdict(self), "status": self.status}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the stack asks AWS for (from its stack file and plan)."""
+
+    stack: str
+    region: str
+    instance: InstanceType
+    nodes: int
+    zone: str
+    capacity_type: str  # on-demand | capacity-reservation | capacity-block
+    reservation_id: Optional[str]
+    kubernetes_version: str
+
+    @property
+    def instance_type(self) -> str:
+        return self.instance.name
+
+    @property
+    def vcpus_needed(self) -> int:
+        return self.nodes * self.instance.vcpus
+
+    @property
+    def uses_efa(self) -> bool:
+        # The GPU launch template declares every EFA interface the type has (infra/efa.py).
+        return self.instance.max_efa_interfaces > 0
+
+
+def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Target:
+    """The pre-flight target of `Pulumi.<stack>.yaml`; raises UserError on a config error."""
+    from infra.config import load_stack_file, read_stack_file
+    from infra.planning import make_plan
+
+    cfg = load_stack_file(stack, root)
+    if region is None and "aws:region" not in read_stack_file(stack, root):
+        region = new_session().region_name  # no aws:region in the stack file: boto3's configured region
+    region = region or cfg.region
+    plan = make_plan(cfg.plan_request())
+    return Target(
+        stack=stack,
+        region=region,
+        instance=get_instance_type(cfg.gpu.instance_type),
+        nodes=plan.nodes,
+        zone=cfg.network.gpu_zone(region),
+        capacity_type=cfg.gpu.capacity.type,
+        reservation_id=cfg.gpu.capacity.reservation_id,
+        kubernetes_version=cfg.cluster.kubernetes_version,
+    )
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def new_session(region: Optional[str] = None):
+    """A boto3 session from the standard configuration (tests replace this)."""
+    import boto3
+
+    return boto3.session.Session(region_name=region)
+
+
+@dataclass
+class Clients:
+    ec2: Any
+    quotas: Any
+    eks: Any
+
+
+def make_clients(region: str, session=None) -> Clients:
+    session = session or new_session(region)
+    return Clients(
+        ec2=session.client("ec2", region_name=region),
+        quotas=session.client("service-quotas", region_name=region),
+        eks=session.client("eks", region_name=region),
+    )
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    """(code, message) of a boto3 error; ('', text) for anything else."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        err = response.get("Error") or {}
+        return str(err.get("Code", "")), str(err.get("Message", "")) or str(exc)
+    return "", str(exc)
+
+
+def _error_text(exc: Exception) -> str:
+    code, message = _error(exc)
+    title = re.search(r"<title>(.*?)</title>", message, re.S | re.I)
+    if title:  # an HTML error page (a proxy, an emulator): its title says it all
+        message = f"HTTP error page: {title.group(1).strip()}"
+        code = "" if code.isdigit() else code
+    message = " ".join(message.split())
+    if len(message) > 200:
+        message = message[:200] + "..."
+    return f"{code}: {message}" if code else message
+
+
+def _denied(exc: Exception) -> bool:
+    code, _ = _error(exc)
+    return code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedException")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_offering(ec2, t: Target) -> Check:
+    """The instance type is offered in the GPU zone (for this account's zone names)."""
+    name = "instance type offered in zone"
+    try:
+        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": [t.instance_type]}],
+        )
+        zones = sorted({o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])})
+    except Exception as exc:  # noqa: BLE001 - any API failure is an unknown, with its reason
+        fix = "grant ec2:DescribeInstanceTypeOfferings" if _denied(exc) else "rerun; check the region and credentials"
+        return Check(name, None, f"could not list offerings of {t.instance_type} in {t.region}: {_error_text(exc)}", fix)
+    if t.zone in zones:
+        return Check(name, True, f"{t.instance_type} is offered in {t.zone} ({len(zones)} zones of {t.region} offer it)")
+    if not zones:
+        return Check(
+            name, False, f"{t.instance_type} is not offered in any zone of {t.region}",
+            f"deploy to a region that offers {t.instance_type} (aws:region and gpu-serving:network zones), "
+            "or choose another gpu-serving:gpu.instanceType",
+        )  # fmt: skip
+    return Check(
+        name, False, f"{t.instance_type} is not offered in {t.zone}; offered in: {', '.join(zones)}",
+        f"set gpu-serving:network.gpuAvailabilityZone to one of {', '.join(zones)} "
+        "(and list it in availabilityZones)",
+    )  # fmt: skip
+
+
+def quota_for(instance_type: str) -> Optional[Quota]:
+    """The On-Demand vCPU quota an instance type counts against (by its family's class letters).
+
+    `p5.48xlarge` -> P, `g6e.xlarge` -> G and VT, `m7i.xlarge` -> Standard, `inf2.xlarge` -> Inf;
+    None for families with no On-Demand vCPU quota known here (e.g. `mac`).
+    """
+    family = instance_type.split(".", 1)[0].lower()
+    m = re.match(r"[a-z]+", family)
+    if not m:
+        return None
+    letters = m.group(0)
+    if letters.startswith("mac"):
+        return None  # Mac instances run on Dedicated Hosts: host quotas, not vCPU quotas
+    by_class = {c: q for q in QUOTAS for c in q.classes}
+    for cls in sorted(by_class, key=len, reverse=True):  # "inf" before "i", "dl" before "d", "hpc" before "h"
+        if len(cls) > 1 and letters.startswith(cls):
+            return by_class[cls]
+    return by_class.get(letters[0])
+
+
+def _quota_by_name(sq, name: str) -> Optional[dict]:
+    pages = sq.get_paginator("list_service_quotas").paginate(ServiceCode="ec2")
+    for page in pages:
+        for q in page.get("Quotas", []):
+            if q.get("QuotaName", "").lower() == name.lower():
+                return q
+    return None
+
+
+def read_quota(sq, quota: Quota) -> tuple[Optional[dict], list[str]]:
+    """The applied quota (or its default) as Service Quotas returns it, and the errors met on the way."""
+    errors: list[str] = []
+    if quota.code:
+        for call in (sq.get_service_quota, sq.get_aws_default_service_quota):
+            try:
+                q = call(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"{call.__name__}({quota.code}): {_error_text(exc)}")
+                if _denied(exc):
+                    return None, errors
+                continue
+            if q.get("QuotaName", "").lower() == quota.name.lower():
+                return q, errors
+            errors.append(f"{quota.code} is {q.get('QuotaName')!r}, not {quota.name!r}")
+            break
+    try:
+        q = _quota_by_name(sq, quota.name)
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"list_service_quotas(ec2): {_error_text(exc)}")
+        return None, errors
+    if q is None:
+        errors.append(f"no quota named {quota.name!r}")
+    return q, errors
+
+
+def _running_vcpus(ec2, quota: Quota, stack: str) -> tuple[int, list[str]]:
+    """vCPUs of running/pending instances counted by `quota`, not tagged as this stack's."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    )
+    counts: dict[str, int] = {}
+    for page in pages:
+        for res in page.get("Reservations", []):
+            for inst in res.get("Instances", []):
+                tags = {x["Key"]: x["Value"] for x in inst.get("Tags", [])}
+                if tags.get(STACK_TAG) == stack and tags.get(PROJECT_TAG):
+                    continue  # this stack's own nodes (an update re-uses them)
+                itype = inst.get("InstanceType", "")
+                if quota_for(itype) is quota:
+                    counts[itype] = counts.get(itype, 0) + 1
+    if not counts:
+        return 0, []
+    sizes: dict[str, int] = {}
+    for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=sorted(counts)):
+        for it in page.get("InstanceTypes", []):
+            sizes[it["InstanceType"]] = int(it["VCpuInfo"]["DefaultVCpus"])
+    total = sum(sizes.get(k, 0) * n for k, n in counts.items())
+    return total, [f"{n} x {k}" for k, n in sorted(counts.items())]
+
+
+def check_quota(sq, ec2, t: Target) -> Check:
+    """The On-Demand vCPU quota of the instance family covers the plan (on demand only)."""
+    name = "On-Demand vCPU quota"
+    if t.capacity_type != "on-demand":
+        kind = "Capacity Block" if t.capacity_type == "capacity-block" else "capacity reservation"
+        return Check(
+            name, True,
+            f"not applicable: the nodes launch into {kind} {t.reservation_id}; EC2 checked the On-Demand "
+            "limit when the reservation was created (a Capacity Block is bought, not drawn from it)",
+        )  # fmt: skip
+    quota = quota_for(t.instance_type)
+    need = t.vcpus_needed
+    sizing = f"{t.nodes} x {t.instance_type} = {t.nodes} x {t.instance.vcpus} = {need} vCPUs"
+    if quota is None:
+        return Check(
+            name, None, f"no known On-Demand quota for the family of {t.instance_type}; the plan needs {sizing}",
+            f"look up the family's 'Running On-Demand ... instances' quota in the Service Quotas console ({t.region})",
+        )  # fmt: skip
+    q, errors = read_quota(sq, quota)
+    label = f"{quota.name} ({quota.code or 'code looked up by name'})"
+    if q is None:
+        return Check(
+            name, None, f"could not read {label} in {t.region}: {'; '.join(errors)}; the plan needs {sizing}",
+            f"grant servicequotas:GetServiceQuota and servicequotas:ListServiceQuotas, or check "
+            f"'{quota.name}' in the Service Quotas console ({t.region}): it must be at least {need}",
+        )  # fmt: skip
+    code = q.get("QuotaCode") or quota.code
+    value = float(q["Value"])
+    try:
+        used, used_by = _running_vcpus(ec2, quota, t.stack)
+    except Exception as exc:  # noqa: BLE001 - the quota alone still answers most of the question
+        used, used_by = 0, []
+        errors.append(f"running instances not counted: {_error_text(exc)}")
+    free = value - used
+    detail = f"{quota.name} ({code}) = {value:g} vCPUs"
+    if used:
+        detail += f", {used} in use by other instances ({', '.join(used_by)})"
+    detail += f"; the plan needs {sizing}"
+    if errors:
+        detail += f" (notes: {'; '.join(errors)})"
+    if free >= need:
+        return Check(name, True, detail)
+    desired = int(used + need)
+    return Check(
+        name, False, detail,
+        f"request {code} >= {desired}: aws service-quotas request-service-quota-increase --service-code ec2 "
+        f"--quota-code {code} --desired-value {desired} --region {t.region}"
+        + (" (or stop the other instances)" if used else "")
+        + "; or use a capacity reservation / Capacity Block (gpu-serving:gpu.capacity)",
+    )  # fmt: skip
+
+
+def _fmt_time(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return str(value)
+
+
+def _utc(value: Any) -> Optional[dt.datetime]:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return None
+
+
+def _hours(delta: dt.timedelta) -> str:
+    h = delta.total_seconds() / 3600
+    return f"{h / 24:.1f} days" if h >= 48 else f"{h:.1f} h"
+
+
+def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Check:
+    """The capacity reservation or Capacity Block exists, is usable now, and fits the plan."""
+    kind = "Capacity Block" if t.capacity_type == "capacity-block" else "capacity reservation"
+    name = "capacity reservation" if t.capacity_type != "capacity-block" else "Capacity Block"
+    if t.capacity_type == "on-demand":
+        return Check("capacity reservation", True, "not used: on-demand capacity (gpu-serving:gpu.capacity.type)")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    rid = t.reservation_id
+    try:
+        found = ec2.describe_capacity_reservations(CapacityReservationIds=[rid]).get("CapacityReservations", [])
+    except Exception as exc:  # noqa: BLE001
+        code, _ = _error(exc)
+        if code.startswith("InvalidCapacityReservationId"):
+            found = []
+        else:
+            fix = "grant ec2:DescribeCapacityReservations" if _denied(exc) else "rerun; check the region and credentials"
+            return Check(name, None, f"could not read {rid} in {t.region}: {_error_text(exc)}", fix)
+    if not found:
+        return Check(
+            name, False, f"{kind} {rid} not found in {t.region} for this account",
+            f"check gpu-serving:gpu.capacity.reservationId, the region ({t.region}) and the account; list them with "
+            f"`aws ec2 describe-capacity-reservations --region {t.region}`",
+        )  # fmt: skip
+    cr = found[0]
+    problems: list[str] = []
+    fixes: list[str] = []
+    rtype = cr.get("ReservationType", "default")
+    state = cr.get("State", "?")
+    start, end = _utc(cr.get("StartDate")), _utc(cr.get("EndDate"))
+    itype, zone = cr.get("InstanceType"), cr.get("AvailabilityZone")
+    total, avail = int(cr.get("TotalInstanceCount", 0)), int(cr.get("AvailableInstanceCount", 0))
+    facts = [f"{rid}: {rtype}, {state}", f"{total} x {itype} in {zone}", f"{avail} available"]
+    if start or end:
+        facts.append(f"{_fmt_time(start) if start else '?'} -> {_fmt_time(end) if end else 'no end date'}")
+
+    if t.capacity_type == "capacity-block" and rtype != "capacity-block":
+        problems.append(f"it is an On-Demand Capacity Reservation, not a Capacity Block")
+        fixes.append("set gpu-serving:gpu.capacity.type to capacity-reservation")
+    elif t.capacity_type == "capacity-reservation" and rtype == "capacity-block":
+        problems.append("it is a Capacity Block, not an On-Demand Capacity Reservation")
+        fixes.append("set gpu-serving:gpu.capacity.type to capacity-block (market type capacity-block, node group CAPACITY_BLOCK)")
+    if state == "active":
+        if rtype == "capacity-block" and end is not None:
+            left = end - now
+            if left <= BLOCK_SCALE_DOWN:
+                problems.append(f"the block ends at {_fmt_time(end)}: EKS scales its node group to zero 40 minutes before")
+                fixes.append("buy a new Capacity Block (aws ec2 describe-capacity-block-offerings / purchase-capacity-block-offering)")
+            else:
+                facts.append(f"ends in {_hours(left)}; EKS scales the node group to zero 40 minutes before")
+    elif state == "scheduled":
+        when = f"starts {_fmt_time(start)} (in {_hours(start - now)})" if start else "has not started"
+        problems.append(f"it is scheduled: {when}, ends {_fmt_time(end) if end else '?'}")
+        fixes.append(f"run `pulumi up` after {_fmt_time(start) if start else 'it starts'}: a node group created before the block starts fails")
+    elif state in ("pending", "assessing", "payment-pending", "delayed"):
+        problems.append(f"it is not active yet (state {state})")
+        fixes.append("wait until it is active (aws ec2 describe-capacity-reservations), then rerun")
+    else:
+        problems.append(f"it cannot be used (state {state})")
+        fixes.append(f"get a new {kind} and set gpu-serving:gpu.capacity.reservationId")
+    if zone != t.zone:
+        problems.append(f"it is in {zone}, the GPU nodes go to {t.zone}")
+        fixes.append(f"set gpu-serving:network.gpuAvailabilityZone to {zone} (and list it in availabilityZones)")
+    if itype != t.instance_type:
+        problems.append(f"it holds {itype}, the plan uses {t.instance_type}")
+        fixes.append(f"set gpu-serving:gpu.instanceType to {itype}, or use a reservation of {t.instance_type}")
+    if total < t.nodes:
+        problems.append(f"it holds {total} instances, the plan needs {t.nodes}")
+        fixes.append(f"use a reservation of at least {t.nodes} x {t.instance_type} (or plan for {total} nodes)")
+    elif avail < t.nodes:
+        problems.append(f"only {avail} of {total} instances are available, the plan needs {t.nodes}")
+        fixes.append("free the instances running in it (if they are not this stack's nodes), or use a larger reservation")
+    detail = "; ".join(facts)
+    if problems:
+        return Check(name, False, detail + ". No-go: " + "; ".join(problems), "; ".join(fixes))
+    return Check(name, True, detail)
+
+
+def check_efa(ec2, t: Target) -> Check:
+    """EFA is supported by the instance type (when the plan wires EFA interfaces)."""
+    name = "EFA supported"
+    if not t.uses_efa:
+        return Check(name, True, f"not used: the plan wires no EFA interfaces on {t.instance_type}")
+    try:
+        types = ec2.describe_instance_types(InstanceTypes=[t.instance_type]).get("InstanceTypes", [])
+    except Exception as exc:  # noqa: BLE001
+        code, _ = _error(exc)
+        if code == "InvalidInstanceType":
+            return Check(name, False, f"EC2 does not know {t.instance_type} in {t.region}",
+                         "choose an instance type EC2 offers in this region (gpu-serving:gpu.instanceType)")  # fmt: skip
+        fix = "grant ec2:DescribeInstanceTypes" if _denied(exc) else "rerun; check the region and credentials"
+        return Check(name, None, f"could not describe {t.instance_type}: {_error_text(exc)}", fix)
+    if not types:
+        return Check(name, False, f"EC2 does not know {t.instance_type} in {t.region}",
+                     "choose an instance type EC2 offers in this region (gpu-serving:gpu.instanceType)")  # fmt: skip
+    net = types[0].get("NetworkInfo", {})
+    supported = bool(net.get("EfaSupported"))
+    max_efa = int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0))
+    want = t.instance.max_efa_interfaces
+    if not supported:
+        return Check(
+            name, False, f"{t.instance_type} does not support EFA; the plan wires {want} EFA interfaces",
+            "choose an EFA instance type (p4d, p5, p5e, p5en, p6-b200, g6e.12xlarge and larger)",
+        )  # fmt: skip
+    if max_efa < want:
+        return Check(
+            name, False, f"{t.instance_type} takes {max_efa} EFA interfaces, the launch template declares {want}",
+            "update infra/catalog/instances.py (max_efa_interfaces) from EC2 DescribeInstanceTypes",
+        )  # fmt: skip
+    return Check(name, True, f"{t.instance_type}: EFA supported, up to {max_efa} interfaces; the plan uses {want}")
+
+
+def _calendar_check(name: str, version: str, today: dt.date, why: str) -> Check:
+    newest = max(EKS_CALENDAR, key=lambda v: tuple(map(int, v.split("."))))
+    entry = EKS_CALENDAR.get(version)
+    src = f"from the built-in calendar, {EKS_CALENDAR_SOURCE}; {why}"
+    upgrade = f"set gpu-serving:cluster.kubernetesVersion to a supported version (newest known: {newest})"
+    if entry is None:
+        if tuple(map(int, version.split("."))) > tuple(map(int, newest.split("."))):
+            return Check(name, None, f"{version} is newer than the {src}",
+                         "check `aws eks describe-cluster-versions` or the EKS release calendar")  # fmt: skip
+        return Check(name, False, f"{version} is no longer offered by EKS ({src})", upgrade)
+    std_end, ext_end = entry
+    if today <= std_end:
+        return Check(name, True, f"{version}: standard support until {std_end} ({src})")
+    if today <= ext_end:
+        return Check(
+            name, True,
+            f"{version}: extended support until {ext_end} (standard support ended {std_end}; extended support "
+            f"costs extra per cluster hour) ({src})",
+        )  # fmt: skip
+    return Check(name, False, f"{version}: support ended {ext_end} ({src})", upgrade)
+
+
+def check_eks_version(eks, t: Target, today: Optional[dt.date] = None) -> Check:
+    """The EKS Kubernetes version can be used for a new cluster."""
+    name = "EKS version supported"
+    v = t.kubernetes_version
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    try:
+        found = eks.describe_cluster_versions(clusterVersions=[v], includeAll=True).get("clusterVersions", [])
+    except Exception as exc:  # noqa: BLE001 - fall back to the calendar, and say why
+        return _calendar_check(name, v, today, f"DescribeClusterVersions failed: {_error_text(exc)}")
+    info = next((c for c in found if c.get("clusterVersion") == v), None)
+    if info is None:
+        return Check(name, False, f"EKS does not offer Kubernetes {v} in {t.region}",
+                     "set gpu-serving:cluster.kubernetesVersion to a version `aws eks describe-cluster-versions` lists")  # fmt: skip
+    status = str(info.get("versionStatus") or info.get("status") or "").upper().replace("-", "_")
+    std_end, ext_end = info.get("endOfStandardSupportDate"), info.get("endOfExtendedSupportDate")
+    if status == "STANDARD_SUPPORT":
+        return Check(name, True, f"{v}: standard support" + (f" until {_fmt_time(std_end)}" if std_end else ""))
+    if status == "EXTENDED_SUPPORT":
+        return Check(
+            name, True,
+            f"{v}: extended support" + (f" until {_fmt_time(ext_end)}" if ext_end else "")
+            + " (costs extra per cluster hour; consider a newer version)",
+        )  # fmt: skip
+    return Check(name, False, f"{v}: {status.lower() or 'unsupported'}",
+                 "set gpu-serving:cluster.kubernetesVersion to a version in standard support")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- run and render
+
+
+def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -> list[Check]:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    steps: list[Callable[[], Check]] = [
+        lambda: check_offering(clients.ec2, t),
+        lambda: check_quota(clients.quotas, clients.ec2, t),
+        lambda: check_reservation(clients.ec2, t, now),
+        lambda: check_efa(clients.ec2, t),
+        lambda: check_eks_version(clients.eks, t, now.date()),
+    ]
+    return [step() for step in steps]
+
+
+def all_go(checks: Iterable[Check], allow_unknown: bool = False) -> bool:
+    return all(c.ok is True or (allow_unknown and c.ok is None) for c in checks)
+
+
+def to_json_dict(t: Target, checks: list[Check], allow_unknown: bool = False) -> dict:
+    return {
+        "stack": t.stack,
+        "region": t.region,
+        "zone": t.zone,
+        "instance_type": t.instance_type,
+        "nodes": t.nodes,
+        "capacity": {"type": t.capacity_type, "reservation_id": t.reservation_id},
+        "kubernetes_version": t.kubernetes_version,
+        "go": all_go(checks, allow_unknown),
+        "checks": [c.to_json_dict() for c in checks],
+    }
+
+
+def render(t: Target, checks: list[Check], console, allow_unknown: bool = False) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = {GO: "[green]go[/green]", NO_GO: "[red]no-go[/red]", UNKNOWN: "[yellow]unknown[/yellow]"}
+    table = Table(
+        title=f"Pre-flight: stack {t.stack}, {t.nodes} x {t.instance_type} in {t.zone} ({t.region})",
+        title_justify="left", title_style="bold",
+    )  # fmt: skip
+    table.add_column("check", style="bold")
+    table.add_column("status")
+    table.add_column("detail")
+    table.add_column("fix")
+    for c in checks:
+        table.add_row(escape(c.name), style[c.status], escape(c.detail), escape(c.fix) if c.ok is not True else "")
+    console.print(table)
+    go = all_go(checks, allow_unknown)
+    bad = [c for c in checks if c.ok is False]
+    unknown = [c for c in checks if c.ok is None]
+    if go:
+        extra = f" ({len(unknown)} unknown, allowed)" if unknown else ""
+        console.print(f"[green bold]GO[/green bold]: every check passed{extra}.")
+    else:
+        parts = []
+        if bad:
+            parts.append(f"{len(bad)} no-go")
+        if unknown:
+            parts.append(f"{len(unknown)} unknown")
+        console.print(f"[red bold]NO-GO[/red bold]: {', '.join(parts)}; fix the above before `pulumi up`.")
+
+
+def preflight(stack: str, region: Optional[str] = None, root=None, session=None,
+              now: Optional[dt.datetime] = None) -> tuple[Target, list[Check]]:  # fmt: skip
+    """Load the stack, build clients from boto3's standard configuration, run every check.
+
+    Raises UserError on a config error or when boto3 has no credentials.
+    """
+    t = target_from_stack(stack, root, region)
+    session = session or new_session(t.region)
+    if session.get_credentials() is None:
+        raise UserError(
+            "no AWS credentials: configure them the standard boto3 way (AWS_PROFILE, AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY, SSO, or an instance role)"
+        )
+    return t, run_checks(t, make_clients(t.region, session), now)

@@ -1,0 +1,780 @@
+"""The policy rules of the GPU serving stack, as plain functions.
+
+Nothing here imports Pulumi: the same functions run inside the CrossGuard pack
+(`policies/__main__.py`, during `pulumi preview/up --policy-pack policies`),
+offline over a synth document (`infra/policy_check.py`, `python -m infra check`)
+and in the tests. Standard library only, so the pack's own virtualenv needs
+nothing but pulumi-policy.
+
+Two kinds of rule:
+
+- resource rules: `check(resource_type, props, options, context) -> [message]`,
+  called once per resource;
+- stack rules: `check(resources, context) -> [(urn, message)]`, called once
+  with every resource of the stack.
+
+`props` are a resource's inputs with the SDK's camelCase names (what the synth
+document calls `inputs` and CrossGuard `args.props`). `options` uses the synth
+document's keys (`protect`, `retain_on_delete`, ...); a value the caller cannot
+see is None (CrossGuard 1.21 does not pass `retain_on_delete`). A stack rule's
+`resources` are dicts shaped like the synth document's resources: `type`,
+`name`, `urn`, `inputs`, `options`, and optionally `property_dependencies`
+(`{property: [urn, ...]}`, what CrossGuard knows of references whose values are
+still unknown in a preview).
+
+Values nobody knows yet are `UNKNOWN` ("<computed>", as in the synth document;
+the CrossGuard adapter maps its own unknown markers to it). A rule never
+reports a violation on a value it cannot see: CrossGuard runs resource rules
+again with resolved inputs during `pulumi up`, before the resource is created.
+
+`context` carries what a rule needs beyond one resource (see `CONTEXT_DEFAULTS`):
+
+- `production`: the stack is a production stack (the AWS provider's default
+  tag `lifecycle: production`, infra/tags.py);
+- `allow_internet_facing`: internet-facing load balancers are allowed. The stack
+  config has no such option today, so it is always False. To add one: a
+  `gpu-serving:serving.internetFacing` config key (infra/config.py), read into
+  this key by infra/policy_check.py; in CrossGuard, the policy's
+  `allowInternetFacing` config (`pulumi preview --policy-pack policies
+  --policy-pack-config cfg.json`, cfg.json:
+  `{"no-internet-facing-load-balancer": {"allowInternetFacing": true}}`);
+- `gpus_per_node`: the GPU instance type's GPU count, when known (the offline
+  check reads it from the catalog; CrossGuard from the `gpusPerNode` config);
+- `require_customer_managed_keys`: EBS, EFS and FSx must name a KMS key of
+  their own (off by default; the `requireCustomerManagedKeys` config).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+UNKNOWN = "<computed>"
+MANDATORY = "mandatory"
+ADVISORY = "advisory"
+
+CONTEXT_DEFAULTS: dict[str, Any] = {
+    "production": False,
+    "allow_internet_facing": False,
+    "gpus_per_node": None,
+    "require_customer_managed_keys": False,
+}
+
+# Policy config keys (CrossGuard `--policy-pack-config`) -> context keys.
+CONFIG_KEYS = {
+    "allowInternetFacing": "allow_internet_facing",
+    "gpusPerNode": "gpus_per_node",
+    "requireCustomerManagedKeys": "require_customer_managed_keys",
+}
+
+AWS_PROVIDER = "pulumi:providers:aws"
+LIFECYCLE_TAG = "lifecycle"  # infra/tags.py
+PRODUCTION = "production"
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+INSTANCE = "aws:ec2/instance:Instance"
+EBS_VOLUME = "aws:ebs/volume:Volume"
+EFS = "aws:efs/fileSystem:FileSystem"
+FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+SG_INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+SG_EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+SG_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+SERVICE = "kubernetes:core/v1:Service"
+INGRESS_TYPES = ("kubernetes:networking.k8s.io/v1:Ingress", "kubernetes:networking.k8s.io/v1beta1:Ingress")
+AWS_LOAD_BALANCERS = ("aws:lb/loadBalancer:LoadBalancer", "aws:alb/loadBalancer:LoadBalancer", "aws:elb/loadBalancer:LoadBalancer")
+
+GPU = "nvidia.com/gpu"
+ALL_PROTOCOLS = ("-1", "all")
+EFA_INTERFACE_TYPES = ("efa", "efa-only")
+LB_INTERNAL = "service.beta.kubernetes.io/aws-load-balancer-internal"
+LB_SCHEME = "service.beta.kubernetes.io/aws-load-balancer-scheme"
+ALB_SCHEME = "alb.ingress.kubernetes.io/scheme"
+WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
+
+
+# --- small helpers --------------------------------------------------------------
+
+
+def is_unknown(value: Any) -> bool:
+    return isinstance(value, str) and value == UNKNOWN
+
+
+def _map(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> Sequence:
+    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
+
+
+def _truthy(value: Any) -> Optional[bool]:
+    """True/False for a boolean the SDKs write as a bool or a string ("true"); None if unknown or unset."""
+    if value is None or is_unknown(value):
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    return bool(value)
+
+
+def _kind(resource_type: str) -> str:
+    return resource_type.rsplit(":", 1)[-1]
+
+
+def production_from_provider(props: Mapping) -> bool:
+    """Whether an AWS provider's default tags mark a production stack.
+
+    Providers receive nested config as JSON strings (the synth document and the
+    engine both show `defaultTags` as one), so both forms are read.
+    """
+    tags_arg = props.get("defaultTags")
+    if isinstance(tags_arg, str) and not is_unknown(tags_arg):
+        try:
+            tags_arg = json.loads(tags_arg)
+        except ValueError:
+            return False
+    tags = _map(_map(tags_arg).get("tags"))
+    return tags.get(LIFECYCLE_TAG) == PRODUCTION
+
+
+def stack_context(
+    resources: Sequence[Mapping],
+    *,
+    stack_tags: Optional[Mapping[str, str]] = None,
+    config: Optional[Mapping[str, Any]] = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The context of a whole stack: production from its AWS providers' default tags
+    (or a `lifecycle: production` stack tag), options from the policy config."""
+    context = dict(CONTEXT_DEFAULTS)
+    context["production"] = any(
+        production_from_provider(_map(r.get("inputs"))) for r in resources if str(r.get("type", "")).startswith(AWS_PROVIDER)
+    ) or _map(stack_tags).get(LIFECYCLE_TAG) == PRODUCTION
+    context.update(config_context(config))
+    context.update(overrides)
+    return context
+
+
+def config_context(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """Context keys from a policy's config (`allowInternetFacing`, ...)."""
+    return {CONFIG_KEYS[k]: v for k, v in _map(config).items() if k in CONFIG_KEYS and v is not None}
+
+
+def _same_resource(holder: Mapping, prop: str, value: Any, target: Mapping) -> bool:
+    """Whether `holder`'s property `prop` (value `value`) refers to `target`'s id.
+
+    By value: the target's id (once deployed) or the synth placeholder
+    `<id:NAME>`; or by the engine's property dependencies (CrossGuard), which is
+    all there is while a preview does not know the id yet.
+    """
+    if isinstance(value, str) and not is_unknown(value):
+        target_id = _map(target.get("inputs")).get("id")
+        if value == f"<id:{target.get('name')}>" or (isinstance(target_id, str) and not is_unknown(target_id) and value == target_id):
+            return True
+    return target.get("urn") in _list(_map(holder.get("property_dependencies")).get(prop))
+
+
+# --- 1. TP never spans nodes ---------------------------------------------------------------
+
+
+def _command_tokens(container: Mapping) -> list[str]:
+    """The words of a container's command and args; a shell script is split line by line."""
+    tokens: list[str] = []
+    for item in [*_list(container.get("command")), *_list(container.get("args"))]:
+        if not isinstance(item, str):
+            continue
+        if any(c.isspace() for c in item):
+            for line in item.splitlines():
+                try:
+                    tokens.extend(shlex.split(line, comments=True))
+                except ValueError:  # unbalanced quotes in a line of a heredoc
+                    tokens.extend(line.split())
+        else:
+            tokens.append(item)
+    return tokens
+
+
+def tensor_parallel_size(tokens: Sequence[str]) -> Optional[int]:
+    """`--tensor-parallel-size N` (or `=N`, or `-tp N`) of a `vllm serve` command; 1 when absent; None if no `vllm serve`."""
+    serves = any(a == "vllm" and b == "serve" for a, b in zip(tokens, tokens[1:]))
+    if not serves:
+        return None
+    tp = 1
+    for i, tok in enumerate(tokens):
+        value = None
+        if tok in ("--tensor-parallel-size", "-tp") and i + 1 < len(tokens):
+            value = tokens[i + 1]
+        elif tok.startswith("--tensor-parallel-size="):
+            value = tok.split("=", 1)[1]
+        if value is not None:
+            try:
+                tp = int(value)
+            except ValueError:
+                continue
+    return tp
+
+
+def _gpu_count(quantity: Any) -> Optional[int]:
+    if quantity is None:
+        return 0
+    if is_unknown(quantity):
+        return None
+    try:
+        return int(str(quantity))
+    except ValueError:
+        return None
+
+
+def pod_gpus(pod_spec: Mapping) -> Optional[int]:
+    """The GPUs a pod asks for: the sum of its containers' nvidia.com/gpu limits (requests if no limit)."""
+    total = 0
+    for c in _list(pod_spec.get("containers")):
+        res = _map(_map(c).get("resources"))
+        amount = _map(res.get("limits")).get(GPU, _map(res.get("requests")).get(GPU))
+        n = _gpu_count(amount)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def raycluster_spec(resource_type: str, props: Mapping) -> Optional[Mapping]:
+    """The RayCluster spec of a RayCluster (or the one inside a RayService / RayJob)."""
+    kind = _kind(resource_type)
+    spec = _map(props.get("spec"))
+    if not resource_type.startswith("kubernetes:ray.io/"):
+        return None
+    if kind == "RayCluster":
+        return spec
+    if kind == "RayService":
+        return _map(spec.get("rayClusterConfig"))
+    if kind == "RayJob":
+        return _map(spec.get("rayClusterSpec"))
+    return None
+
+
+def ray_pod_templates(spec: Mapping) -> list[tuple[str, Mapping]]:
+    """(where, pod template) for the head and every worker group of a RayCluster spec."""
+    out = [("head template", _map(_map(spec.get("headGroupSpec")).get("template")))]
+    for group in _list(spec.get("workerGroupSpecs")):
+        group = _map(group)
+        out.append((f"worker group {group.get('groupName', '?')!s} template", _map(group.get("template"))))
+    return out
+
+
+def check_tp_within_node(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """Every RayCluster's head `vllm serve --tensor-parallel-size` fits in one pod's GPUs."""
+    out: list[tuple[str, str]] = []
+    per_node = context.get("gpus_per_node")
+    for r in resources:
+        spec = raycluster_spec(str(r.get("type", "")), _map(r.get("inputs")))
+        if spec is None or is_unknown(spec):
+            continue
+        templates = ray_pod_templates(spec)
+        head_spec = _map(templates[0][1].get("spec"))
+        tokens = [t for c in _list(head_spec.get("containers")) for t in _command_tokens(_map(c))]
+        if any(is_unknown(t) for t in tokens):
+            continue
+        tp = tensor_parallel_size(tokens)
+        if tp is None or tp <= 1:
+            continue
+        gpu_pods = [(where, pod_gpus(_map(t.get("spec")))) for where, t in templates]
+        if any(n is None for _, n in gpu_pods):
+            continue
+        with_gpus = [(where, n) for where, n in gpu_pods if n]
+        if not with_gpus:
+            out.append((r.get("urn", ""), f"vllm serve --tensor-parallel-size {tp}, but no pod of the RayCluster requests {GPU}: tensor parallelism would have no GPUs to run on"))
+        for where, n in with_gpus:
+            if tp > n:
+                out.append(
+                    (
+                        r.get("urn", ""),
+                        f"vllm serve --tensor-parallel-size {tp} is more than the {n} GPUs the {where} requests ({GPU} limit): "
+                        "tensor parallelism would span nodes (all-reduce over the network instead of NVLink); "
+                        "keep TP within a node's GPUs and split across nodes with pipeline parallelism",
+                    )
+                )
+        if isinstance(per_node, int) and per_node > 0 and tp > per_node:
+            out.append(
+                (
+                    r.get("urn", ""),
+                    f"vllm serve --tensor-parallel-size {tp} is more than the {per_node} GPUs of one GPU node: "
+                    "tensor parallelism would span nodes",
+                )
+            )
+    return out
+
+
+# --- 2. EFA security group self-referencing ------------------------------------------------
+
+
+def _all_protocols(value: Any) -> bool:
+    return str(value).strip().lower() in ALL_PROTOCOLS
+
+
+def _efa_templates(resources: Sequence[Mapping]) -> list[Mapping]:
+    out = []
+    for r in resources:
+        if r.get("type") != LAUNCH_TEMPLATE:
+            continue
+        nics = _list(_map(r.get("inputs")).get("networkInterfaces"))
+        if any(_map(n).get("interfaceType") in EFA_INTERFACE_TYPES for n in nics):
+            out.append(r)
+    return out
+
+
+def _template_security_groups(template: Mapping, groups: Sequence[Mapping]) -> list[Mapping]:
+    """The stack's security groups on a launch template's EFA interfaces."""
+    found = []
+    nics = [_map(n) for n in _list(_map(template.get("inputs")).get("networkInterfaces"))]
+    efa_nics = [n for n in nics if n.get("interfaceType") in EFA_INTERFACE_TYPES]
+    for sg in groups:
+        refs = [ref for n in efa_nics for ref in ([n["securityGroups"]] if is_unknown(n.get("securityGroups")) else _list(n.get("securityGroups")))]
+        if any(_same_resource(template, "networkInterfaces", ref, sg) for ref in refs):
+            found.append(sg)
+    return found
+
+
+def self_referencing_directions(sg: Mapping, resources: Sequence[Mapping]) -> set[str]:
+    """Which of "ingress"/"egress" allow all traffic between members of `sg`.
+
+    Counts standalone rules (aws.vpc.SecurityGroupIngressRule/EgressRule with
+    ipProtocol -1 and referencedSecurityGroupId = the group; aws.ec2.SecurityGroupRule
+    with protocol -1 and self or sourceSecurityGroupId = the group) and inline
+    `ingress`/`egress` blocks with protocol -1 and `self: true`.
+    """
+    found: set[str] = set()
+    inline = _map(sg.get("inputs"))
+    for direction in ("ingress", "egress"):
+        for block in _list(inline.get(direction)):
+            block = _map(block)
+            if _all_protocols(block.get("protocol")) and _truthy(block.get("self")):
+                found.add(direction)
+    for r in resources:
+        typ, props = r.get("type"), _map(r.get("inputs"))
+        if typ in (SG_INGRESS, SG_EGRESS):
+            direction = "ingress" if typ == SG_INGRESS else "egress"
+            if (
+                _all_protocols(props.get("ipProtocol"))
+                and _same_resource(r, "securityGroupId", props.get("securityGroupId"), sg)
+                and _same_resource(r, "referencedSecurityGroupId", props.get("referencedSecurityGroupId"), sg)
+            ):
+                found.add(direction)
+        elif typ == SG_RULE:
+            direction = str(props.get("type", ""))
+            if direction not in ("ingress", "egress") or not _all_protocols(props.get("protocol")):
+                continue
+            if not _same_resource(r, "securityGroupId", props.get("securityGroupId"), sg):
+                continue
+            if _truthy(props.get("self")) or _same_resource(r, "sourceSecurityGroupId", props.get("sourceSecurityGroupId"), sg):
+                found.add(direction)
+    return found
+
+
+def check_efa_security_group(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """Every EFA launch template has a security group (of this stack) that allows all traffic to and from itself."""
+    out: list[tuple[str, str]] = []
+    groups = [r for r in resources if r.get("type") == SECURITY_GROUP]
+    for template in _efa_templates(resources):
+        candidates = _template_security_groups(template, groups)
+        if not candidates:
+            out.append(
+                (
+                    template.get("urn", ""),
+                    "the EFA interfaces are in no security group of this stack: EFA needs a group that allows all "
+                    "traffic to and from itself (ingress and egress, protocol -1, referencing the group)",
+                )
+            )
+            continue
+        missing = {sg.get("name"): {"ingress", "egress"} - self_referencing_directions(sg, resources) for sg in candidates}
+        if any(not m for m in missing.values()):
+            continue
+        detail = "; ".join(
+            f"{name} lacks {' and '.join(f'an {d} rule' for d in sorted(m))} with protocol -1 referencing itself"
+            for name, m in sorted(missing.items(), key=lambda kv: str(kv[0]))
+        )
+        out.append(
+            (
+                template.get("urn", ""),
+                f"no security group on the EFA interfaces allows all traffic to and from itself ({detail}): "
+                "EFA's OS-bypass traffic is only allowed by such self-referencing rules, without them NCCL falls back or hangs",
+            )
+        )
+    return out
+
+
+# --- 3. IMDSv2 -------------------------------------------------------------------------------
+
+
+def check_imdsv2(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """Launch templates (and instances) require IMDSv2 tokens."""
+    if resource_type not in (LAUNCH_TEMPLATE, INSTANCE):
+        return []
+    meta = props.get("metadataOptions")
+    if is_unknown(meta):
+        return []
+    meta = _map(meta)
+    tokens, endpoint = meta.get("httpTokens"), meta.get("httpEndpoint")
+    if is_unknown(tokens) or endpoint == "disabled":
+        return []
+    if tokens == "required":
+        return []
+    shown = "not set" if tokens is None else f"{tokens!r}"
+    return [
+        f"metadataOptions.httpTokens is {shown}: IMDSv1 lets any process or SSRF on the node read the node role's "
+        'credentials; set metadataOptions.httpTokens to "required" (IMDSv2 only)'
+    ]
+
+
+# --- 4. Encryption at rest ----------------------------------------------------------------------
+
+
+def _kms_missing(props: Mapping, key: str, context: Mapping) -> bool:
+    return bool(context.get("require_customer_managed_keys")) and not props.get(key)
+
+
+def check_encryption(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """EBS (launch template devices, volumes, instances), EFS and FSx are encrypted at rest.
+
+    FSx for Lustre is always encrypted at rest (FSx API, CreateFileSystem
+    KmsKeyId: SCRATCH_1/SCRATCH_2 with the FSx service key, PERSISTENT_1/2 with
+    `kmsKeyId` or the FSx-managed key when none is given) and has no switch to
+    turn it off, so it passes unless customer-managed keys are required: then it
+    must be a PERSISTENT deployment (scratch types cannot take a key) with a
+    `kmsKeyId`. The same requirement asks EBS and EFS for a `kmsKeyId`.
+    """
+    out: list[str] = []
+    if resource_type == LAUNCH_TEMPLATE:
+        for m in _list(props.get("blockDeviceMappings")):
+            m = _map(m)
+            ebs = m.get("ebs")
+            if not isinstance(ebs, Mapping):
+                continue
+            device = m.get("deviceName", "?")
+            enc = _truthy(ebs.get("encrypted"))
+            if enc is False or (enc is None and not is_unknown(ebs.get("encrypted"))):
+                out.append(f"block device {device}: EBS volume not encrypted (blockDeviceMappings[].ebs.encrypted must be \"true\")")
+            elif _kms_missing(ebs, "kmsKeyId", context):
+                out.append(f"block device {device}: no kmsKeyId, and customer-managed keys are required")
+    elif resource_type == INSTANCE:
+        devices = [("root block device", props.get("rootBlockDevice"))] + [
+            (f"EBS device {_map(d).get('deviceName', '?')}", d) for d in _list(props.get("ebsBlockDevices"))
+        ]
+        for label, dev in devices:
+            if not isinstance(dev, Mapping) and label != "root block device":
+                continue
+            dev = _map(dev)
+            if is_unknown(dev.get("encrypted")):
+                continue
+            if not _truthy(dev.get("encrypted")):
+                out.append(f"{label}: EBS volume not encrypted (set encrypted: true)")
+            elif _kms_missing(dev, "kmsKeyId", context):
+                out.append(f"{label}: no kmsKeyId, and customer-managed keys are required")
+    elif resource_type == EBS_VOLUME:
+        if not is_unknown(props.get("encrypted")):
+            if not _truthy(props.get("encrypted")):
+                out.append("EBS volume not encrypted (set encrypted: true)")
+            elif _kms_missing(props, "kmsKeyId", context):
+                out.append("EBS volume has no kmsKeyId, and customer-managed keys are required")
+    elif resource_type == EFS:
+        if not is_unknown(props.get("encrypted")):
+            if not _truthy(props.get("encrypted")):
+                out.append("EFS file system not encrypted at rest (set encrypted: true; it cannot be changed after creation)")
+            elif _kms_missing(props, "kmsKeyId", context):
+                out.append("EFS file system has no kmsKeyId, and customer-managed keys are required")
+    elif resource_type == FSX_LUSTRE:
+        if context.get("require_customer_managed_keys"):
+            deployment = str(props.get("deploymentType") or "SCRATCH_1")
+            if not is_unknown(deployment) and deployment.startswith("SCRATCH"):
+                out.append(f"FSx for Lustre {deployment} is encrypted with the FSx service key only; customer-managed keys need a PERSISTENT_1/PERSISTENT_2 deployment with kmsKeyId")
+            elif not props.get("kmsKeyId"):
+                out.append("FSx for Lustre file system has no kmsKeyId (it would use the FSx-managed key), and customer-managed keys are required")
+    return out
+
+
+# --- 5. EKS control plane -------------------------------------------------------------------------
+
+
+def _open_cidr(cidr: Any) -> bool:
+    try:
+        return ipaddress.ip_network(str(cidr), strict=False).prefixlen == 0
+    except ValueError:
+        return False
+
+
+def check_eks_cluster(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """EKS: secrets envelope-encrypted with KMS, audit logs on, API endpoint not open to the internet."""
+    if resource_type != EKS_CLUSTER:
+        return []
+    out: list[str] = []
+    enc = props.get("encryptionConfig")
+    if not is_unknown(enc):
+        configs = [_map(e) for e in (_list(enc) if not isinstance(enc, Mapping) else [enc])]
+        resources = [r for c in configs for r in _list(c.get("resources"))]
+        if not any(is_unknown(r) for r in resources) and "secrets" not in resources:
+            out.append('Kubernetes secrets are not envelope-encrypted: set encryptionConfig.resources to ["secrets"] with a KMS key')
+    logs = props.get("enabledClusterLogTypes")
+    if not is_unknown(logs) and "audit" not in _list(logs):
+        out.append('control-plane audit logs are off: add "audit" to enabledClusterLogTypes')
+    vpc = props.get("vpcConfig")
+    if not is_unknown(vpc):
+        vpc = _map(vpc)
+        public = vpc.get("endpointPublicAccess")
+        cidrs = vpc.get("publicAccessCidrs")
+        # The EKS API's defaults: public access on, and from 0.0.0.0/0 when no CIDRs are given.
+        is_public = True if public is None else _truthy(public)
+        if is_public and not is_unknown(cidrs):
+            given = [c for c in _list(cidrs) if not is_unknown(c)]
+            effective = given or ["0.0.0.0/0"]
+            open_ = [c for c in effective if _open_cidr(c)]
+            if open_:
+                why = f"publicAccessCidrs has {', '.join(map(str, open_))}" if given else "no publicAccessCidrs, which EKS reads as 0.0.0.0/0"
+                out.append(
+                    f"the cluster API endpoint is public and open to the internet ({why}): "
+                    "set endpointPublicAccess false (private endpoint), or list the CIDRs that may reach it"
+                )
+    return out
+
+
+# --- 6. Production weight storage protected ---------------------------------------------------------
+
+
+def _is_file_system(resource_type: str) -> bool:
+    return resource_type == EFS or (resource_type.startswith("aws:fsx/") and resource_type.endswith("FileSystem"))
+
+
+def check_production_storage_protected(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """In production, the weights' file system and PersistentVolume are protected and retained on delete."""
+    if not context.get("production"):
+        return []
+    out: list[tuple[str, str]] = []
+    for r in resources:
+        typ = str(r.get("type", ""))
+        if not (_is_file_system(typ) or typ == PERSISTENT_VOLUME):
+            continue
+        what = "file system" if _is_file_system(typ) else "PersistentVolume"
+        opts = _map(r.get("options"))
+        missing = []
+        if opts.get("protect") is not True:
+            missing.append("protect")
+        if opts.get("retain_on_delete") is False:  # None: not visible to the caller (CrossGuard)
+            missing.append("retain_on_delete")
+        if missing:
+            out.append(
+                (
+                    r.get("urn", ""),
+                    f"production stack: the model weights' {what} {r.get('name')} lacks {' and '.join(missing)}: "
+                    "a destroy or a replacement would delete the weights (hours to stage again); "
+                    "set gpu-serving:lifecycle.production, which protects and retains them",
+                )
+            )
+    return out
+
+
+# --- 7. Serving pods -----------------------------------------------------------------------------------
+
+
+def workload_pod_templates(resource_type: str, props: Mapping) -> list[tuple[str, Mapping]]:
+    """(where, pod spec) of the pods a resource runs that this rule checks.
+
+    Every pod template of a RayCluster (or RayService/RayJob); for other
+    workloads (Pod, Job, CronJob, Deployment, ...) the pod templates that
+    request nvidia.com/gpu.
+    """
+    ray = raycluster_spec(resource_type, props)
+    if ray is not None:
+        return [(where, _map(t.get("spec"))) for where, t in ray_pod_templates(ray)]
+    if not resource_type.startswith("kubernetes:") or _kind(resource_type) not in WORKLOAD_KINDS:
+        return []
+    kind, spec = _kind(resource_type), _map(props.get("spec"))
+    if kind == "Pod":
+        pod = spec
+    elif kind == "CronJob":
+        pod = _map(_map(_map(_map(spec.get("jobTemplate")).get("spec")).get("template")).get("spec"))
+    else:
+        pod = _map(_map(spec.get("template")).get("spec"))
+    gpus = pod_gpus(pod)
+    return [("pod template", pod)] if gpus else []
+
+
+def _container_problems(where: str, pod: Mapping) -> list[str]:
+    out: list[str] = []
+    volumes = {_map(v).get("name"): _map(v) for v in _list(pod.get("volumes"))}
+    for init, key in ((False, "containers"), (True, "initContainers")):
+        for c in _list(pod.get(key)):
+            c = _map(c)
+            name = f"{'init container' if init else 'container'} {c.get('name', '?')}"
+            if not init:
+                mounts = [_map(m) for m in _list(c.get("volumeMounts")) if str(_map(m).get("mountPath", "")).rstrip("/") == "/dev/shm"]
+                if not mounts:
+                    out.append(
+                        f"{where}, {name}: no /dev/shm mount: mount an emptyDir with medium Memory at /dev/shm "
+                        "(NCCL and Ray use shared memory; the container runtime's default /dev/shm is 64 MiB)"
+                    )
+                else:
+                    vol = volumes.get(mounts[0].get("name"))
+                    if vol is not None and _map(vol.get("emptyDir")).get("medium") != "Memory":
+                        out.append(f"{where}, {name}: /dev/shm is volume {mounts[0].get('name')}, not a memory-backed emptyDir (emptyDir.medium: Memory)")
+                    elif vol is None:
+                        out.append(f"{where}, {name}: /dev/shm mounts volume {mounts[0].get('name')}, which the pod does not define")
+            sc = _map(c.get("securityContext"))
+            if _truthy(sc.get("privileged")):
+                out.append(
+                    f"{where}, {name}: runs privileged (securityContext.privileged: true): the device plugins already "
+                    "give a pod the GPUs and EFA devices it asks for; privileged hands it every device and the host"
+                )
+            if _truthy(sc.get("allowPrivilegeEscalation")):
+                out.append(f"{where}, {name}: allows privilege escalation (securityContext.allowPrivilegeEscalation: true)")
+            res = c.get("resources")
+            if is_unknown(res):
+                continue
+            limits = _map(_map(res).get("limits"))
+            wanted = ("cpu", "memory") if init else ("cpu", "memory", GPU)
+            absent = [k for k in wanted if limits.get(k) in (None, "")]
+            if absent:
+                out.append(f"{where}, {name}: no resource limit for {', '.join(absent)} (set resources.limits)")
+    return out
+
+
+def check_serving_pods(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """Serving pods: memory-backed /dev/shm, resource limits, not privileged."""
+    out: list[str] = []
+    for where, pod in workload_pod_templates(resource_type, props):
+        if is_unknown(pod) or not pod:
+            continue
+        out.extend(_container_problems(where, pod))
+    return out
+
+
+# --- 8. No internet-facing load balancer -------------------------------------------------------------------
+
+
+def _service_is_internal(annotations: Mapping) -> bool:
+    scheme = str(annotations.get(LB_SCHEME, "")).strip().lower()
+    internal = str(annotations.get(LB_INTERNAL, "")).strip().lower()
+    says_internal = scheme == "internal" or internal == "true"
+    says_public = scheme == "internet-facing" or internal == "false"
+    return says_internal and not says_public
+
+
+def check_no_internet_facing_lb(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """No internet-facing load balancer (Service, Ingress, or AWS load balancer) unless the context allows one."""
+    if context.get("allow_internet_facing"):
+        return []
+    annotations = _map(_map(props.get("metadata")).get("annotations"))
+    if resource_type == SERVICE:
+        svc_type = _map(props.get("spec")).get("type")
+        if svc_type != "LoadBalancer" or any(is_unknown(v) for v in annotations.values()):
+            return []
+        if not _service_is_internal(annotations):
+            return [
+                "a Service of type LoadBalancer without the internal annotations gets an internet-facing load balancer: "
+                f'annotate {LB_SCHEME}: "internal" (or {LB_INTERNAL}: "true"), or use type ClusterIP '
+                "(this stack's config does not allow internet-facing endpoints)"
+            ]
+    elif resource_type in INGRESS_TYPES:
+        if str(annotations.get(ALB_SCHEME, "")).strip().lower() == "internet-facing":
+            return [f'an Ingress with {ALB_SCHEME}: internet-facing gets an internet-facing ALB: use "internal" (this stack does not allow internet-facing endpoints)']
+    elif resource_type in AWS_LOAD_BALANCERS:
+        internal = props.get("internal")
+        if not is_unknown(internal) and not _truthy(internal):
+            return ["the load balancer is internet-facing (internal is not true): set internal: true (this stack does not allow internet-facing endpoints)"]
+    return []
+
+
+# --- the rule set ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy: a name (the CrossGuard policy name), a one-line description, an
+    enforcement level, and either a resource check or a stack check."""
+
+    name: str
+    description: str
+    enforcement: str
+    check: Callable[..., list]
+    scope: str  # "resource" or "stack"
+    config: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # CrossGuard config schema properties
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("resource", "stack"):
+            raise ValueError(f"rule {self.name}: scope must be 'resource' or 'stack'")
+        if self.enforcement not in (MANDATORY, ADVISORY):
+            raise ValueError(f"rule {self.name}: enforcement must be {MANDATORY!r} or {ADVISORY!r}")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "tp-within-node",
+        "vLLM's tensor parallelism never spans nodes: the RayCluster head's --tensor-parallel-size is at most the GPUs each pod requests.",
+        MANDATORY,
+        check_tp_within_node,
+        "stack",
+        {"gpusPerNode": {"type": "integer", "minimum": 1, "description": "GPUs of one GPU node (optional)."}},
+    ),
+    Rule(
+        "efa-security-group-self-referencing",
+        "Every EFA launch template's security group allows all traffic (protocol -1) to and from itself, ingress and egress.",
+        MANDATORY,
+        check_efa_security_group,
+        "stack",
+    ),
+    Rule(
+        "imdsv2-required",
+        "Launch templates require IMDSv2 (metadataOptions.httpTokens = required).",
+        MANDATORY,
+        check_imdsv2,
+        "resource",
+    ),
+    Rule(
+        "storage-encrypted",
+        "EBS volumes (launch template devices, volumes, instances), EFS and FSx file systems are encrypted at rest.",
+        MANDATORY,
+        check_encryption,
+        "resource",
+        {"requireCustomerManagedKeys": {"type": "boolean", "default": False, "description": "Require a kmsKeyId of our own."}},
+    ),
+    Rule(
+        "eks-secrets-audit-private-endpoint",
+        "EKS clusters encrypt secrets with KMS, send audit logs, and do not open the API endpoint to 0.0.0.0/0.",
+        MANDATORY,
+        check_eks_cluster,
+        "resource",
+    ),
+    Rule(
+        "production-weights-protected",
+        "In a production stack the model weights' EFS/FSx file system and PersistentVolume are protected and retained on delete.",
+        MANDATORY,
+        check_production_storage_protected,
+        "stack",
+    ),
+    Rule(
+        "serving-pods-shm-limits-unprivileged",
+        "Serving pods (RayCluster templates, GPU Jobs) mount a memory-backed /dev/shm, set cpu/memory/GPU limits and are not privileged.",
+        MANDATORY,
+        check_serving_pods,
+        "resource",
+    ),
+    Rule(
+        "no-internet-facing-load-balancer",
+        "No internet-facing load balancer: LoadBalancer Services carry the internal annotations unless the config allows internet-facing.",
+        MANDATORY,
+        check_no_internet_facing_lb,
+        "resource",
+        {"allowInternetFacing": {"type": "boolean", "default": False, "description": "Allow internet-facing load balancers."}},
+    ),
+)
+
+
+def rule(name: str) -> Rule:
+    for r in RULES:
+        if r.name == name:
+            return r
+    raise KeyError(name)

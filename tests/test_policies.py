@@ -1,0 +1,662 @@
+"""The policy pack (policies/): each rule on small passing and failing resources,
+the real stacks through the offline checker, mutated prod documents, the
+`check` command, and the CrossGuard wiring with pulumi-policy's own argument
+objects (the Pulumi CLI is not here to run the pack for real).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.metadata
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyProviderResource,
+    PolicyResource,
+    PolicyResourceOptions,
+    PolicyCustomTimeouts,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UNKNOWN_OBJECT_VALUE, unknown_checking_proxy
+
+import policies.__main__ as pack
+from infra.policy_check import check_document, document_context, gpus_per_node
+from infra.rayspec import INTERNAL_NLB_ANNOTATIONS
+from infra.synth import synthesize
+from policies import rules as R
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+CTX = dict(R.CONTEXT_DEFAULTS)
+PROD = {**CTX, "production": True}
+NO_OPTS: dict = {}
+
+
+def one(messages: list, *fragments: str) -> str:
+    """The single message, which contains every fragment."""
+    assert len(messages) == 1, messages
+    for f in fragments:
+        assert f in messages[0], (f, messages[0])
+    return messages[0]
+
+
+# --- small builders (not the stack's code) ---------------------------------------------------
+
+
+def container(name="main", *, gpus="8", shm=True, limits=None, security=None, command=None):
+    c = {
+        "name": name,
+        "image": "vllm:test",
+        "resources": {"limits": limits if limits is not None else {"cpu": "4", "memory": "16Gi", R.GPU: gpus}},
+    }
+    if shm:
+        c["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+    if security is not None:
+        c["securityContext"] = security
+    if command is not None:
+        c["command"] = command
+    return c
+
+
+def pod(*containers, medium="Memory"):
+    return {"containers": list(containers), "volumes": [{"name": "shm", "emptyDir": {"medium": medium} if medium else {}}]}
+
+
+def raycluster(head_command, head_gpus="8", worker_gpus="8", workers=True):
+    spec = {"headGroupSpec": {"template": {"spec": pod(container("ray-head", gpus=head_gpus, command=head_command))}}}
+    if workers:
+        spec["workerGroupSpecs"] = [{"groupName": "gpu", "template": {"spec": pod(container("ray-worker", gpus=worker_gpus))}}]
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": spec}
+
+
+RAY = "kubernetes:ray.io/v1:RayCluster"
+JOB = "kubernetes:batch/v1:Job"
+
+
+def res(type_, name, inputs, options=None, **extra):
+    return {"type": type_, "name": name, "urn": f"urn:pulumi:s::p::{type_}::{name}", "inputs": inputs, "options": options or {}, **extra}
+
+
+# --- 1. TP never spans nodes ------------------------------------------------------------------
+
+
+def test_tp_within_the_pods_gpus_passes():
+    rc = raycluster(["vllm", "serve", "/m", "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"])
+    assert R.check_tp_within_node([res(RAY, "rc", rc)], CTX) == []
+
+
+def test_tp_larger_than_the_pods_gpus_fails():
+    rc = raycluster(["vllm", "serve", "/m", "--tensor-parallel-size", "16"])
+    found = R.check_tp_within_node([res(RAY, "rc", rc)], CTX)
+    assert [urn for urn, _ in found] == [res(RAY, "rc", rc)["urn"]] * 2  # head and worker group
+    assert "--tensor-parallel-size 16 is more than the 8 GPUs the head template requests" in found[0][1]
+    assert "would span nodes" in found[0][1]
+
+
+def test_tp_read_from_a_shell_script_and_checked_against_gpus_per_node():
+    script = "set -e\necho 'starting'\nexec vllm serve /m --served-model-name m --tensor-parallel-size=4 --max-model-len 8192\n"
+    rc = raycluster(["/bin/bash", "-c", script], head_gpus="4", worker_gpus="4")
+    assert R.check_tp_within_node([res(RAY, "rc", rc)], CTX) == []
+    found = R.check_tp_within_node([res(RAY, "rc", rc)], {**CTX, "gpus_per_node": 2})
+    assert [m for _, m in found] == [
+        "vllm serve --tensor-parallel-size 4 is more than the 2 GPUs of one GPU node: tensor parallelism would span nodes"
+    ]
+    assert R.tensor_parallel_size(["vllm", "serve", "m"]) == 1
+    assert R.tensor_parallel_size(["ray", "start"]) is None
+
+
+# --- 2. EFA security group -------------------------------------------------------------------
+
+
+def efa_stack(*, ingress=True, egress=True, unknown_ids=False):
+    sg_ref = R.UNKNOWN if unknown_ids else "<id:efa>"
+    deps = {"networkInterfaces": ["urn:pulumi:s::p::aws:ec2/securityGroup:SecurityGroup::efa"]} if unknown_ids else {}
+    rule_deps = (
+        {
+            "securityGroupId": ["urn:pulumi:s::p::aws:ec2/securityGroup:SecurityGroup::efa"],
+            "referencedSecurityGroupId": ["urn:pulumi:s::p::aws:ec2/securityGroup:SecurityGroup::efa"],
+        }
+        if unknown_ids
+        else {}
+    )
+    lt = res(
+        R.LAUNCH_TEMPLATE,
+        "lt",
+        {"networkInterfaces": [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "efa", "securityGroups": [sg_ref]}]},
+        property_dependencies=deps,
+    )
+    out = [lt, res(R.SECURITY_GROUP, "efa", {"description": "EFA"})]
+    rule = {"securityGroupId": sg_ref, "referencedSecurityGroupId": sg_ref, "ipProtocol": "-1"}
+    if ingress:
+        out.append(res(R.SG_INGRESS, "in", dict(rule), property_dependencies=rule_deps))
+    if egress:
+        out.append(res(R.SG_EGRESS, "out", dict(rule), property_dependencies=rule_deps))
+    return out
+
+
+def test_efa_group_referencing_itself_both_ways_passes():
+    assert R.check_efa_security_group(efa_stack(), CTX) == []
+
+
+def test_efa_group_matched_by_property_dependencies_while_ids_are_unknown():
+    assert R.check_efa_security_group(efa_stack(unknown_ids=True), CTX) == []
+    found = R.check_efa_security_group(efa_stack(unknown_ids=True, egress=False), CTX)
+    one([m for _, m in found], "efa lacks an egress rule with protocol -1 referencing itself")
+
+
+def test_efa_group_without_its_ingress_rule_fails():
+    found = R.check_efa_security_group(efa_stack(ingress=False), CTX)
+    assert found[0][0].endswith("::lt")
+    one([m for _, m in found], "no security group on the EFA interfaces allows all traffic to and from itself", "efa lacks an ingress rule")
+
+
+def test_efa_rule_with_a_port_range_does_not_count():
+    stack = efa_stack()
+    stack[2]["inputs"].update(ipProtocol="tcp", fromPort=0, toPort=65535)
+    one([m for _, m in R.check_efa_security_group(stack, CTX)], "lacks an ingress rule")
+
+
+def test_efa_inline_self_rules_pass():
+    stack = efa_stack(ingress=False, egress=False)
+    stack[1]["inputs"].update(ingress=[{"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}], egress=[{"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}])
+    assert R.check_efa_security_group(stack, CTX) == []
+
+
+# --- 3. IMDSv2 -------------------------------------------------------------------------------------
+
+
+def test_imdsv2_required_passes():
+    assert R.check_imdsv2(R.LAUNCH_TEMPLATE, {"metadataOptions": {"httpTokens": "required", "httpEndpoint": "enabled"}}, NO_OPTS, CTX) == []
+
+
+def test_imdsv1_allowed_fails():
+    one(R.check_imdsv2(R.LAUNCH_TEMPLATE, {"metadataOptions": {"httpTokens": "optional"}}, NO_OPTS, CTX), "httpTokens is 'optional'", '"required"')
+    one(R.check_imdsv2(R.LAUNCH_TEMPLATE, {}, NO_OPTS, CTX), "httpTokens is not set")
+
+
+# --- 4. Encryption at rest ------------------------------------------------------------------------
+
+
+def test_encrypted_storage_passes():
+    lt = {"blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {"encrypted": "true", "volumeSize": 100}}]}
+    assert R.check_encryption(R.LAUNCH_TEMPLATE, lt, NO_OPTS, CTX) == []
+    assert R.check_encryption(R.EBS_VOLUME, {"encrypted": True, "size": 10}, NO_OPTS, CTX) == []
+    assert R.check_encryption(R.EFS, {"encrypted": True}, NO_OPTS, CTX) == []
+    # FSx for Lustre is always encrypted at rest (FSx-managed key when no kmsKeyId).
+    assert R.check_encryption(R.FSX_LUSTRE, {"deploymentType": "PERSISTENT_2"}, NO_OPTS, CTX) == []
+
+
+def test_unencrypted_storage_fails():
+    lt = {"blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {"encrypted": "false"}}]}
+    one(R.check_encryption(R.LAUNCH_TEMPLATE, lt, NO_OPTS, CTX), "block device /dev/xvda: EBS volume not encrypted")
+    lt = {"blockDeviceMappings": [{"deviceName": "/dev/xvdb", "ebs": {"volumeSize": 10}}]}
+    one(R.check_encryption(R.LAUNCH_TEMPLATE, lt, NO_OPTS, CTX), "/dev/xvdb")
+    one(R.check_encryption(R.EBS_VOLUME, {"size": 10}, NO_OPTS, CTX), "EBS volume not encrypted")
+    one(R.check_encryption(R.EFS, {"encrypted": False}, NO_OPTS, CTX), "EFS file system not encrypted at rest")
+
+
+def test_customer_managed_keys_when_required():
+    cmk = {**CTX, "require_customer_managed_keys": True}
+    one(R.check_encryption(R.FSX_LUSTRE, {"deploymentType": "PERSISTENT_2"}, NO_OPTS, cmk), "no kmsKeyId")
+    one(R.check_encryption(R.FSX_LUSTRE, {"deploymentType": "SCRATCH_2", "kmsKeyId": "k"}, NO_OPTS, cmk), "SCRATCH_2", "PERSISTENT")
+    assert R.check_encryption(R.FSX_LUSTRE, {"deploymentType": "PERSISTENT_2", "kmsKeyId": "arn:aws:kms:k"}, NO_OPTS, cmk) == []
+    one(R.check_encryption(R.EFS, {"encrypted": True}, NO_OPTS, cmk), "EFS file system has no kmsKeyId")
+
+
+# --- 5. EKS -------------------------------------------------------------------------------------------
+
+
+def eks(**vpc):
+    return {
+        "encryptionConfig": {"provider": {"keyArn": "arn:k"}, "resources": ["secrets"]},
+        "enabledClusterLogTypes": ["api", "audit"],
+        "vpcConfig": {"subnetIds": ["a", "b"], **vpc},
+    }
+
+
+def test_hardened_eks_cluster_passes():
+    assert R.check_eks_cluster(R.EKS_CLUSTER, eks(endpointPrivateAccess=True, endpointPublicAccess=False), NO_OPTS, CTX) == []
+    assert R.check_eks_cluster(R.EKS_CLUSTER, eks(endpointPublicAccess=True, publicAccessCidrs=["203.0.113.0/24"]), NO_OPTS, CTX) == []
+
+
+def test_eks_without_secrets_encryption_or_audit_logs_fails():
+    props = eks(endpointPublicAccess=False)
+    props["encryptionConfig"]["resources"] = []
+    props["enabledClusterLogTypes"] = ["api"]
+    found = R.check_eks_cluster(R.EKS_CLUSTER, props, NO_OPTS, CTX)
+    assert len(found) == 2
+    assert "secrets are not envelope-encrypted" in found[0]
+    assert 'add "audit" to enabledClusterLogTypes' in found[1]
+    del props["encryptionConfig"]
+    assert "secrets are not envelope-encrypted" in R.check_eks_cluster(R.EKS_CLUSTER, props, NO_OPTS, CTX)[0]
+
+
+def test_eks_endpoint_open_to_the_internet_fails():
+    one(R.check_eks_cluster(R.EKS_CLUSTER, eks(endpointPublicAccess=True), NO_OPTS, CTX), "no publicAccessCidrs, which EKS reads as 0.0.0.0/0")
+    # EKS's default when endpointPublicAccess is not given is public.
+    one(R.check_eks_cluster(R.EKS_CLUSTER, eks(), NO_OPTS, CTX), "public and open to the internet")
+    one(R.check_eks_cluster(R.EKS_CLUSTER, eks(endpointPublicAccess=True, publicAccessCidrs=["10.0.0.0/8", "0.0.0.0/0"]), NO_OPTS, CTX), "publicAccessCidrs has 0.0.0.0/0")
+
+
+# --- 6. Production weight storage ------------------------------------------------------------------------
+
+
+def storage(protect, retain):
+    opts = {"protect": protect, "retain_on_delete": retain}
+    return [
+        res(R.EFS, "weights", {"encrypted": True}, dict(opts)),
+        res(R.PERSISTENT_VOLUME, "weights-pv", {"spec": {"csi": {"driver": "efs.csi.aws.com"}}}, dict(opts)),
+    ]
+
+
+def test_protected_production_storage_passes():
+    assert R.check_production_storage_protected(storage(True, True), PROD) == []
+    assert R.check_production_storage_protected(storage(False, False), CTX) == []  # not production
+
+
+def test_unprotected_production_storage_fails():
+    found = R.check_production_storage_protected(storage(False, True), PROD)
+    assert [urn.rsplit("::", 1)[-1] for urn, _ in found] == ["weights", "weights-pv"]
+    assert "production stack: the model weights' file system weights lacks protect" in found[0][1]
+    found = R.check_production_storage_protected(storage(True, False), PROD)
+    assert "PersistentVolume weights-pv lacks retain_on_delete" in found[1][1]
+    # retain_on_delete not visible (CrossGuard): protect alone decides.
+    assert R.check_production_storage_protected(storage(True, None), PROD) == []
+
+
+def test_production_comes_from_the_aws_provider_default_tags():
+    tags = json.dumps({"tags": {"project": "p", "lifecycle": "production"}})
+    assert R.stack_context([res("pulumi:providers:aws", "aws", {"defaultTags": tags})])["production"] is True
+    assert R.stack_context([res("pulumi:providers:aws", "aws", {"defaultTags": {"tags": {"lifecycle": "ephemeral"}}})])["production"] is False
+    assert R.stack_context([], stack_tags={"lifecycle": "production"})["production"] is True
+
+
+# --- 7. Serving pods --------------------------------------------------------------------------------------
+
+
+def test_serving_pods_pass():
+    assert R.check_serving_pods(RAY, raycluster(["vllm", "serve", "m"]), NO_OPTS, CTX) == []
+    job = {"spec": {"template": {"spec": pod(container("bench"))}}}
+    assert R.check_serving_pods(JOB, job, NO_OPTS, CTX) == []
+    cpu_job = {"spec": {"template": {"spec": {"containers": [{"name": "stage", "image": "python"}]}}}}
+    assert R.check_serving_pods(JOB, cpu_job, NO_OPTS, CTX) == []  # no GPU: not a serving pod
+
+
+def test_serving_pod_without_memory_backed_shm_fails():
+    rc = raycluster(["vllm", "serve", "m"], workers=False)
+    rc["spec"]["headGroupSpec"]["template"]["spec"] = pod(container("ray-head"), medium=None)
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "head template, container ray-head: /dev/shm is volume shm, not a memory-backed emptyDir")
+    rc["spec"]["headGroupSpec"]["template"]["spec"] = pod(container("ray-head", shm=False))
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "container ray-head: no /dev/shm mount")
+
+
+def test_serving_pod_without_limits_fails():
+    rc = raycluster(["vllm", "serve", "m"])
+    rc["spec"]["workerGroupSpecs"][0]["template"]["spec"] = pod(container("ray-worker", limits={"cpu": "4"}))
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "worker group gpu template, container ray-worker: no resource limit for memory, nvidia.com/gpu")
+
+
+def test_privileged_serving_pods_fail():
+    rc = raycluster(["vllm", "serve", "m"])
+    rc["spec"]["headGroupSpec"]["template"]["spec"] = pod(container("ray-head", security={"privileged": True}))
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "head template, container ray-head: runs privileged")
+    job = {"spec": {"template": {"spec": pod(container("efa-check", security={"allowPrivilegeEscalation": True}))}}}
+    one(R.check_serving_pods(JOB, job, NO_OPTS, CTX), "pod template, container efa-check: allows privilege escalation")
+
+
+# --- 8. Load balancers -----------------------------------------------------------------------------------------
+
+
+def service(type_, annotations=None):
+    meta = {"name": "api"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": {"type": type_, "ports": [{"port": 8000}]}}
+
+
+def test_internal_or_cluster_ip_services_pass():
+    assert R.check_no_internet_facing_lb(R.SERVICE, service("ClusterIP"), NO_OPTS, CTX) == []
+    assert R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer", {R.LB_SCHEME: "internal"}), NO_OPTS, CTX) == []
+    assert R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer", {R.LB_INTERNAL: "true"}), NO_OPTS, CTX) == []
+
+
+def test_internet_facing_load_balancers_fail():
+    one(R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer"), NO_OPTS, CTX), "without the internal annotations", "internet-facing")
+    contradictory = {R.LB_INTERNAL: "true", R.LB_SCHEME: "internet-facing"}
+    one(R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer", contradictory), NO_OPTS, CTX), "internet-facing")
+    one(R.check_no_internet_facing_lb("aws:lb/loadBalancer:LoadBalancer", {"loadBalancerType": "network"}, NO_OPTS, CTX), "internal is not true")
+
+
+def test_internet_facing_allowed_when_the_context_says_so():
+    allowed = {**CTX, "allow_internet_facing": True}
+    assert R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer"), NO_OPTS, allowed) == []
+
+
+# --- the rule set ---------------------------------------------------------------------------------------------
+
+
+def test_every_rule_has_a_name_description_and_is_mandatory():
+    names = [r.name for r in R.RULES]
+    assert len(names) == len(set(names)) == 8
+    for r in R.RULES:
+        assert r.description and "\n" not in r.description
+        assert r.enforcement == R.MANDATORY
+    assert {r.name for r in R.RULES if r.scope == "stack"} == {"tp-within-node", "efa-security-group-self-referencing", "production-weights-protected"}
+
+
+def test_rules_import_only_the_standard_library():
+    tree = ast.parse((REPO_ROOT / "policies" / "rules.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+# --- the real stacks -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prod_doc() -> dict:
+    return synthesize("prod")
+
+
+@pytest.fixture(scope="module")
+def test_doc() -> dict:
+    return synthesize("test")
+
+
+def test_prod_and_test_stacks_pass_every_rule(prod_doc, test_doc):
+    assert check_document(prod_doc) == []
+    assert check_document(test_doc) == []
+
+
+def test_context_of_the_real_stacks(prod_doc, test_doc):
+    assert document_context(prod_doc)["production"] is True
+    assert document_context(test_doc)["production"] is False
+    assert gpus_per_node(prod_doc) == 8 and gpus_per_node(test_doc) == 1
+    assert document_context(prod_doc)["allow_internet_facing"] is False
+
+
+def _find(doc, type_, name_suffix=""):
+    found = [r for r in doc["resources"] if r["type"] == type_ and r["name"].endswith(name_suffix)]
+    assert len(found) == 1, [r["name"] for r in found]
+    return found[0]
+
+
+def _imds_optional(doc):
+    _find(doc, R.LAUNCH_TEMPLATE)["inputs"]["metadataOptions"]["httpTokens"] = "optional"
+
+
+def _public_endpoint(doc):
+    _find(doc, R.EKS_CLUSTER)["inputs"]["vpcConfig"]["endpointPublicAccess"] = True
+
+
+def _public_lb(doc):
+    _find(doc, R.SERVICE, "-api")["inputs"]["spec"]["type"] = "LoadBalancer"
+
+
+def _privileged_head(doc):
+    head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["securityContext"] = {"privileged": True}
+
+
+def _efs_unprotected(doc):
+    _find(doc, R.EFS)["options"]["protect"] = False
+
+
+def _pv_not_retained(doc):
+    _find(doc, R.PERSISTENT_VOLUME)["options"]["retain_on_delete"] = False
+
+
+def _tp_16(doc):
+    head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["command"] = [c.replace("--tensor-parallel-size 8", "--tensor-parallel-size 16") for c in head["command"]]
+
+
+def _no_efa_ingress(doc):
+    doc["resources"].remove(_find(doc, R.SG_INGRESS, "-efa-in-self"))
+
+
+def _unencrypted_root(doc):
+    _find(doc, R.LAUNCH_TEMPLATE)["inputs"]["blockDeviceMappings"][0]["ebs"]["encrypted"] = "false"
+
+
+def _no_shm(doc):
+    worker = _find(doc, RAY)["inputs"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["volumeMounts"] = [m for m in worker["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+
+
+@pytest.mark.parametrize(
+    "mutate, rule, fragment",
+    [
+        (_imds_optional, "imdsv2-required", "httpTokens is 'optional'"),
+        (_public_endpoint, "eks-secrets-audit-private-endpoint", "which EKS reads as 0.0.0.0/0"),
+        (_public_lb, "no-internet-facing-load-balancer", "without the internal annotations"),
+        (_privileged_head, "serving-pods-shm-limits-unprivileged", "container ray-head: runs privileged"),
+        (_efs_unprotected, "production-weights-protected", "lacks protect"),
+        (_pv_not_retained, "production-weights-protected", "PersistentVolume gpu-serving-prod-weights-pv lacks retain_on_delete"),
+        (_tp_16, "tp-within-node", "--tensor-parallel-size 16"),
+        (_no_efa_ingress, "efa-security-group-self-referencing", "lacks an ingress rule"),
+        (_unencrypted_root, "storage-encrypted", "EBS volume not encrypted"),
+        (_no_shm, "serving-pods-shm-limits-unprivileged", "worker group gpu template, container ray-worker: no /dev/shm"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) if callable(v) else None,
+)
+def test_a_mutated_prod_document_fails_the_right_rule(prod_doc, mutate, rule, fragment):
+    doc = copy.deepcopy(prod_doc)
+    mutate(doc)
+    found = check_document(doc)
+    assert {v.rule for v in found} == {rule}, [(v.rule, v.message) for v in found]
+    assert any(fragment in v.message for v in found), [v.message for v in found]
+    assert all(v.mandatory for v in found)
+
+
+def test_the_stacks_internal_load_balancer_passes(prod_doc):
+    doc = copy.deepcopy(prod_doc)
+    svc = _find(doc, R.SERVICE, "-api")["inputs"]
+    svc["spec"]["type"] = "LoadBalancer"
+    svc["metadata"]["annotations"] = dict(INTERNAL_NLB_ANNOTATIONS)  # what serviceType internal-lb sets
+    assert check_document(doc) == []
+
+
+def test_the_test_stack_may_leave_its_storage_unprotected(test_doc):
+    doc = copy.deepcopy(test_doc)
+    assert all(not r["options"].get("protect") for r in doc["resources"] if r["type"] == R.EFS)
+    assert check_document(doc) == []
+
+
+# --- the command -----------------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=180
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def test_cli_check_prod_passes():
+    proc = run_cli("check", "--stack", "prod")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All 8 policy rules passed: stack prod" in proc.stdout
+
+
+def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in ("Pulumi.yaml", "__main__.py"):
+        (root / name).write_text((REPO_ROOT / name).read_text())
+    stack = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    stack["config"]["gpu-serving:cluster"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+    (root / "Pulumi.prod.yaml").write_text(yaml.safe_dump(stack))
+
+    proc = run_cli("check", "--stack", "prod", "--root", str(root))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "eks-secrets-audit-private-endpoint" in proc.stdout
+    assert "1 violation(s) of 1 of 8 rules" in proc.stdout
+
+    proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
+    assert proc.returncode == 1
+    result = json.loads(proc.stdout)
+    assert result["passed"] is False and len(result["rules"]) == 8
+    (v,) = result["violations"]
+    assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
+    assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]
+
+
+def test_cli_check_unknown_stack_is_a_user_error():
+    proc = run_cli("check", "--stack", "no-such-stack")
+    assert proc.returncode == 2
+    assert "Pulumi.no-such-stack.yaml" in proc.stderr
+
+
+# --- the CrossGuard pack -----------------------------------------------------------------------------------------
+
+
+def test_pack_files():
+    meta = yaml.safe_load((REPO_ROOT / "policies" / "PulumiPolicy.yaml").read_text())
+    assert meta["runtime"]["name"] == "python" and meta["version"]
+    reqs = [l.split("#")[0].strip() for l in (REPO_ROOT / "policies" / "requirements.txt").read_text().splitlines()]
+    pins = dict(l.split("==") for l in reqs if l)
+    assert pins["pulumi-policy"] == "1.21.0" == importlib.metadata.version("pulumi-policy")
+    for name, version in pins.items():
+        assert importlib.metadata.version(name) == version, name
+
+
+def test_pack_registers_one_policy_per_rule():
+    policies = pack.policies()
+    assert [p.name for p in policies] == [r.name for r in R.RULES]
+    for p, r in zip(policies, R.RULES):
+        assert p.description == r.description
+        assert p.enforcement_level == EnforcementLevel.MANDATORY
+        assert isinstance(p, ResourceValidationPolicy if r.scope == "resource" else StackValidationPolicy)
+        assert (p.config_schema is not None) == bool(r.config)
+
+
+def test_pack_main_builds_the_gpu_serving_pack(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(pack, "PolicyPack", lambda **kw: seen.update(kw))
+    pack.main()
+    assert seen["name"] == "gpu-serving"
+    assert [p.name for p in seen["policies"]] == [r.name for r in R.RULES]
+
+
+def test_pack_runs_as_the_analyzer_runs_it():
+    """`python -m pulumi.policy` runs the directory (`runpy.run_path`): `rules` comes from next to it."""
+    saved = sys.modules.pop("rules", None)
+    try:
+        ns = runpy.run_path(str(REPO_ROOT / "policies"), run_name="analyzer_probe")  # not __main__: no server
+        assert ns["rules"].__file__ == str(REPO_ROOT / "policies" / "rules.py")
+        assert [p.name for p in ns["policies"]()] == [r.name for r in R.RULES]
+    finally:
+        sys.modules.pop("rules", None)
+        if saved is not None:
+            sys.modules["rules"] = saved
+
+
+def _opts(protect=False):
+    return PolicyResourceOptions(protect, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], None)
+
+
+def _policy(name):
+    return next(p for p in pack.policies() if p.name == name)
+
+
+def _resource_args(type_, props, config=None, provider=None):
+    return ResourceValidationArgs(type_, unknown_checking_proxy(props), f"urn:pulumi:s::p::{type_}::r", "r", _opts(), provider, config or {})
+
+
+def test_plain_copies_proxies_and_marks_unknowns():
+    proxy = unknown_checking_proxy({"a": {"b": [1, UNKNOWN_STRING_VALUE]}, "c": UNKNOWN_OBJECT_VALUE, "d": "x"})
+    assert pack.plain(proxy) == {"a": {"b": [1, R.UNKNOWN]}, "c": R.UNKNOWN, "d": "x"}
+
+
+def test_resource_adapter_reports_the_rules_messages():
+    reported = []
+    args = _resource_args(R.LAUNCH_TEMPLATE, {"metadataOptions": {"httpTokens": "optional"}})
+    _policy("imdsv2-required").validate(args, lambda msg, urn=None: reported.append(msg))
+    one(reported, "httpTokens is 'optional'")
+
+    reported.clear()  # unknown during a preview: no verdict, no exception
+    args = _resource_args(R.LAUNCH_TEMPLATE, {"metadataOptions": {"httpTokens": UNKNOWN_STRING_VALUE}})
+    _policy("imdsv2-required").validate(args, lambda msg, urn=None: reported.append(msg))
+    assert reported == []
+
+
+def test_resource_adapter_reads_the_policy_config():
+    lb = service("LoadBalancer")
+    reported = []
+    _policy("no-internet-facing-load-balancer").validate(_resource_args(R.SERVICE, lb), lambda m, urn=None: reported.append(m))
+    one(reported, "internet-facing")
+    reported.clear()
+    args = _resource_args(R.SERVICE, lb, config={"allowInternetFacing": True})
+    _policy("no-internet-facing-load-balancer").validate(args, lambda m, urn=None: reported.append(m))
+    assert reported == []
+
+
+def _policy_resource(type_, name, props, protect=False, deps=None, provider=None):
+    return PolicyResource(
+        type_, unknown_checking_proxy(props), f"urn:pulumi:s::p::{type_}::{name}", name, _opts(protect), provider, None, [], deps or {}
+    )
+
+
+def test_stack_adapter_matches_security_group_rules_by_property_dependencies():
+    sg = _policy_resource(R.SECURITY_GROUP, "efa", {"description": "EFA"})
+    unknown = {"securityGroupId": UNKNOWN_STRING_VALUE, "referencedSecurityGroupId": UNKNOWN_STRING_VALUE, "ipProtocol": "-1"}
+    deps = {"securityGroupId": [sg], "referencedSecurityGroupId": [sg]}
+    lt = _policy_resource(
+        R.LAUNCH_TEMPLATE,
+        "lt",
+        {"networkInterfaces": [{"deviceIndex": 0, "interfaceType": "efa-only", "securityGroups": [UNKNOWN_STRING_VALUE]}]},
+        deps={"networkInterfaces": [sg]},
+    )
+    ingress = _policy_resource(R.SG_INGRESS, "in", dict(unknown), deps=deps)
+    egress = _policy_resource(R.SG_EGRESS, "out", dict(unknown), deps=deps)
+    policy = _policy("efa-security-group-self-referencing")
+
+    reported = []
+    policy.validate(StackValidationArgs([lt, sg, ingress, egress]), lambda m, urn=None: reported.append((urn, m)))
+    assert reported == []
+    policy.validate(StackValidationArgs([lt, sg, ingress]), lambda m, urn=None: reported.append((urn, m)))
+    assert [urn for urn, _ in reported] == [lt.urn]
+    one([m for _, m in reported], "lacks an egress rule")
+
+
+def test_stack_adapter_reads_production_and_protect():
+    tags = json.dumps({"tags": {"lifecycle": "production", "project": "gpu-serving"}})
+    provider = _policy_resource("pulumi:providers:aws", "aws", {"defaultTags": tags, "region": "us-east-1"})
+    efs = _policy_resource(R.EFS, "weights", {"encrypted": True}, protect=False)
+    policy = _policy("production-weights-protected")
+    reported = []
+    policy.validate(StackValidationArgs([provider, efs]), lambda m, urn=None: reported.append((urn, m)))
+    assert [urn for urn, _ in reported] == [efs.urn]
+    one([m for _, m in reported], "lacks protect")  # retain_on_delete is not visible to CrossGuard
+
+    reported.clear()  # the provider only known through the resource's `provider`
+    efs = _policy_resource(R.EFS, "weights", {"encrypted": True}, protect=True)
+    pv = _policy_resource(R.PERSISTENT_VOLUME, "pv", {"spec": {}}, protect=False)
+    efs.provider = PolicyProviderResource("pulumi:providers:aws", unknown_checking_proxy({"defaultTags": tags}), provider.urn, "aws")
+    policy.validate(StackValidationArgs([efs, pv]), lambda m, urn=None: reported.append((urn, m)))
+    assert [urn for urn, _ in reported] == [pv.urn]
+
+
+def test_stack_adapter_tp_rule_on_a_raycluster():
+    rc = _policy_resource(RAY, "rc", raycluster(["vllm", "serve", "/m", "--tensor-parallel-size", "16"], workers=False))
+    reported = []
+    _policy("tp-within-node").validate(StackValidationArgs([rc]), lambda m, urn=None: reported.append((urn, m)))
+    one([m for _, m in reported], "--tensor-parallel-size 16 is more than the 8 GPUs the head template requests")
+    reported.clear()
+    _policy("tp-within-node").validate(StackValidationArgs([rc], config={"gpusPerNode": 8}), lambda m, urn=None: reported.append((urn, m)))
+    assert len(reported) == 2 and "of one GPU node" in reported[1][1]

@@ -1,0 +1,399 @@
+"""AWS pre-flight (`infra/preflight.py`, `python -m infra preflight`) against a real moto server.
+
+What moto 5.2.5 answers itself, and is tested as it is: EC2 DescribeInstanceTypeOfferings
+(per-zone offerings copied from AWS), DescribeInstanceTypes (EFA data), DescribeInstances;
+Service Quotas only for service code `vpc` (for `ec2` it answers NoSuchResourceException);
+EKS DescribeClusterVersions is not routed (HTTP 404); EC2 DescribeCapacityReservations is
+not implemented (HTTP 500).
+
+So: the offering, EFA and running-instance parts run against moto as they are; the quota's
+unknown path and the EKS calendar fallback run against moto's real answers; the quota value,
+the capacity reservations and DescribeClusterVersions are answered by `Gaps` (tests/moto_server.py)
+through the very same check functions, with answers validated against botocore's model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infra import preflight as pf
+from infra.catalog.instances import get_instance_type
+from infra.cli import app
+from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.timezone.utc)
+CR_GOOD, CR_SMALL, CR_ELSEWHERE, CR_BLOCK = "cr-0a1b2c3d4e5f60001", "cr-0a1b2c3d4e5f60002", "cr-0a1b2c3d4e5f60003", "cr-0a1b2c3d4e5f60004"
+
+
+def target(instance_type: str = "p5.48xlarge", nodes: int = 4, zone: str = "us-east-1a", capacity: str = "on-demand",
+           reservation: str | None = None, version: str = "1.33", stack: str = "pf") -> pf.Target:  # fmt: skip
+    return pf.Target(stack, REGION, get_instance_type(instance_type), nodes, zone, capacity, reservation, version)
+
+
+def reservation(rid: str, *, total: int = 4, available: int | None = None, zone: str = "us-east-1a",
+                itype: str = "p5.48xlarge", kind: str = "default", state: str = "active",
+                start: dt.datetime | None = None, end: dt.datetime | None = None) -> dict:  # fmt: skip
+    """A DescribeCapacityReservations item as EC2 returns it."""
+    item = {
+        "CapacityReservationId": rid,
+        "OwnerId": "123456789012",
+        "InstanceType": itype,
+        "InstancePlatform": "Linux/UNIX",
+        "AvailabilityZone": zone,
+        "Tenancy": "default",
+        "TotalInstanceCount": total,
+        "AvailableInstanceCount": total if available is None else available,
+        "State": state,
+        "ReservationType": kind,
+        "StartDate": start or NOW - dt.timedelta(days=1),
+        "EndDateType": "limited" if end else "unlimited",
+        "InstanceMatchCriteria": "targeted",
+    }
+    if end:
+        item["EndDate"] = end
+    return item
+
+
+def capacity_gaps(*items: dict) -> Gaps:
+    """DescribeCapacityReservations as EC2 answers it (moto does not implement it)."""
+    store = {i["CapacityReservationId"]: i for i in items}
+
+    def describe(params: dict) -> dict:
+        ids = params.get("CapacityReservationIds") or list(store)
+        for rid in ids:
+            if rid not in store:
+                raise GapError("InvalidCapacityReservationId.NotFound", f"The Capacity Reservation ID '{rid}' does not exist")
+        return {"CapacityReservations": [store[r] for r in ids]}
+
+    return Gaps().on("ec2", "DescribeCapacityReservations", describe)
+
+
+def quota_gaps(value: float, code: str = "L-417A185B", name: str = "Running On-Demand P instances") -> Gaps:
+    """GetServiceQuota for EC2 as Service Quotas answers it (moto only knows `vpc`)."""
+
+    def get(params: dict) -> dict:
+        if params["QuotaCode"] != code:
+            raise GapError("NoSuchResourceException", "The request failed because the specified service does not exist.")
+        return {"Quota": {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                          "QuotaArn": f"arn:aws:servicequotas:{REGION}:123456789012:ec2/{code}", "QuotaCode": code,
+                          "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False}}  # fmt: skip
+
+    return Gaps().on("service-quotas", "GetServiceQuota", get)
+
+
+def clients(gaps: Gaps | None = None) -> pf.Clients:
+    session = gaps.session() if gaps else boto3.session.Session(region_name=REGION)
+    return pf.make_clients(REGION, session)
+
+
+# --- instance type offered in the zone (moto's real offerings data) -----------------------------
+
+
+def test_offering_go_and_no_go(aws):
+    ec2 = clients().ec2
+    go = pf.check_offering(ec2, target("p5en.48xlarge", 2, "us-east-1a"))
+    assert go.ok is True and "offered in us-east-1a" in go.detail
+
+    no = pf.check_offering(ec2, target("p5en.48xlarge", 2, "us-east-1b"))
+    assert no.ok is False
+    assert "not offered in us-east-1b" in no.detail
+    # The fix names the zones that do offer it and the config key to change.
+    assert "gpu-serving:network.gpuAvailabilityZone" in no.fix
+    assert "us-east-1a" in no.fix and "us-east-1c" in no.fix and "us-east-1b" not in no.fix
+
+
+# --- EFA (moto's copy of DescribeInstanceTypes) ----------------------------------------------------
+
+
+def test_efa(aws):
+    ec2 = clients().ec2
+    p5 = pf.check_efa(ec2, target("p5.48xlarge"))
+    assert p5.ok is True and "up to 32 interfaces" in p5.detail
+    small = pf.check_efa(ec2, target("g6e.xlarge", 1))
+    assert small.ok is True and small.detail.startswith("not used")
+    # A plan that wires EFA on a type EC2 says has none (catalog figure altered on purpose).
+    t = dataclasses.replace(target("g6e.xlarge", 1), instance=dataclasses.replace(get_instance_type("g6e.xlarge"), max_efa_interfaces=1))
+    no = pf.check_efa(ec2, t)
+    assert no.ok is False and "does not support EFA" in no.detail
+    assert "choose an EFA instance type" in no.fix
+
+
+# --- vCPU quota -------------------------------------------------------------------------------------
+
+
+def test_quota_unknown_when_service_quotas_cannot_answer(aws):
+    # moto's Service Quotas has no `ec2` quotas: a real NoSuchResourceException, then errors for the fallbacks.
+    c = clients()
+    check = pf.check_quota(c.quotas, c.ec2, target())
+    assert check.ok is None and check.status == "unknown"
+    assert "NoSuchResourceException" in check.detail and "768 vCPUs" in check.detail
+    assert "servicequotas:GetServiceQuota" in check.fix
+    assert "Running On-Demand P instances" in check.fix and "at least 768" in check.fix
+
+
+def test_quota_value_compared_with_the_plan(aws):
+    # moto cannot hold an EC2 quota value, so GetServiceQuota is answered by Gaps; the check is the same function.
+    low = clients(quota_gaps(384.0))
+    check = pf.check_quota(low.quotas, low.ec2, target())
+    assert check.ok is False
+    assert "Running On-Demand P instances (L-417A185B) = 384 vCPUs" in check.detail
+    assert "4 x p5.48xlarge = 4 x 192 = 768 vCPUs" in check.detail
+    assert "request-service-quota-increase --service-code ec2 --quota-code L-417A185B --desired-value 768" in check.fix
+    assert "--region us-east-1" in check.fix
+
+    ok = clients(quota_gaps(768.0))
+    assert pf.check_quota(ok.quotas, ok.ec2, target()).ok is True
+
+
+def test_quota_counts_other_running_instances_of_the_family(aws):
+    ec2 = boto3.client("ec2", region_name=REGION)
+    # Another team's p5 (counts) and this stack's own node (does not: an update reuses it).
+    ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="p5.48xlarge")
+    ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="p5.48xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "project", "Value": "gpu-serving"}, {"Key": "stack", "Value": "pf"}]}],
+    )  # fmt: skip
+    ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6e.xlarge")  # another family
+    c = clients(quota_gaps(900.0))
+    check = pf.check_quota(c.quotas, c.ec2, target())
+    assert check.ok is False
+    assert "192 in use by other instances (1 x p5.48xlarge)" in check.detail
+    assert "--desired-value 960" in check.fix and "stop the other instances" in check.fix
+    c = clients(quota_gaps(960.0))
+    assert pf.check_quota(c.quotas, c.ec2, target()).ok is True
+
+
+def test_quota_not_applicable_with_a_reservation(aws):
+    c = clients()
+    for kind in ("capacity-reservation", "capacity-block"):
+        check = pf.check_quota(c.quotas, c.ec2, target(capacity=kind, reservation=CR_GOOD))
+        assert check.ok is True and check.detail.startswith("not applicable") and CR_GOOD in check.detail
+
+
+def test_quota_codes_by_family():
+    assert pf.quota_for("p5.48xlarge").code == "L-417A185B"
+    assert pf.quota_for("p6-b200.48xlarge").code == "L-417A185B"
+    assert pf.quota_for("g6e.xlarge").code == "L-DB2E81BA"
+    assert pf.quota_for("m7i.xlarge").code == "L-1216C47A"
+    assert pf.quota_for("inf2.xlarge").name == "Running On-Demand Inf instances"
+    assert pf.quota_for("mac2.metal") is None
+
+
+# --- capacity reservation / Capacity Block --------------------------------------------------------
+
+
+@pytest.fixture
+def reservations(aws):
+    end_soon = NOW + dt.timedelta(minutes=20)
+    return clients(capacity_gaps(
+        reservation(CR_GOOD),
+        reservation(CR_SMALL, total=2),
+        reservation(CR_ELSEWHERE, zone="us-east-1c"),
+        reservation(CR_BLOCK, kind="capacity-block", state="scheduled",
+                    start=NOW + dt.timedelta(days=2), end=NOW + dt.timedelta(days=9)),
+        reservation("cr-0a1b2c3d4e5f60005", kind="capacity-block", end=NOW + dt.timedelta(days=3)),
+        reservation("cr-0a1b2c3d4e5f60006", kind="capacity-block", start=NOW - dt.timedelta(days=1), end=end_soon),
+        reservation("cr-0a1b2c3d4e5f60007", available=1),
+        reservation("cr-0a1b2c3d4e5f60008", itype="p5en.48xlarge"),
+    ))  # fmt: skip
+
+
+def check_cr(c: pf.Clients, rid: str, kind: str = "capacity-reservation") -> pf.Check:
+    return pf.check_reservation(c.ec2, target(capacity=kind, reservation=rid), NOW)
+
+
+def test_reservation_right_type_zone_and_size_is_a_go(reservations):
+    check = check_cr(reservations, CR_GOOD)
+    assert check.ok is True
+    assert "4 x p5.48xlarge in us-east-1a" in check.detail and "4 available" in check.detail
+
+
+def test_reservation_too_small(reservations):
+    check = check_cr(reservations, CR_SMALL)
+    assert check.ok is False and "holds 2 instances, the plan needs 4" in check.detail
+    assert "at least 4 x p5.48xlarge" in check.fix
+
+
+def test_reservation_in_another_zone(reservations):
+    check = check_cr(reservations, CR_ELSEWHERE)
+    assert check.ok is False and "it is in us-east-1c, the GPU nodes go to us-east-1a" in check.detail
+    assert "gpu-serving:network.gpuAvailabilityZone to us-east-1c" in check.fix
+
+
+def test_reservation_partly_in_use_or_of_another_type(reservations):
+    busy = check_cr(reservations, "cr-0a1b2c3d4e5f60007")
+    assert busy.ok is False and "only 1 of 4 instances are available" in busy.detail
+    other = check_cr(reservations, "cr-0a1b2c3d4e5f60008")
+    assert other.ok is False and "holds p5en.48xlarge" in other.detail
+    assert "gpu-serving:gpu.instanceType to p5en.48xlarge" in other.fix
+
+
+def test_reservation_not_found(reservations):
+    check = check_cr(reservations, "cr-0fffffffffffffff0")
+    assert check.ok is False and "not found" in check.detail
+    assert "reservationId" in check.fix and "describe-capacity-reservations --region us-east-1" in check.fix
+
+
+def test_capacity_block_scheduled_shows_start_and_end(reservations):
+    check = check_cr(reservations, CR_BLOCK, "capacity-block")
+    assert check.ok is False
+    assert "scheduled" in check.detail
+    assert "starts 2026-12-04 12:00 UTC (in 2.0 days)" in check.detail and "ends 2026-12-11 12:00 UTC" in check.detail
+    assert "after 2026-12-04 12:00 UTC" in check.fix
+
+
+def test_capacity_block_active_and_ending(reservations):
+    active = check_cr(reservations, "cr-0a1b2c3d4e5f60005", "capacity-block")
+    assert active.ok is True and "ends in 3.0 days" in active.detail and "40 minutes before" in active.detail
+    ending = check_cr(reservations, "cr-0a1b2c3d4e5f60006", "capacity-block")
+    assert ending.ok is False and "scales its node group to zero 40 minutes before" in ending.detail
+    assert "purchase-capacity-block-offering" in ending.fix
+
+
+def test_reservation_kind_must_match_config(reservations):
+    check = check_cr(reservations, CR_GOOD, "capacity-block")
+    assert check.ok is False and "not a Capacity Block" in check.detail
+    assert "capacity.type to capacity-reservation" in check.fix
+    check = check_cr(reservations, "cr-0a1b2c3d4e5f60005", "capacity-reservation")
+    assert check.ok is False and "capacity.type to capacity-block" in check.fix
+
+
+def test_reservation_unreadable_is_unknown(aws):
+    # moto itself: DescribeCapacityReservations is not implemented (HTTP 500), so the answer is unknown, not a go.
+    check = check_cr(clients(), CR_GOOD)
+    assert check.ok is None and "could not read" in check.detail
+
+
+# --- EKS version ----------------------------------------------------------------------------------
+
+
+def test_eks_version_from_the_api(aws):
+    def versions(params: dict) -> dict:
+        table = {
+            "1.34": {"clusterVersion": "1.34", "versionStatus": "STANDARD_SUPPORT", "status": "standard-support"},
+            "1.31": {"clusterVersion": "1.31", "versionStatus": "EXTENDED_SUPPORT", "status": "extended-support"},
+            "1.24": {"clusterVersion": "1.24", "versionStatus": "UNSUPPORTED", "status": "unsupported"},
+        }
+        return {"clusterVersions": [table[v] for v in params["clusterVersions"] if v in table]}
+
+    eks = clients(Gaps().on("eks", "DescribeClusterVersions", versions)).eks
+    assert pf.check_eks_version(eks, target(version="1.34")).ok is True
+    ext = pf.check_eks_version(eks, target(version="1.31"))
+    assert ext.ok is True and "extended support" in ext.detail
+    old = pf.check_eks_version(eks, target(version="1.24"))
+    assert old.ok is False and "kubernetesVersion" in old.fix
+    missing = pf.check_eks_version(eks, target(version="1.19"))
+    assert missing.ok is False and "does not offer Kubernetes 1.19" in missing.detail
+
+
+def test_eks_version_falls_back_to_the_calendar(aws):
+    # moto does not route DescribeClusterVersions (404): the built-in calendar answers, and says so.
+    eks = clients().eks
+    today = NOW.date()
+    ext = pf.check_eks_version(eks, target(version="1.33"), today)
+    assert ext.ok is True and "extended support until 2027-07-29" in ext.detail
+    assert "built-in calendar" in ext.detail and "DescribeClusterVersions failed" in ext.detail
+    assert pf.check_eks_version(eks, target(version="1.35"), today).detail.startswith("1.35: standard support until 2027-03-27")
+    gone = pf.check_eks_version(eks, target(version="1.28"), today)
+    assert gone.ok is False and "support ended 2025-11-26" in gone.detail and "newest known: 1.35" in gone.fix
+    new = pf.check_eks_version(eks, target(version="1.40"), today)
+    assert new.ok is None and "newer than" in new.detail
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def write_stack(root: Path, name: str, *, instance_type: str, nodes: int, gpu_zone: str = "us-east-1a",
+                capacity: dict | None = None, version: str = "1.33") -> None:  # fmt: skip
+    config = {
+        "aws:region": REGION,
+        "gpu-serving:model": {"name": "qwen3-0.6b"},
+        "gpu-serving:gpu": {"instanceType": instance_type, "nodes": nodes, **({"capacity": capacity} if capacity else {})},
+        "gpu-serving:network": {"availabilityZones": ["us-east-1a", "us-east-1b", "us-east-1c"], "gpuAvailabilityZone": gpu_zone},
+        "gpu-serving:cluster": {"kubernetesVersion": version},
+        "gpu-serving:lifecycle": {"production": False, "owner": "tests", "expiresAt": "2026-12-31T23:00:00Z"},
+    }
+    (root / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+
+def run_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+def cli_env() -> dict:
+    # The `aws` fixture put AWS_ENDPOINT_URL (the moto server), fake credentials and the region in os.environ.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    return {**env, "COLUMNS": "200"}
+
+
+def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
+    write_stack(tmp_path, "nogo", instance_type="p5en.48xlarge", nodes=2, gpu_zone="us-east-1b")
+    proc = run_cli("preflight", "--stack", "nogo", "--root", str(tmp_path), env=cli_env())
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "Pre-flight: stack nogo, 2 x p5en.48xlarge in us-east-1b" in out
+    for name in ("instance type offered in zone", "On-Demand vCPU quota", "capacity reservation", "EFA supported", "EKS version supported"):
+        assert name in out
+    assert "no-go" in out and "not offered in us-east-1b" in out
+    assert "gpuAvailabilityZone" in out  # the fix is in the table
+    assert "NO-GO" in out
+
+    data = json.loads(run_cli("preflight", "--stack", "nogo", "--root", str(tmp_path), "--json", env=cli_env()).stdout)
+    assert data["go"] is False
+    statuses = {c["name"]: c["status"] for c in data["checks"]}
+    assert statuses == {
+        "instance type offered in zone": "no-go",
+        "On-Demand vCPU quota": "unknown",  # moto has no EC2 quotas
+        "capacity reservation": "go",
+        "EFA supported": "go",
+        "EKS version supported": "go",
+    }
+
+
+def test_cli_unknown_is_not_a_go_unless_allowed(aws, tmp_path):
+    write_stack(tmp_path, "small", instance_type="g6e.xlarge", nodes=1)
+    assert run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=cli_env()).returncode == 1
+    proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), "--allow-unknown", env=cli_env())
+    assert proc.returncode == 0, proc.stdout
+    assert "GO" in proc.stdout and "1 unknown, allowed" in proc.stdout
+
+
+def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
+    # The calls moto lacks answered by Gaps inside the CLI's own session (in-process run).
+    write_stack(tmp_path, "block", instance_type="p5.48xlarge", nodes=4,
+                capacity={"type": "capacity-block", "reservationId": CR_BLOCK})  # fmt: skip
+    gaps = capacity_gaps(reservation(CR_BLOCK, kind="capacity-block", end=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=5)))
+    gaps.on("eks", "DescribeClusterVersions",
+            lambda p: {"clusterVersions": [{"clusterVersion": "1.33", "versionStatus": "STANDARD_SUPPORT"}]})  # fmt: skip
+    monkeypatch.setattr(pf, "new_session", lambda region=None: gaps.session(region or REGION))
+    result = CliRunner().invoke(app, ["preflight", "--stack", "block", "--root", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "GO" in result.output and "every check passed" in result.output
+    assert ("ec2", "DescribeCapacityReservations") in {(s, o) for s, o, _ in gaps.calls}
+
+
+def test_cli_config_errors_exit_2(aws, tmp_path):
+    proc = run_cli("preflight", "--stack", "nope", "--root", str(tmp_path), env=cli_env())
+    assert proc.returncode == 2 and "no stack file Pulumi.nope.yaml" in proc.stderr
+
+
+def test_cli_without_credentials_exits_2(aws, tmp_path):
+    write_stack(tmp_path, "small", instance_type="g6e.xlarge", nodes=1)
+    env = {k: v for k, v in cli_env().items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=env)
+    assert proc.returncode == 2 and "no AWS credentials" in proc.stderr

@@ -1,0 +1,385 @@
+"""The GitHub Actions workflows (.github/workflows): they parse, call only commands that exist, pin their
+actions, ask for the least permissions, and touch the cloud only where credentials are configured.
+
+Every `python -m infra ...` a `run:` step calls is checked against the CLI: the command must be registered
+(one another part of the project has not added yet is skipped, with the reason), `--help` must exit 0, and
+every `--option` the step passes must be one the command takes.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from infra.cli import app
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+NAMES = ("pull-request.yml", "ephemeral.yml", "nightly-sweep.yml")
+
+# Inputs of pulumi/actions (its README, v6/v7: the input schema is the same).
+PULUMI_ACTION_INPUTS = {
+    "command", "stack-name", "work-dir", "cloud-url", "comment-on-pr", "comment-on-summary", "github-token",
+    "refresh", "secrets-provider", "color", "log-verbosity", "log-flow", "debug", "config-map", "diff",
+    "comment-on-pr-number", "edit-pr-comment", "expect-no-changes", "message", "parallel", "policyPacks",
+    "policyPackConfigs", "pulumi-version", "pulumi-version-file", "remove", "replace", "target",
+    "target-dependents", "upsert", "exclude-protected", "suppress-outputs", "suppress-progress", "omit-stdout",
+    "plan", "always-include-summary", "continue-on-error",
+}  # fmt: skip
+ALLOWED_PERMISSIONS = {("contents", "read"), ("pull-requests", "write"), ("id-token", "write")}
+CREDENTIALS_ACTION = "aws-actions/configure-aws-credentials"
+
+
+def load(name: str) -> dict:
+    path = WORKFLOWS / name
+    assert path.is_file(), f"missing workflow {path}"
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict), name
+    return doc
+
+
+def triggers(doc: dict) -> dict:
+    on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` key as true
+    if isinstance(on, str):
+        return {on: None}
+    if isinstance(on, list):
+        return {k: None for k in on}
+    return dict(on or {})
+
+
+def steps(job: dict) -> list[dict]:
+    return list(job.get("steps") or [])
+
+
+def action(step: dict) -> str:
+    return str(step.get("uses", "")).split("@", 1)[0]
+
+
+def uses(job: dict, name: str) -> list[dict]:
+    return [s for s in steps(job) if action(s) == name]
+
+
+def effective_permissions(doc: dict, job: dict) -> dict:
+    return dict(job.get("permissions", doc.get("permissions")) or {})
+
+
+# --------------------------------------------------------------------------- `python -m infra` in run steps
+
+_EXPR = re.compile(r"\$\{\{.*?\}\}", re.S)
+_STOP = {"|", "||", "&", "&&", ";", ";;", "(", ")", ">", ">>", "<", "2>", "2>&1"}
+
+
+def _logical_lines(script: str) -> list[str]:
+    return _EXPR.sub("EXPR", script).replace("\\\n", " ").splitlines()
+
+
+def infra_calls(script: str) -> list[list[str]]:
+    """The argument lists of every `python -m infra ...` in a shell script."""
+    calls = []
+    for line in _logical_lines(script):
+        if "-m infra" not in line:
+            continue
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+        for i in range(len(tokens) - 1):
+            if tokens[i] == "-m" and tokens[i + 1] == "infra":
+                args = []
+                rest = tokens[i + 2 :]
+                for j, tok in enumerate(rest):
+                    if tok in _STOP or tok.startswith((">", "<", "|", "&", ";", ")")):
+                        break
+                    if tok.isdigit() and j + 1 < len(rest) and rest[j + 1].startswith((">", "<")):
+                        break  # a redirection of a file descriptor: 2>&1, 2> file
+                    args.append(tok)
+                calls.append(args)
+    return calls
+
+
+def _collect() -> list[tuple[str, str, tuple[str, ...]]]:
+    out = []
+    for name in NAMES:
+        path = WORKFLOWS / name
+        if not path.is_file():
+            continue
+        doc = yaml.safe_load(path.read_text()) or {}
+        for job_id, job in (doc.get("jobs") or {}).items():
+            for step in steps(job):
+                for call in infra_calls(str(step.get("run", ""))):
+                    out.append((name, job_id, tuple(call)))
+    return out
+
+
+CALLS = _collect()
+
+
+@functools.lru_cache(maxsize=None)
+def root_command():
+    """The CLI as a command tree (typer's own click: groups have `commands`, commands have `params`)."""
+    return typer.main.get_command(app)
+
+
+def resolve(args: tuple[str, ...]):
+    """The command path (`synth`, `ephemeral up`) and the command it names; skip when not registered."""
+    command = root_command()
+    path: list[str] = []
+    rest = list(args)
+    while hasattr(command, "commands"):
+        if not rest:
+            pytest.fail(f"`python -m infra {' '.join(path)}` needs a subcommand")
+        name = rest.pop(0)
+        sub = command.commands.get(name)
+        if sub is None:
+            known = ", ".join(sorted(command.commands))
+            pytest.skip(f"`python -m infra {' '.join([*path, name])}` is not registered yet (another part of "
+                        f"the project; registered: {known})")
+        path.append(name)
+        command = sub
+    return path, command
+
+
+@functools.lru_cache(maxsize=None)
+def help_exit_code(path: tuple[str, ...]) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "infra", *path, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_the_workflows_call_the_project():
+    called = {c[2][:2] if c[2][:1] == ("ephemeral",) else c[2][:1] for c in CALLS}
+    for expected in [("synth",), ("diff",), ("check",), ("ephemeral", "up"), ("ephemeral", "test"),
+                     ("ephemeral", "down"), ("sweep",)]:
+        assert expected in called, f"no workflow runs `python -m infra {' '.join(expected)}`"
+
+
+def unknown_flags(path: list[str], command, args: tuple[str, ...]) -> list[str]:
+    """The `--options` in `args` that `command` does not take."""
+    options = set()
+    for param in command.params:
+        options.update(getattr(param, "opts", []))
+        options.update(getattr(param, "secondary_opts", []))
+    flags = [tok.split("=", 1)[0] for tok in args[len(path):] if tok.startswith("--")]
+    return [f for f in flags if f not in options]
+
+
+@pytest.mark.parametrize("workflow,job,args", CALLS, ids=[f"{w}:{j}:{' '.join(a)}" for w, j, a in CALLS])
+def test_every_infra_command_a_workflow_runs_exists(workflow, job, args):
+    path, command = resolve(args)
+    code, output = help_exit_code(tuple(path))
+    assert code == 0, f"`python -m infra {' '.join(path)} --help` exited {code}:\n{output}"
+    bad = unknown_flags(path, command, args)
+    assert not bad, f"{workflow} ({job}) passes {bad} to `python -m infra {' '.join(path)}`, which does not take them"
+
+
+def test_the_command_check_catches_what_does_not_exist():
+    path, command = resolve(("ephemeral", "up", "--from", "test", "--ttl", "2"))
+    assert path == ["ephemeral", "up"]
+    assert unknown_flags(path, command, ("ephemeral", "up", "--from", "test", "--tll", "2")) == ["--tll"]
+    with pytest.raises(pytest.skip.Exception, match="not registered yet"):
+        resolve(("no-such-command", "--stack", "prod"))
+    with pytest.raises(pytest.skip.Exception, match="ephemeral nope"):
+        resolve(("ephemeral", "nope"))
+
+
+def test_the_command_extraction_sees_through_shell_syntax():
+    script = 'if x; then\n  (cd head && venv/bin/python -m infra synth --stack "$s" --out ../o.json) 2> e\nfi\n' \
+             'venv/bin/python -m infra sweep --yes "${r[@]}" 2>&1 | tee r.txt\n' \
+             'venv/bin/python -m infra ephemeral up --from "$F" \\\n  --ttl ${{ inputs.ttl }}\n'
+    assert infra_calls(script) == [["synth", "--stack", "$s", "--out", "../o.json"],
+                                   ["sweep", "--yes", "${r[@]}"],
+                                   ["ephemeral", "up", "--from", "$F", "--ttl", "EXPR"]]
+
+
+# --------------------------------------------------------------------------- every workflow
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workflow_parses_and_every_job_is_bounded(name):
+    doc = load(name)
+    assert doc.get("name")
+    assert triggers(doc)
+    assert doc.get("jobs")
+    for job_id, job in doc["jobs"].items():
+        assert job.get("runs-on"), f"{name}: job {job_id} has no runs-on"
+        assert isinstance(job.get("timeout-minutes"), int) and 0 < job["timeout-minutes"] <= 360, \
+            f"{name}: job {job_id} needs a timeout (at most GitHub's 6 hours)"
+        assert steps(job), f"{name}: job {job_id} has no steps"
+        for step in steps(job):
+            assert ("uses" in step) != ("run" in step), f"{name}: {job_id}: a step needs exactly one of uses/run: {step}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_actions_are_pinned_to_a_version_tag(name):
+    for job_id, job in load(name)["jobs"].items():
+        for step in steps(job):
+            if "uses" not in step or str(step["uses"]).startswith("./"):
+                continue
+            ref = str(step["uses"])
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@v\d+(\.\d+){0,2}", ref), \
+                f"{name}: {job_id}: {ref} is not pinned to a version tag (vN, vN.N or vN.N.N)"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_permissions_are_minimal(name):
+    doc = load(name)
+    assert isinstance(doc.get("permissions"), dict), f"{name}: set top-level permissions (the default token may write everything)"
+    for job_id, job in doc["jobs"].items():
+        perms = effective_permissions(doc, job)
+        assert isinstance(perms, dict), f"{name}: {job_id}: permissions must be a mapping, not {perms!r}"
+        extra = set(perms.items()) - ALLOWED_PERMISSIONS
+        assert not extra, f"{name}: {job_id}: more permissions than needed: {sorted(extra)}"
+        assert perms.get("contents") == "read"
+        # The OIDC token only where AWS credentials are configured from it.
+        needs_oidc = bool(uses(job, CREDENTIALS_ACTION))
+        assert (perms.get("id-token") == "write") == needs_oidc, f"{name}: {job_id}: id-token: write iff it assumes an AWS role"
+    # The top level grants nothing the jobs do not need.
+    top = set(doc["permissions"].items())
+    needed = set().union(*(set(effective_permissions(doc, j).items()) for j in doc["jobs"].values()))
+    assert top <= needed | {("contents", "read")}, f"{name}: top-level permissions {sorted(top - needed)} are used by no job"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cloud_jobs_run_only_when_credentials_are_configured(name):
+    for job_id, job in load(name)["jobs"].items():
+        creds = uses(job, CREDENTIALS_ACTION)
+        touches_cloud = bool(creds) or any(action(s) == "pulumi/actions" and (s.get("with") or {}).get("command") for s in steps(job))
+        if not touches_cloud:
+            continue
+        condition = str(job.get("if", ""))
+        assert re.search(r"vars\.AWS_ROLE_ARN\s*!=\s*''", condition), f"{name}: {job_id} must be gated on vars.AWS_ROLE_ARN"
+        assert creds, f"{name}: {job_id} runs Pulumi against the cloud without AWS credentials"
+        for step in creds:
+            w = step.get("with") or {}
+            assert w.get("role-to-assume") == "${{ vars.AWS_ROLE_ARN }}", "OIDC: assume the configured role"
+            assert not {"aws-access-key-id", "aws-secret-access-key"} & set(w), "no stored keys: OIDC only"
+            assert w.get("aws-region")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_run_scripts_are_valid_bash(name, tmp_path):
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    for job_id, job in load(name)["jobs"].items():
+        for i, step in enumerate(steps(job)):
+            if "run" not in step:
+                continue
+            script = tmp_path / f"{job_id}-{i}.sh"
+            script.write_text(_EXPR.sub("EXPR", str(step["run"])))
+            proc = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
+            assert proc.returncode == 0, f"{name}: {job_id}: step {step.get('name', i)}: {proc.stderr}"
+
+
+# --------------------------------------------------------------------------- pull-request.yml
+
+
+def test_pull_request_offline_job():
+    doc = load("pull-request.yml")
+    assert set(triggers(doc)) == {"pull_request"}
+    assert doc["permissions"] == {"contents": "read", "pull-requests": "write"}
+    offline = doc["jobs"]["offline"]
+    assert "if" not in offline  # every pull request, no credentials
+    checkouts = uses(offline, "actions/checkout")
+    refs = {c["with"]["ref"]: c["with"]["path"] for c in checkouts}
+    assert refs == {"${{ github.event.pull_request.base.sha }}": "base", "${{ github.event.pull_request.head.sha }}": "head"}
+    python = uses(offline, "actions/setup-python")
+    assert python and str(python[0]["with"]["python-version"]) == "3.11"
+    runs = [s for s in steps(offline) if "run" in s]
+    assert any(s["run"].strip() == "bin/test" and s.get("working-directory") == "head" for s in runs)
+    report = next(s for s in runs if s.get("id") == "report")["run"]
+    calls = infra_calls(report)
+    assert ["synth", "--stack", "$stack", "--out", "../out/head-$stack.json"] in calls
+    assert ["synth", "--stack", "$stack", "--out", "../out/base-$stack.json"] in calls
+    assert ["diff", "../out/base-$stack.json", "../out/head-$stack.json"] in calls
+    assert ["check", "--stack", "$stack"] in calls
+    assert "for stack in prod test" in report
+    # One sticky comment, updated in place, holding both the diff and the policy results.
+    comment = uses(offline, "actions/github-script")
+    assert len(comment) == 1
+    script = comment[0]["with"]["script"]
+    assert "<!-- gpu-serving:pull-request-report -->" in report and "<!-- gpu-serving:pull-request-report -->" in script
+    assert "updateComment" in script and "createComment" in script
+    assert "always()" in comment[0]["if"] and "head.repo.full_name == github.repository" in comment[0]["if"]
+    # The job fails after posting when the head does not synthesize or breaks a rule.
+    last = steps(offline)[-1]
+    assert last.get("if") == "steps.report.outputs.failed != '0'" and "exit 1" in last["run"]
+
+
+def test_pull_request_preview_job_uses_the_pulumi_action_with_the_policy_pack():
+    doc = load("pull-request.yml")
+    preview = doc["jobs"]["preview"]
+    assert preview["permissions"] == {"contents": "read", "pull-requests": "write", "id-token": "write"}
+    assert "head.repo.full_name == github.repository" in preview["if"]  # forks get neither OIDC nor secrets
+    (step,) = uses(preview, "pulumi/actions")
+    w = step["with"]
+    assert not set(w) - PULUMI_ACTION_INPUTS, f"unknown pulumi/actions inputs: {set(w) - PULUMI_ACTION_INPUTS}"
+    assert w["command"] == "preview" and w["stack-name"] == "prod"
+    assert w["diff"] is True and w["comment-on-pr"] is True
+    assert w["policyPacks"] == "policies"
+    assert step["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
+    order = [action(s) or "run" for s in steps(preview)]
+    assert order.index(CREDENTIALS_ACTION) < order.index("pulumi/actions")
+    pack = REPO_ROOT / "policies"
+    if pack.is_dir():
+        assert (pack / "PulumiPolicy.yaml").is_file(), "policyPacks: policies needs policies/PulumiPolicy.yaml"
+
+
+# --------------------------------------------------------------------------- ephemeral.yml
+
+
+def test_ephemeral_workflow_runs_up_test_and_always_down():
+    doc = load("ephemeral.yml")
+    on = triggers(doc)
+    assert "workflow_dispatch" in on and on["pull_request"]["types"] == ["labeled"]
+    assert doc["permissions"] == {"contents": "read", "id-token": "write"}
+    assert "github.event.pull_request.number" in doc["concurrency"]["group"]
+    assert doc["concurrency"]["cancel-in-progress"] is False  # never cancel a teardown
+    (job,) = doc["jobs"].values()
+    assert "github.event.label.name == 'ephemeral-test'" in job["if"]
+    assert "head.repo.full_name == github.repository" in job["if"]
+    assert job["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
+    order = []
+    for step in steps(job):
+        for call in infra_calls(str(step.get("run", ""))):
+            order.append((call[1], step))
+    assert [verb for verb, _ in order] == ["up", "test", "down"]
+    up_step, test_step, down_step = (s for _, s in order)
+    assert down_step.get("if") == "always()"
+    assert "if" not in up_step and "if" not in test_step
+    budget = sum(s["timeout-minutes"] for s in (up_step, test_step, down_step))
+    assert budget < job["timeout-minutes"], "the step timeouts must leave the job time for `down`"
+    names = [action(s) or "run" for s in steps(job)]
+    assert names.index("pulumi/actions") < names.index("run", names.index(CREDENTIALS_ACTION))
+    (install,) = uses(job, "pulumi/actions")
+    assert "command" not in (install.get("with") or {})  # installs the CLI only; the Automation API drives it
+    (creds,) = uses(job, CREDENTIALS_ACTION)
+    assert int(creds["with"]["role-duration-seconds"]) >= budget * 60
+
+
+# --------------------------------------------------------------------------- nightly-sweep.yml
+
+
+def test_nightly_sweep_is_scheduled_and_keeps_its_report():
+    doc = load("nightly-sweep.yml")
+    on = triggers(doc)
+    assert "workflow_dispatch" in on
+    (cron,) = [s["cron"] for s in on["schedule"]]
+    fields = cron.split()
+    assert len(fields) == 5 and fields[2:] == ["*", "*", "*"], f"nightly: {cron}"
+    (job,) = doc["jobs"].values()
+    sweep_calls = [c for s in steps(job) for c in infra_calls(str(s.get("run", ""))) if c[0] == "sweep"]
+    assert ["sweep", "--yes", "${regions[@]}"] in sweep_calls  # delete on the schedule
+    run = next(s["run"] for s in steps(job) if "infra sweep" in str(s.get("run", "")))
+    assert "--region" in run and "tee sweep-report.txt" in run
+    (upload,) = uses(job, "actions/upload-artifact")
+    assert upload["if"] == "always()" and upload["with"]["path"] == "sweep-report.txt"
+    assert "github.event_name == 'schedule'" in job["env"]["SWEEP_DELETE"]
