@@ -62,19 +62,14 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     life = cfg.lifecycle
     # Default tags on every AWS resource, through the provider (the leak sweeper
     # finds stacks by them; non-production stacks carry their expiry).
-    provider = aws.Provider(
-        "aws",
-        region=cfg.region,
-        default_tags=aws.ProviderDefaultTagsArgs(
-            tags=default_tags(
-                project=PROJECT,
-                stack=cfg.stack,
-                owner=life.owner,
-                production=life.production,
-                expires_at=life.expires_at,
-            )
-        ),
+    tags = default_tags(
+        project=PROJECT,
+        stack=cfg.stack,
+        owner=life.owner,
+        production=life.production,
+        expires_at=life.expires_at,
     )
+    provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
     opts = pulumi.ResourceOptions(providers={"aws": provider})
     net = cfg.network
     network = Network(
@@ -201,6 +196,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 benchmark=checks.benchmark,
                 ttft_p99_ms=checks.ttft_p99_ms,
                 tpot_p99_ms=checks.tpot_p99_ms,
+                load_balancer_tags=tags,
             ),
             # Created after, and deleted before, the operators (KubeRay must remove
             # its finalizers) and the weights.

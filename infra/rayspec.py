@@ -220,6 +220,7 @@ class ServingSpec:
     benchmark_output_len: int = 256
     benchmark_concurrency: int = 16
     image_pull_policy: str = "IfNotPresent"
+    load_balancer_tags: Mapping[str, str] = field(default_factory=dict)  # the stack's tags, for an internal NLB
 
     def __post_init__(self) -> None:
         p = self.plan
@@ -662,6 +663,12 @@ def service(spec: ServingSpec) -> dict:
     }
     if spec.service_type == "internal-lb":
         metadata["annotations"] = dict(INTERNAL_NLB_ANNOTATIONS)
+        if spec.load_balancer_tags:
+            # The load balancer is made by Kubernetes, not Pulumi: without the stack's
+            # tags the leak sweeper could not recognise it, and the VPC would not go.
+            metadata["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"] = ",".join(
+                f"{k}={v}" for k, v in sorted(spec.load_balancer_tags.items())
+            )
         body["type"] = "LoadBalancer"
     else:
         body["type"] = "ClusterIP"

@@ -737,3 +737,20 @@ def test_model_and_marker_paths_from_the_storage_layer():
     assert argv[2] == staging.model_path("/models", s3, "s3") and argv[4] == plan["model"]["checkpoint"]
     assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["command"]
     assert argv[5:] == plan["vllm_args"]
+
+
+def test_internal_load_balancer_carries_the_stack_tags():
+    # Kubernetes, not Pulumi, creates the NLB: the sweeper only recognises it by these tags.
+    from infra.config import load_stack_file
+    from infra.planning import make_plan
+    from infra.rayspec import ServingSpec, service
+    from infra.tags import default_tags
+
+    cfg = load_stack_file("test")
+    tags = default_tags(project="gpu-serving", stack="eph-1", owner="ci", production=False, expires_at="2026-12-31T23:00:00Z")
+    spec = ServingSpec(
+        plan=make_plan(cfg.plan_request()).to_json_dict(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
+        pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
+    )  # fmt: skip
+    annotation = service(spec)["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"]
+    assert dict(pair.split("=", 1) for pair in annotation.split(",")) == tags
