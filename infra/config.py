@@ -79,7 +79,11 @@ class GpuConfig(_Area):
         description="EC2 instance type of the GPU nodes (e.g. `p5.48xlarge`); must be in the catalog.",
         json_schema_extra={"allowed": "an EC2 instance type such as p5.48xlarge"},
     )
-    nodes: int = Field(ge=1, le=64, description="Number of GPU nodes.")
+    nodes: int = Field(
+        ge=1,
+        le=64,
+        description="Number of GPU nodes; with objective `min-cost`, the most the planner may use (it picks the fewest that hold `targetConcurrency`).",
+    )
     ami_type: Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"] = Field(
         default="AL2023_x86_64_NVIDIA",
         description="EKS AMI type of the GPU nodes (NVIDIA driver, toolkit and EFA software on board; "
@@ -559,7 +563,9 @@ class StackConfig(BaseModel):
         return PlanRequest(
             model=self.model.name,
             instance_type=self.gpu.instance_type,
-            nodes=self.gpu.nodes,
+            # min-cost: the planner finds the fewest nodes that hold the target, up to `nodes`.
+            nodes=None if s.objective == "min-cost" else self.gpu.nodes,
+            max_nodes=self.gpu.nodes if s.objective == "min-cost" else None,
             tp=s.tensor_parallel,
             pp=s.pipeline_parallel,
             expert_parallel=s.expert_parallel,

@@ -121,7 +121,9 @@ def test_every_key_reaches_the_plan_request() -> None:
     assert req == PlanRequest(
         model="kimi-k3",
         instance_type="p5en.48xlarge",
-        nodes=2,
+        nodes=None,  # min-cost: the planner picks the node count...
+        max_nodes=2,  # ...up to the stack's
+
         tp=8,
         pp=2,
         expert_parallel=True,

@@ -125,3 +125,15 @@ def test_fsx_storage_needs_the_fsx_driver(prod):
 def test_s3_source_needs_a_uri(prod):
     prod["storage"] = {"source": "s3"}
     _refused(prod, "gpu-serving:storage.s3Uri")
+
+
+def test_min_cost_stack_picks_the_fewest_nodes_up_to_the_given_count(prod):
+    from infra.planning import make_plan
+
+    prod["model"] = {"name": "qwen3-30b-a3b"}
+    prod["serving"] = {"objective": "min-cost", "targetConcurrency": 4, "maxModelLen": 32768}
+    cfg = from_mapping("prod", prod, region="us-east-1")
+    plan = make_plan(cfg.plan_request())
+    assert plan.feasible and plan.instance.name == "p5.48xlarge"
+    assert plan.nodes == 1 < cfg.gpu.nodes  # one p5 holds it; the stack would run one node
+    assert plan.evaluation.max_concurrency >= 4

@@ -253,7 +253,7 @@ def _cheapest(req: PlanRequest, arch: ModelArch) -> tuple[InstanceType, int, lis
     types = [get_instance_type(req.instance_type)] if req.instance_type else list(INSTANCE_TYPES.values())
     for itype in types:
         knobs = _knobs(req, arch, itype)
-        node_counts = [req.nodes] if req.nodes else range(1, MAX_SEARCH_NODES + 1)
+        node_counts = [req.nodes] if req.nodes else range(1, (req.max_nodes or MAX_SEARCH_NODES) + 1)
         for nodes in node_counts:
             ranked = search(req, arch, itype, nodes, knobs)
             if ranked and ranked[0].feasible and ranked[0].max_concurrency >= req.target_concurrency:
@@ -262,7 +262,7 @@ def _cheapest(req: PlanRequest, arch: ModelArch) -> tuple[InstanceType, int, lis
     if not choices:
         raise UserError(
             f"no instance type in the catalog holds {req.target_concurrency} concurrent sequences of "
-            f"{arch.name} within {MAX_SEARCH_NODES} nodes"
+            f"{arch.name} within {req.max_nodes or MAX_SEARCH_NODES} nodes"
         )
     _, _, _, nodes, itype, ranked = min(choices, key=lambda c: c[:4])
     return itype, nodes, ranked

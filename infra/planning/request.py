@@ -37,6 +37,7 @@ class PlanRequest:
     model: str  # catalog name or path to a config.json / model directory
     instance_type: str | None  # None only with the min-cost objective: the planner picks
     nodes: int | None
+    max_nodes: int | None = None  # min-cost without `nodes`: the most nodes the search may use
     tp: int | None = None
     pp: int | None = None
     expert_parallel: bool | None = None
