@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.synth import synthesize
+from infra.preview.synth import synthesize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ def classes_used(doc: dict) -> list[str]:
 
 CLASSES = classes_used(synthesize("prod"))
 IMPORT_SDKS_AND_CLASSES = IMPORT_SDKS + "; " + "; ".join(CLASSES)
-SYNTH_FRESH = "import sys; from infra.cli import main; sys.argv = ['infra', 'synth', '--stack', 'prod', '--out', '/dev/null']; main()"
+SYNTH_FRESH = "import sys; from infra.cli.app import main; sys.argv = ['infra', 'synth', '--stack', 'prod', '--out', '/dev/null']; main()"
 
 
 def _python(code: str) -> None:

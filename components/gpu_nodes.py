@@ -4,7 +4,7 @@ One `GpuNodeGroup` component (`gpu-serving:gpu:GpuNodeGroup`) creates:
 
 - an EC2 launch template with
   - every EFA interface the instance type has, laid out as AWS recommends
-    (`infra/efa.py`: card 0 a normal ENA interface plus an `efa-only` one, every
+    (`infra/aws/gpu_nodes.py`: card 0 a normal ENA interface plus an `efa-only` one, every
     other card one `efa-only`), the security groups on each interface;
   - the instance type (see "Where the instance type is set" below);
   - IMDSv2 required, hop limit 1 (see "IMDS" below);
@@ -51,7 +51,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.catalog.instances import InstanceType
-from infra.efa import (
+from infra.aws.gpu_nodes import (
     capacity_settings,
     efa_interface_count,
     efa_interfaces,

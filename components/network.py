@@ -9,7 +9,7 @@ One `Network` component (`gpu-serving:network:Network`) creates, for a new VPC:
   internal load balancers);
 - one dedicated private GPU subnet in the GPU zone, the largest block of the VPC:
   the VPC CNI gives every pod an address from its node's subnet, and EFA traffic
-  never leaves one subnet (see `infra/netcalc.py` for the layout);
+  never leaves one subnet (see `infra/aws/subnets.py` for the layout);
 - NAT gateways with Elastic IPs: one in the first zone, or one per zone when
   asked (the loss of one zone then leaves the others' egress alone);
 - route tables: one public (default route to the internet gateway), one private
@@ -45,7 +45,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.errors import UserError
-from infra.netcalc import SubnetLayout, check_zones, region_of_zones, subnet_layout
+from infra.aws.subnets import SubnetLayout, check_zones, region_of_zones, subnet_layout
 
 TYPE = "gpu-serving:network:Network"
 

@@ -6,7 +6,7 @@ One `Operators` component (`gpu-serving:k8s:Operators`) creates:
   DaemonSets mount host paths and run privileged) and `kuberay`; the EFA device
   plugin goes into `kube-system`, where AWS's examples install it;
 - one `helm.v3.Release` per chart, chart, version and repository pinned in
-  `infra/helm_values.py` (CHARTS, from ../shared/FACTS.md), values from the pure
+  `infra/k8s/helm_values.py` (CHARTS, from ../shared/FACTS.md), values from the pure
   functions there:
   - gpu-operator (driver and toolkit off on the EKS NVIDIA AMI, DCGM exporter
     on, MOFED injection off, operands tolerate the GPU taint);
@@ -37,7 +37,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.catalog.instances import InstanceType
-from infra.helm_values import (
+from infra.k8s.helm_values import (
     EFA_DEVICE_PLUGIN,
     GPU_OPERATOR,
     KUBERAY_OPERATOR,

@@ -1,7 +1,7 @@
 """The serving RayCluster and what goes with it.
 
 One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
-`infra/rayspec.py` (built from the plan) into Kubernetes objects:
+`infra/k8s/rayspec.py` (built from the plan) into Kubernetes objects:
 
 - the RayCluster (`ray.io/v1`, a `CustomResource`), which pulumi-kubernetes
   waits on until KubeRay reports `HeadPodReady` (the head passes vLLM's /health),
@@ -34,8 +34,8 @@ from typing import Callable, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import rayspec
-from infra.rayspec import ServingSpec
+from infra.k8s import rayspec
+from infra.k8s.rayspec import ServingSpec
 
 TYPE = "gpu-serving:serving:Serving"
 

@@ -21,8 +21,8 @@ from components.serving import Serving, ServingArgs
 from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
-from infra.rayspec import ServingSpec
-from infra.tags import default_tags
+from infra.k8s.rayspec import ServingSpec
+from infra.aws.tags import default_tags
 
 # The weight-staging Job runs on the system nodes: a slim Python image plus the
 # source's client, pinned (not the ~20 GB serving image, which would not fit

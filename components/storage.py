@@ -30,7 +30,7 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   secret Output, so Pulumi encrypts it in state and never shows it);
 - for an S3 source, an IAM role with read-only access to the prefix, given to
   the staging Job's service account through EKS Pod Identity;
-- the staging Job (`infra/staging.py`): on a system node, mounts the claim
+- the staging Job (`infra/k8s/staging.py`): on a system node, mounts the claim
   read-write and copies the checkpoint to `<mount>/<checkpoint>`, skipping
   complete files, checking sizes, and writing the completion marker the
   serving pods wait for (`wait_for_weights_command`). Its deadline and retries
@@ -67,7 +67,7 @@ from infra.planning.storage import (
     efs_read_throughput_bytes_per_s,
     fsx_lustre_sizing,
 )
-from infra.staging import (
+from infra.k8s.staging import (
     check_packages,
     job_name,
     marker_path,

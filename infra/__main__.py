@@ -1,3 +1,3 @@
-from infra.cli import main
+from infra.cli.app import main
 
 main()

@@ -20,7 +20,7 @@ resolved inputs during `pulumi up`, before anything is created).
 
 The Pulumi CLI runs this file as the pack's program (`python -m pulumi.policy`
 runs the directory with `__name__ == "__main__"`, the directory first on
-`sys.path`); tests and `infra/policy_check.py` import it as `policies.__main__`.
+`sys.path`); tests and `infra/preview/policy_check.py` import it as `policies.__main__`.
 """
 
 from __future__ import annotations

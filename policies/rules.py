@@ -2,7 +2,7 @@
 
 Nothing here imports Pulumi: the same functions run inside the CrossGuard pack
 (`policies/__main__.py`, during `pulumi preview/up --policy-pack policies`),
-offline over a synth document (`infra/policy_check.py`, `python -m infra check`)
+offline over a synth document (`infra/preview/policy_check.py`, `python -m infra check`)
 and in the tests. Standard library only, so the pack's own virtualenv needs
 nothing but pulumi-policy.
 
@@ -30,11 +30,11 @@ again with resolved inputs during `pulumi up`, before the resource is created.
 `context` carries what a rule needs beyond one resource (see `CONTEXT_DEFAULTS`):
 
 - `production`: the stack is a production stack (the AWS provider's default
-  tag `lifecycle: production`, infra/tags.py);
+  tag `lifecycle: production`, infra/aws/tags.py);
 - `allow_internet_facing`: internet-facing load balancers are allowed. The stack
   config has no such option today, so it is always False. To add one: a
-  `gpu-serving:serving.internetFacing` config key (infra/config.py), read into
-  this key by infra/policy_check.py; in CrossGuard, the policy's
+  `gpu-serving:serving.internetFacing` config key (infra/config/__init__.py), read into
+  this key by infra/preview/policy_check.py; in CrossGuard, the policy's
   `allowInternetFacing` config (`pulumi preview --policy-pack policies
   --policy-pack-config cfg.json`, cfg.json:
   `{"no-internet-facing-load-balancer": {"allowInternetFacing": true}}`);
@@ -72,7 +72,7 @@ CONFIG_KEYS = {
 }
 
 AWS_PROVIDER = "pulumi:providers:aws"
-LIFECYCLE_TAG = "lifecycle"  # infra/tags.py
+LIFECYCLE_TAG = "lifecycle"  # infra/aws/tags.py
 PRODUCTION = "production"
 
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"

@@ -15,7 +15,7 @@ from pathlib import Path
 import botocore.session
 import pytest
 
-from infra.synth import synthesize
+from infra.preview.synth import synthesize
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -35,7 +35,7 @@ from components.cluster import (
     principal_slug,
 )
 from infra.errors import UserError
-from infra.recording import placeholder, record
+from infra.preview.recording import placeholder, record
 
 CLUSTER = "aws:eks/cluster:Cluster"
 ADDON = "aws:eks/addon:Addon"

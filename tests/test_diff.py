@@ -1,4 +1,4 @@
-"""Diff of two syntheses (`infra.diff`, `python -m infra diff`).
+"""Diff of two syntheses (`infra.preview.diff`, `python -m infra diff`).
 
 BASE and HEAD documents come from `synthesize()` of a small program whose
 config decides what it declares (the same stack name both times, so URNs
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.diff import CLUSTER, FORCE_NEW, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
-from infra.synth import dump, synthesize
+from infra.preview.diff import CLUSTER, FORCE_NEW, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
+from infra.preview.synth import dump, synthesize
 
 PROGRAM = '''
 import pulumi

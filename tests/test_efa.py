@@ -1,4 +1,4 @@
-"""infra/efa.py against EC2's own data (moto's copy of DescribeInstanceTypes) and botocore's models."""
+"""infra/aws/gpu_nodes.py against EC2's own data (moto's copy of DescribeInstanceTypes) and botocore's models."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from moto.utilities.utils import load_resource
 
 from components import gpu_nodes
-from infra import efa
+from infra.aws import gpu_nodes as efa
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
 

@@ -1,4 +1,4 @@
-"""Ephemeral test stacks (`infra.ephemeral`, `python -m infra ephemeral up|test|down`).
+"""Ephemeral test stacks (`infra.ops.ephemeral`, `python -m infra ephemeral up|test|down`).
 
 The orchestration runs against a fake `Workspace` that records every call and
 fails on demand; the real `PulumiWorkspace` is checked without the Pulumi CLI
@@ -24,10 +24,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infra import ephemeral
-from infra.cli import app
+from infra.ops import ephemeral
+from infra.cli.app import app
 from infra.config import PROJECT, REPO_ROOT, from_mapping, read_stack_file
-from infra.ephemeral import (
+from infra.ops.ephemeral import (
     CHECKS_KEY,
     DESTROY_ATTEMPTS,
     HF_TOKEN_KEY,
@@ -42,7 +42,7 @@ from infra.ephemeral import (
     WorkspaceUnavailable,
 )
 from infra.errors import UserError
-from infra.tags import EXPIRES_TAG, LIFECYCLE_TAG, OWNER_TAG, STACK_TAG, default_tags
+from infra.aws.tags import EXPIRES_TAG, LIFECYCLE_TAG, OWNER_TAG, STACK_TAG, default_tags
 
 NOW = dt.datetime(2026, 12, 2, 9, 30, 15, 123456, tzinfo=dt.timezone.utc)
 ENV = {"PULUMI_CONFIG_PASSPHRASE": "correct horse", "GITHUB_ACTOR": "octocat"}
@@ -213,8 +213,8 @@ def test_the_expiry_is_what_the_default_tags_carry(state_dir):
 
 def test_the_generated_config_runs_the_real_program_and_tags_every_resource_with_the_expiry():
     """Offline, under the recording engine: the AWS provider's default tags carry the new expiry."""
-    from infra.recording import record
-    from infra.synth import document
+    from infra.preview.recording import record
+    from infra.preview.synth import document
 
     name = ephemeral.stack_name({"GITHUB_RUN_ID": "21345678901", "GITHUB_RUN_ATTEMPT": "2"})
     expiry = ephemeral.expires_at(NOW, 6)
@@ -239,7 +239,7 @@ def test_the_generated_config_runs_the_real_program_and_tags_every_resource_with
 
 
 class AtexitSpy:
-    """Stands in for the atexit module inside infra.ephemeral: which hooks are registered now."""
+    """Stands in for the atexit module inside infra.ops.ephemeral: which hooks are registered now."""
 
     def __init__(self):
         self.live: list = []

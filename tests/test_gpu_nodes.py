@@ -13,10 +13,10 @@ import pytest
 from moto.utilities.utils import load_resource
 
 from components.gpu_nodes import TYPE, GpuNodeGroup, GpuNodeGroupArgs
-from infra import recording
+from infra.preview import recording
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
-from infra.recording import Recording, record
+from infra.preview.recording import Recording, record
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"

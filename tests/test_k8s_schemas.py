@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from infra.config import load_stack_file
-from infra.synth import synthesize
+from infra.preview.synth import synthesize
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from components.network import Network, NetworkArgs, cluster_tag_key, nat_zones, s3_service_name
 from infra.errors import UserError
-from infra.netcalc import region_of_zones, subnet_layout
-from infra.recording import placeholder, record
+from infra.aws.subnets import region_of_zones, subnet_layout
+from infra.preview.recording import placeholder, record
 
 AZS = ("us-east-1a", "us-east-1b", "us-east-1c")
 GPU_AZ = "us-east-1b"

@@ -45,9 +45,9 @@ from components.operators import (
 )
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.config import load_stack_file
-from infra.efa import GPU_TAINT_KEY, gpu_labels, gpu_taints
+from infra.aws.gpu_nodes import GPU_TAINT_KEY, gpu_labels, gpu_taints
 from infra.errors import UserError
-from infra.helm_values import (
+from infra.k8s.helm_values import (
     CHARTS,
     EFA_DEVICE_PLUGIN,
     EFA_SUPPORTED_INSTANCE_TYPES,
@@ -64,7 +64,7 @@ from infra.helm_values import (
     gpu_tolerations,
     kuberay_operator_values,
 )
-from infra.recording import Recording, record
+from infra.preview.recording import Recording, record
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -32,9 +32,9 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UNKNOWN_OBJECT_VALUE, unknown_checking_proxy
 
 import policies.__main__ as pack
-from infra.policy_check import check_document, document_context, gpus_per_node
-from infra.rayspec import INTERNAL_NLB_ANNOTATIONS
-from infra.synth import synthesize
+from infra.preview.policy_check import check_document, document_context, gpus_per_node
+from infra.k8s.rayspec import INTERNAL_NLB_ANNOTATIONS
+from infra.preview.synth import synthesize
 from policies import rules as R
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

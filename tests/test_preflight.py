@@ -1,4 +1,4 @@
-"""AWS pre-flight (`infra/preflight.py`, `python -m infra preflight`) against a real moto server.
+"""AWS pre-flight (`infra/ops/preflight.py`, `python -m infra preflight`) against a real moto server.
 
 What moto 5.2.5 answers itself, and is tested as it is: EC2 DescribeInstanceTypeOfferings
 (per-zone offerings copied from AWS), DescribeInstanceTypes (EFA data), DescribeInstances;
@@ -27,9 +27,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from infra import preflight as pf
+from infra.ops import preflight as pf
 from infra.catalog.instances import get_instance_type
-from infra.cli import app
+from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

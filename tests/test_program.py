@@ -2,7 +2,7 @@
 
 The program runs as the Python language host runs it (`runpy.run_path` of the
 project directory) with the stack's config passed as the CLI passes it, and
-`infra.recording` keeps every registration (inputs and resource options) and
+`infra.preview.recording` keeps every registration (inputs and resource options) and
 the stack outputs; assertions run on that plain data after the program ended.
 """
 
@@ -20,7 +20,7 @@ from pulumi.runtime import rpc
 
 from infra.catalog.instances import get_instance_type
 from infra.config import engine_config, load_stack_file
-from infra.recording import STACK_TYPE, Recording, record
+from infra.preview.recording import STACK_TYPE, Recording, record
 
 REPO = Path(__file__).resolve().parent.parent
 KEY_FIGURES = {

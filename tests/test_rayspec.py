@@ -1,4 +1,4 @@
-"""infra/rayspec.py: the serving manifests against the real schemas and the plan.
+"""infra/k8s/rayspec.py: the serving manifests against the real schemas and the plan.
 
 - The RayCluster validates against the KubeRay 1.7.0 CRD (the served `v1`
   openAPIV3Schema in ../shared/upstream), made strict: an object schema that
@@ -31,12 +31,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra import efa, rayspec, staging
+from infra.aws import gpu_nodes as efa
+from infra.k8s import rayspec
+from infra.k8s import staging
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
 from infra.planning.plan import make_plan
-from infra.rayspec import ServingSpec
+from infra.k8s.rayspec import ServingSpec
 
 REPO = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.33.0"
@@ -723,7 +725,7 @@ def test_changing_model_or_instance_changes_every_dependent_figure(tmp_path, crd
 
 
 def test_model_and_marker_paths_from_the_storage_layer():
-    """An S3-staged checkpoint lives where infra.staging puts it; serving follows, the served name stays the checkpoint."""
+    """An S3-staged checkpoint lives where infra.k8s.staging puts it; serving follows, the served name stays the checkpoint."""
     plan = stack_plan("prod")
     s3 = "s3://weights-bucket/models/DeepSeek-V4-Pro"
     spec = make_spec(
@@ -743,8 +745,8 @@ def test_internal_load_balancer_carries_the_stack_tags():
     # Kubernetes, not Pulumi, creates the NLB: the sweeper only recognises it by these tags.
     from infra.config import load_stack_file
     from infra.planning import make_plan
-    from infra.rayspec import ServingSpec, service
-    from infra.tags import default_tags
+    from infra.k8s.rayspec import ServingSpec, service
+    from infra.aws.tags import default_tags
 
     cfg = load_stack_file("test")
     tags = default_tags(project="gpu-serving", stack="eph-1", owner="ci", production=False, expires_at="2026-12-31T23:00:00Z")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pulumi
 
 from components.serving import TYPE, Serving, ServingArgs
-from infra import rayspec
+from infra.k8s import rayspec
 from infra.config import load_stack_file
 from infra.planning.plan import make_plan
-from infra.recording import Recording, record
-from infra.rayspec import ServingSpec
+from infra.preview.recording import Recording, record
+from infra.k8s.rayspec import ServingSpec
 
 REPO = Path(__file__).resolve().parent.parent
 RC = "kubernetes:ray.io/v1:RayCluster"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.staging import (
+from infra.k8s.staging import (
     EXIT_INCOMPLETE,
     EXIT_SOURCE,
     LISTING_FILE_NAME,
@@ -423,8 +423,8 @@ def test_hf_source_with_a_stand_in_hub(source, tmp_path):
 
 
 def test_staging_and_fsx_sizing_are_pure():
-    """infra/staging.py and infra/planning/storage.py import nothing from Pulumi (usable offline, in a notebook)."""
-    code = "import sys, infra.staging, infra.planning.storage; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_aws', 'pulumi_kubernetes')))"
+    """infra/k8s/staging.py and infra/planning/storage.py import nothing from Pulumi (usable offline, in a notebook)."""
+    code = "import sys, infra.k8s.staging, infra.planning.storage; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_aws', 'pulumi_kubernetes')))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

@@ -32,7 +32,7 @@ from components.storage import (
     StorageFigures,
     s3_read_policy,
 )
-from infra import recording
+from infra.preview import recording
 from infra.config import load_stack_file
 from infra.errors import UserError
 from infra.planning import make_plan
@@ -48,8 +48,8 @@ from infra.planning.storage import (
     fsx_throughput_bytes_per_s,
     is_valid_fsx_capacity,
 )
-from infra.staging import EXIT_SOURCE, MARKER_NAME, staging_deadline_s, staging_script
-from infra.synth import plain
+from infra.k8s.staging import EXIT_SOURCE, MARKER_NAME, staging_deadline_s, staging_script
+from infra.preview.synth import plain
 
 K8S_VERSION = "1.33.0"
 TOKEN = "hf_NeverInPlainText0123456789"
@@ -74,7 +74,7 @@ EFS_MODEL = SESSION.get_service_model("efs")
 FSX_MODEL = SESSION.get_service_model("fsx")
 
 # Values the mocks cannot know and the component reads (the mount target's
-# address, the Lustre DNS and mount names). Kept here until infra/recording.py
+# address, the Lustre DNS and mount names). Kept here until infra/preview/recording.py
 # answers them itself.
 EXTRA_COMPUTED = {
     EFS_MT: lambda name, inputs: {"ipAddress": "10.0.0.17"},

@@ -1,4 +1,4 @@
-"""Leak sweeper (`infra/sweep.py`, `python -m infra sweep`) against a real moto server.
+"""Leak sweeper (`infra/ops/sweep.py`, `python -m infra sweep`) against a real moto server.
 
 The server is seeded with what failed teardowns leave behind, for four kinds of owner:
 
@@ -34,8 +34,8 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from infra import sweep as sw
-from infra.cli import app
+from infra.ops import sweep as sw
+from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

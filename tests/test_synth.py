@@ -1,4 +1,4 @@
-"""Offline synth (`infra.synth`, `python -m infra synth`).
+"""Offline synth (`infra.preview.synth`, `python -m infra synth`).
 
 The real program runs in-process under the recording engine for each stack
 file; a small program of our own (written to a temporary project) pins down the
@@ -19,7 +19,7 @@ import pytest
 from pulumi.runtime import settings
 
 from infra.errors import UserError
-from infra.synth import COMPUTED, SECRET, dump, synthesize
+from infra.preview.synth import COMPUTED, SECRET, dump, synthesize
 
 PROJECT_YAML = "name: synth-demo\nruntime: python\n"
 

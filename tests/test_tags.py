@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from infra.tags import EXPIRES_TAG, default_tags
+from infra.aws.tags import EXPIRES_TAG, default_tags
 
 
 def test_production_stacks_never_expire():

@@ -20,7 +20,7 @@ import pytest
 import typer
 import yaml
 
-from infra.cli import app
+from infra.cli.app import app
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"

@@ -29,7 +29,7 @@ The checks, and the AWS calls behind them:
    happens 40 minutes before it ends (EKS User Guide, Capacity Blocks).
 4. EFA: EC2 DescribeInstanceTypes NetworkInfo.EfaSupported and
    EfaInfo.MaximumEfaInterfaces, when the plan wires EFA interfaces (every
-   catalog type with `max_efa_interfaces > 0`: see infra/efa.py).
+   catalog type with `max_efa_interfaces > 0`: see infra/aws/gpu_nodes.py).
 5. EKS version: EKS DescribeClusterVersions; where that call is not available
    (older endpoints, no permission, emulators) the built-in calendar
    `EKS_CALENDAR` is used and the detail says so.
@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.errors import UserError
-from infra.tags import PROJECT_TAG, STACK_TAG
+from infra.aws.tags import PROJECT_TAG, STACK_TAG
 
 # --------------------------------------------------------------------------- data
 
@@ -151,7 +151,7 @@ class Target:
 
     @property
     def uses_efa(self) -> bool:
-        # The GPU launch template declares every EFA interface the type has (infra/efa.py).
+        # The GPU launch template declares every EFA interface the type has (infra/aws/gpu_nodes.py).
         return self.instance.max_efa_interfaces > 0
 
 

@@ -128,7 +128,7 @@ def plain(value: Any) -> Any:
 
 def document(recording, project: str, stack: str) -> dict:
     """The synth document of a `Recording` (see the module docstring)."""
-    from infra.recording import STACK_TYPE
+    from infra.preview.recording import STACK_TYPE
 
     resources = []
     for r in recording.resources:
@@ -162,7 +162,7 @@ def synthesize(stack: str, root: Path | None = None) -> dict:
     """Run the program of `root` (default: this repository) for `stack`; the synth document."""
     import pulumi
 
-    from infra.recording import record
+    from infra.preview.recording import record
 
     root = Path(root).resolve() if root is not None else REPO_ROOT
     project = project_name(root)

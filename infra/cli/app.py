@@ -197,7 +197,7 @@ def plan(
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(2)
     if chart is not None:
-        from infra.chart import draw_budget
+        from infra.cli.budget_plot import draw_budget
 
         try:
             draw_budget(result, chart)
@@ -234,7 +234,7 @@ def synth(
     root: Optional[Path] = typer.Option(None, hidden=True, help="The Pulumi project directory (Pulumi.yaml, __main__.py, stack files)."),
 ) -> None:
     """Run the program offline (mocked engine) and write every resource it declares as JSON."""
-    from infra.synth import dump, synthesize
+    from infra.preview.synth import dump, synthesize
 
     try:
         text = dump(synthesize(stack, root))
@@ -255,7 +255,7 @@ def diff_command(
     head: Path = typer.Argument(..., help="Synth document after the change."),
 ) -> None:
     """Print what changes between two synth documents, as Markdown for a pull-request comment."""
-    from infra.diff import diff, load, render_markdown
+    from infra.preview.diff import diff, load, render_markdown
 
     try:
         text = render_markdown(diff(load(base), load(head)))
@@ -274,7 +274,7 @@ def check(
 
     Exit status: 0 when every mandatory rule passes, 1 when one fails, 2 on a usage or config error.
     """
-    from infra.policy_check import check_stack, report
+    from infra.preview.policy_check import check_stack, report
 
     try:
         doc, violations = check_stack(stack, root)
@@ -303,8 +303,8 @@ def check(
         raise typer.Exit(1)
 
 
-# `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ephemeral.py).
-from infra.ephemeral import cli as _ephemeral_cli  # noqa: E402
+# `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ops/ephemeral.py).
+from infra.ops.ephemeral import cli as _ephemeral_cli  # noqa: E402
 
 app.add_typer(_ephemeral_cli, name="ephemeral")
 
@@ -321,7 +321,7 @@ def preflight(
 
     Exit status: 0 all go, 1 a no-go (or an unknown, without --allow-unknown), 2 config or credentials error.
     """
-    from infra import preflight as pf
+    from infra.ops import preflight as pf
 
     try:
         target, checks = pf.preflight(stack, region=region, root=root)
@@ -351,7 +351,7 @@ def sweep_command(
     Never touches a resource without those tags, with lifecycle=production, or with an
     unreadable expires-at. Exit status: 0 nothing failed, 1 a deletion or listing failed, 2 no region or credentials.
     """
-    from infra import sweep as sw
+    from infra.ops import sweep as sw
 
     progress = sw.RichProgress(Console(stderr=True))
     try:

@@ -40,7 +40,7 @@ from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES, PlanR
 
 PROJECT = "gpu-serving"
 DEFAULT_REGION = "us-east-1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 WeightFormat = Literal[WEIGHT_FORMAT_CHOICES]  # type: ignore[valid-type]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]

@@ -6,7 +6,7 @@ type, `inputs` and `options`), each stack rule once on all of them. The context
 the rules need comes from the document itself (`document_context`):
 
 - `production`: the AWS provider's default tags say `lifecycle: production`
-  (infra/tags.py), exactly what the CrossGuard pack reads;
+  (infra/aws/tags.py), exactly what the CrossGuard pack reads;
 - `gpus_per_node`: the GPU count of the GPU launch template's instance type,
   from the catalog (the CrossGuard pack has no catalog; there it is an optional
   config value);
@@ -84,7 +84,7 @@ def check_document(doc: dict, *, rules: Sequence[Rule] = RULES, **overrides: Any
 
 def check_stack(stack: str, root: Optional[Path] = None, **overrides: Any) -> tuple[dict, list[Violation]]:
     """Synthesise `stack` offline and check it; a config mistake is a `UserError`."""
-    from infra.synth import synthesize
+    from infra.preview.synth import synthesize
 
     doc = synthesize(stack, root)
     return doc, check_document(doc, **overrides)

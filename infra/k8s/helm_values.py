@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.catalog.instances import InstanceType
-from infra.efa import ROLE_LABEL, gpu_taints
+from infra.aws.gpu_nodes import ROLE_LABEL, gpu_taints
 from infra.errors import UserError
 
 
@@ -236,7 +236,7 @@ def check_efa_supported(itype: InstanceType) -> None:
             f"plugin chart {EFA_DEVICE_PLUGIN.chart} {EFA_DEVICE_PLUGIN.version} does not list it in "
             f"supportedInstanceLabels: the EFA device plugin would run on zero nodes and NCCL would silently "
             f"fall back to TCP. Choose an instance type the chart supports, or move to a chart version that "
-            f"lists {itype.name} (update EFA_DEVICE_PLUGIN and EFA_SUPPORTED_INSTANCE_TYPES in infra/helm_values.py)."
+            f"lists {itype.name} (update EFA_DEVICE_PLUGIN and EFA_SUPPORTED_INSTANCE_TYPES in infra/k8s/helm_values.py)."
         )
 
 

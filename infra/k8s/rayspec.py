@@ -98,7 +98,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from infra import efa, staging
+from infra.aws import gpu_nodes as efa
+from infra.k8s import staging
 from infra.catalog.instances import get_instance_type
 from infra.errors import UserError
 
@@ -125,7 +126,7 @@ HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 
 # --- The weights ----------------------------------------------------------------
-MARKER_NAME = staging.MARKER_NAME  # written by the weight-staging Job (infra/staging.py)
+MARKER_NAME = staging.MARKER_NAME  # written by the weight-staging Job (infra/k8s/staging.py)
 WEIGHTS_POLL_S = 30
 
 # --- Probes and waits ---------------------------------------------------------
@@ -416,7 +417,7 @@ def ray_env(spec: ServingSpec) -> list[dict]:
 def wait_for_weights_container(spec: ServingSpec) -> dict:
     """Init container: wait (without a time limit) until the staging Job marked the weights complete.
 
-    The wait is infra/staging.py's, the same module that writes the marker.
+    The wait is infra/k8s/staging.py's, the same module that writes the marker.
     """
     return {
         "name": "wait-for-weights",

@@ -8,7 +8,7 @@ gives (AWS_REGION / AWS_DEFAULT_REGION / the profile's region); credentials come
 from boto3's standard chain, and `AWS_ENDPOINT_URL` is honoured like any boto3
 setting. IAM roles are global: they are swept once per run.
 
-What it deletes: resources whose own tags (infra/tags.py) say all of
+What it deletes: resources whose own tags (infra/aws/tags.py) say all of
 `project=gpu-serving`, `lifecycle=ephemeral` and an `expires-at` (ISO 8601 with
 a time zone, e.g. `2026-12-31T18:00:00Z`) earlier than now. Nothing else, ever:
 a resource without those tags, with `lifecycle=production`, not yet expired, or
@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from infra.config import PROJECT
 from infra.errors import UserError
-from infra.tags import EPHEMERAL, EXPIRES_TAG, LIFECYCLE_TAG, PRODUCTION, PROJECT_TAG, STACK_TAG
+from infra.aws.tags import EPHEMERAL, EXPIRES_TAG, LIFECYCLE_TAG, PRODUCTION, PROJECT_TAG, STACK_TAG
 
 GLOBAL = "global"  # the "region" of IAM roles
 

@@ -1,6 +1,6 @@
 """What changes between two syntheses, as Markdown for a pull-request comment.
 
-`diff(base, head)` compares two synth documents (`infra.synth`): resources are
+`diff(base, head)` compares two synth documents (`infra.preview.synth`): resources are
 matched by URN (a resource whose `aliases` name a URN that is gone counts as a
 move, not as a deletion plus a creation); for each changed resource every
 changed field of its inputs and options is listed (nested keys as dotted paths,

@@ -7,7 +7,7 @@ says otherwise) is deployed, checked and destroyed on the Pulumi Automation API:
           its config copied from the stack file with `gpu-serving:lifecycle`
           rewritten to {production: false, owner, expiresAt: now + ttl}: every AWS
           resource carries the `expires-at` tag through the provider's default
-          tags (infra.tags), so the leak sweeper can delete what a failed teardown
+          tags (infra.aws.tags), so the leak sweeper can delete what a failed teardown
           leaves. Teardown is registered before anything is created: the state
           file `.ephemeral/<stack>.json` is written first, then an atexit hook and
           SIGINT/SIGTERM/SIGHUP handlers are armed, then the stack is created and
@@ -383,7 +383,7 @@ def expires_at(now: dt.datetime, ttl_hours: float) -> str:
 def efa_check_applies(cfg: StackConfig) -> bool:
     """The EFA check runs an all-reduce across two nodes of an EFA instance type."""
     from infra.catalog.instances import INSTANCE_TYPES
-    from infra.rayspec import EFA_CHECK_NODES
+    from infra.k8s.rayspec import EFA_CHECK_NODES
 
     it = INSTANCE_TYPES.get(cfg.gpu.instance_type)
     return it is not None and it.max_efa_interfaces > 0 and cfg.gpu.nodes >= EFA_CHECK_NODES
