@@ -43,6 +43,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.errors import UserError
+from infra.k8s.scheduling import system_labels
 
 TYPE = "gpu-serving:cluster:EksCluster"
 
@@ -51,7 +52,6 @@ LOG_TYPES = ("api", "audit", "authenticator")
 ENCRYPTED_RESOURCES = ("secrets",)
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_CAPACITY_TYPE = "ON_DEMAND"
-SYSTEM_LABELS = {"gpu-serving/role": "system"}  # the GPU nodes carry gpu-serving/role=gpu
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 
 # vpc-cni: `efa-only` network interfaces need VPC CNI >= 1.18.4 (FACTS.md).
@@ -443,7 +443,7 @@ class EksCluster(pulumi.ComponentResource):
                 desired_size=args.system_node_count,
             ),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            labels=dict(SYSTEM_LABELS),
+            labels=system_labels(),
             tags={**tags, "Name": f"{cluster_name}-system"},
             opts=pulumi.ResourceOptions.merge(
                 child,

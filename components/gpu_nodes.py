@@ -55,12 +55,11 @@ from infra.aws.gpu_nodes import (
     capacity_settings,
     efa_interface_count,
     efa_interfaces,
-    gpu_labels,
-    gpu_taints,
     root_device_name,
     update_config,
 )
 from infra.errors import UserError
+from infra.k8s.scheduling import gpu_labels, gpu_taints
 
 TYPE = "gpu-serving:gpu:GpuNodeGroup"
 

@@ -59,6 +59,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import assume_role_policy, partition_of
 from infra.errors import UserError
+from infra.k8s.scheduling import system_node_selector
 from infra.planning.memory import GiB
 from infra.planning.storage import (
     FSX_DEPLOYMENT_TYPE,
@@ -100,7 +101,6 @@ EFS_CSI_DRIVER = "efs.csi.aws.com"
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 RECLAIM_POLICY = "Retain"
 ACCESS_MODES = ["ReadWriteMany"]
-SYSTEM_NODE_SELECTOR = {"gpu-serving/role": "system"}  # components/cluster.py SYSTEM_LABELS
 
 Kind = Literal["efs", "fsx"]
 Source = Literal["hf", "s3"]
@@ -397,7 +397,7 @@ class ModelStorage(pulumi.ComponentResource):
             service_account=service_account,
             hf_token_secret=secret_name,
             packages=args.staging_packages,
-            node_selector=SYSTEM_NODE_SELECTOR,
+            node_selector=system_node_selector(),
         )
         job_labels = {**labels, "app.kubernetes.io/component": "weight-staging"}
         annotations = {"gpu-serving/checkpoint": args.checkpoint, "gpu-serving/marker": self.marker_path}

@@ -12,6 +12,7 @@ from moto.utilities.utils import load_resource
 
 from components import gpu_nodes
 from infra.aws import gpu_nodes as efa
+from infra.k8s import scheduling
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
 
@@ -186,20 +187,16 @@ def test_zero_nodes_is_refused() -> None:
         efa.update_config(0)
 
 
-def test_gpu_taint() -> None:
-    assert efa.gpu_taints() == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
-
-
 LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @pytest.mark.parametrize("name", GPU_TYPES)
 def test_gpu_labels_are_valid_kubernetes_labels(name: str) -> None:
-    labels = efa.gpu_labels(get_instance_type(name))
-    assert labels[efa.ROLE_LABEL] == "gpu"
-    assert labels[efa.INSTANCE_TYPE_LABEL] == name
-    assert labels[efa.EFA_LABEL] == str(moto_efa_count(name))
+    labels = scheduling.gpu_labels(get_instance_type(name))
+    assert labels[scheduling.ROLE_LABEL] == "gpu"
+    assert labels[scheduling.INSTANCE_TYPE_LABEL] == name
+    assert labels[scheduling.EFA_LABEL] == str(moto_efa_count(name))
     for key, value in labels.items():
         prefix, _, label = key.rpartition("/")
         assert DNS_SUBDOMAIN.match(prefix) and len(prefix) <= 253, key
@@ -250,7 +247,7 @@ def test_eks_enums() -> None:
     capacity_types = EKS.shape_for("CapacityTypes").enum
     for kind, rid in [("on-demand", None), ("capacity-reservation", "cr-1"), ("capacity-block", "cr-1")]:
         assert efa.capacity_settings(kind, rid).node_group_capacity_type in capacity_types
-    assert efa.gpu_taints()[0]["effect"] in EKS.shape_for("TaintEffect").enum
+    assert scheduling.gpu_taints()[0]["effect"] in EKS.shape_for("TaintEffect").enum
     strategies = EKS.shape_for("NodegroupUpdateStrategies").enum
     for kind in efa.CAPACITY_KINDS:
         assert efa.update_config(4, kind)["update_strategy"] in strategies

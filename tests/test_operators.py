@@ -34,7 +34,6 @@ import pulumi_kubernetes as k8s
 import pytest
 import yaml
 
-from components.cluster import SYSTEM_LABELS
 from components.operators import (
     NAMESPACE_LABELS,
     RELEASE_OPTIONS,
@@ -45,7 +44,7 @@ from components.operators import (
 )
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.config import load_stack_file
-from infra.aws.gpu_nodes import GPU_TAINT_KEY, gpu_labels, gpu_taints
+from infra.k8s.scheduling import gpu_labels, gpu_tolerations, system_labels, system_node_selector
 from infra.errors import UserError
 from infra.k8s.helm_values import (
     CHARTS,
@@ -54,14 +53,11 @@ from infra.k8s.helm_values import (
     GPU_OPERATOR,
     INSTANCE_TYPE_NODE_LABEL,
     KUBERAY_OPERATOR,
-    SYSTEM_NODE_SELECTOR,
-    TAINT_EFFECTS,
     Chart,
     check_efa_supported,
     efa_device_plugin_values,
     efa_plugin_needed,
     gpu_operator_values,
-    gpu_tolerations,
     kuberay_operator_values,
 )
 from infra.preview.recording import Recording, record
@@ -227,31 +223,6 @@ def test_list_items_are_valid_kubernetes_objects():
 # ---- what the settings mean ---------------------------------------------------------------
 
 
-def _tolerates(toleration: dict, taint: dict) -> bool:
-    """Kubernetes' rule (k8s.io/api/core/v1 Toleration.ToleratesTaint)."""
-    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
-        return False
-    if toleration.get("key") and toleration["key"] != taint["key"]:
-        return False
-    if toleration.get("operator", "Equal") == "Exists":
-        return True
-    return toleration.get("value", "") == taint.get("value", "")
-
-
-def test_gpu_tolerations_are_exactly_the_gpu_taint():
-    taints = gpu_taints()
-    expected = [
-        {"key": t["key"], "operator": "Equal", "value": t["value"], "effect": TAINT_EFFECTS[t["effect"]]} for t in taints
-    ]
-    assert gpu_tolerations() == expected == [
-        {"key": GPU_TAINT_KEY, "operator": "Equal", "value": "present", "effect": "NoSchedule"}
-    ]
-    k8s_taints = [{**t, "effect": TAINT_EFFECTS[t["effect"]]} for t in taints]
-    assert all(any(_tolerates(tol, taint) for tol in gpu_tolerations()) for taint in k8s_taints)
-    # The EKS effect names are mapped, not passed through.
-    assert set(TAINT_EFFECTS.values()) == {"NoSchedule", "NoExecute", "PreferNoSchedule"}
-
-
 def test_gpu_operator_values():
     v = gpu_operator_values()
     assert v["driver"]["enabled"] is False
@@ -266,15 +237,14 @@ def test_gpu_operator_values():
     assert v["node-feature-discovery"]["worker"]["tolerations"] == gpu_tolerations()
     assert v["nfd"]["enabled"] is True
     # The operator itself on the system nodes.
-    assert v["operator"]["nodeSelector"].items() >= SYSTEM_NODE_SELECTOR.items()
+    assert v["operator"]["nodeSelector"].items() >= system_node_selector().items()
     assert v["operator"]["nodeSelector"]["kubernetes.io/os"] == "linux"
 
 
 def test_operators_go_to_the_system_nodes_not_the_gpu_nodes():
-    assert SYSTEM_NODE_SELECTOR == SYSTEM_LABELS  # components/cluster.py labels the system node group so
     gpu = gpu_labels(get_instance_type("p5.48xlarge"))
     for selector in (gpu_operator_values()["operator"]["nodeSelector"], kuberay_operator_values()["nodeSelector"]):
-        assert selector.items() >= SYSTEM_LABELS.items()
+        assert selector.items() >= system_labels().items()
         assert not selector.items() <= gpu.items()  # a GPU node does not match
 
 

@@ -32,8 +32,7 @@ import pytest
 import yaml
 
 from infra.aws import gpu_nodes as efa
-from infra.k8s import rayspec
-from infra.k8s import staging
+from infra.k8s import rayspec, scheduling, staging
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
@@ -328,8 +327,8 @@ def test_tolerations_and_node_selection_match_the_gpu_nodes(stack):
     plan = stack_plan(stack)
     spec = all_checks(plan)
     itype = get_instance_type(plan["instance"]["type"])
-    node_labels = efa.gpu_labels(itype)
-    taints = efa.gpu_taints()
+    node_labels = scheduling.gpu_labels(itype)
+    taints = scheduling.gpu_taints()
     pod_specs = [t["spec"] for t in pod_templates(rayspec.raycluster(spec))]
     pod_specs += [d["spec"]["template"]["spec"] for d in rayspec.manifests(spec) if d["kind"] == "Job"]
     for ps in pod_specs:
@@ -338,8 +337,8 @@ def test_tolerations_and_node_selection_match_the_gpu_nodes(stack):
         ]
         assert all(t["operator"] == "Equal" for t in ps["tolerations"])
         assert ps["nodeSelector"] == {
-            efa.ROLE_LABEL: "gpu",
-            efa.INSTANCE_TYPE_LABEL: plan["instance"]["type"],
+            scheduling.ROLE_LABEL: "gpu",
+            scheduling.INSTANCE_TYPE_LABEL: plan["instance"]["type"],
         }
         assert all(node_labels[k] == v for k, v in ps["nodeSelector"].items())
         assert ps["enableServiceLinks"] is False
@@ -664,7 +663,7 @@ def figures_from_manifests(rc: dict) -> dict:
     argv = rayspec.serve_argv_from_script(c["command"][2])
     workers = rc["spec"].get("workerGroupSpecs", [])
     return {
-        "instance_type": head["template"]["spec"]["nodeSelector"][efa.INSTANCE_TYPE_LABEL],
+        "instance_type": head["template"]["spec"]["nodeSelector"][scheduling.INSTANCE_TYPE_LABEL],
         "pods": pod_count(rc),
         "gpus": int(lim["nvidia.com/gpu"]),
         "efa": int(lim.get("vpc.amazonaws.com/efa", 0)),

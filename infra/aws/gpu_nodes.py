@@ -68,12 +68,6 @@ MARKET_CAPACITY_BLOCK = "capacity-block"
 CAPACITY_ON_DEMAND = "ON_DEMAND"
 CAPACITY_BLOCK = "CAPACITY_BLOCK"
 
-# Kubernetes node labels and the taint every GPU node carries.
-ROLE_LABEL = "gpu-serving/role"
-INSTANCE_TYPE_LABEL = "gpu-serving/instance-type"
-GPU_LABEL = "gpu-serving/gpu"
-EFA_LABEL = "gpu-serving/efa-interfaces"
-GPU_TAINT_KEY = "nvidia.com/gpu"
 
 
 def efa_interfaces(itype: InstanceType, security_group_ids: Sequence[Any]) -> list[dict]:
@@ -178,21 +172,6 @@ def update_config(node_count: int, capacity_kind: str = "on-demand") -> dict:
         raise UserError(f"the GPU node count must be at least 1, got {node_count}")
     strategy = "DEFAULT" if capacity_kind == "on-demand" else "MINIMAL"
     return {"max_unavailable": 1, "update_strategy": strategy}
-
-
-def gpu_taints() -> list[dict]:
-    """Keep everything that does not tolerate GPUs off the GPU nodes."""
-    return [{"key": GPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}]
-
-
-def gpu_labels(itype: InstanceType) -> dict[str, str]:
-    """Node labels the serving layer selects on (role, instance type, GPU, EFA count)."""
-    return {
-        ROLE_LABEL: "gpu",
-        INSTANCE_TYPE_LABEL: itype.name,
-        GPU_LABEL: itype.gpu.name,
-        EFA_LABEL: str(itype.max_efa_interfaces),
-    }
 
 
 def root_device_name(ami_type: str) -> str:

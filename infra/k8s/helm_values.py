@@ -22,8 +22,8 @@ Three charts, versions pinned (../shared/FACTS.md, "Helm charts"):
 - KubeRay operator: reconciles the serving RayCluster.
 
 Placement: operators (Deployments) run on the system nodes
-(`gpu-serving/role=system`, components/cluster.py); per-node agents
-(DaemonSets) tolerate the GPU taint (`infra.efa.gpu_taints()`).
+(`gpu-serving/role=system`); per-node agents (DaemonSets) tolerate the GPU
+taint (both from infra/k8s/scheduling.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.catalog.instances import InstanceType
-from infra.aws.gpu_nodes import ROLE_LABEL, gpu_taints
+from infra.k8s.scheduling import gpu_tolerations, system_node_selector
 from infra.errors import UserError
 
 
@@ -63,13 +63,6 @@ KUBERAY_OPERATOR = Chart(
     "kuberay-operator", "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
 )
 CHARTS: tuple[Chart, ...] = (GPU_OPERATOR, EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR)
-
-# The system node group's label (components/cluster.py SYSTEM_LABELS; infra does not
-# import components, the tests check the two agree).
-SYSTEM_NODE_SELECTOR = {ROLE_LABEL: "system"}
-
-# EKS node group taint effects (API enum) -> Kubernetes taint effects.
-TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 
 INSTANCE_TYPE_NODE_LABEL = "node.kubernetes.io/instance-type"
 
@@ -144,18 +137,6 @@ EFA_SUPPORTED_INSTANCE_TYPES: tuple[str, ...] = (
 )
 
 
-def gpu_tolerations() -> list[dict[str, str]]:
-    """Kubernetes tolerations for exactly the GPU nodes' taints (`infra.efa.gpu_taints()`).
-
-    `Equal` on the taint's value rather than `Exists`: the pods tolerate the
-    taint this stack puts on its GPU nodes and nothing broader.
-    """
-    return [
-        {"key": t["key"], "operator": "Equal", "value": t["value"], "effect": TAINT_EFFECTS[t["effect"]]}
-        for t in gpu_taints()
-    ]
-
-
 # ---- NVIDIA GPU operator -----------------------------------------------------------
 
 
@@ -216,7 +197,7 @@ def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
         # The operator Deployment on the system nodes: it must not take the GPU
         # nodes' CPU or be evicted with them. kubernetes.io/os is the chart default,
         # restated because this map is ours now.
-        "operator": {"nodeSelector": {"kubernetes.io/os": "linux", **SYSTEM_NODE_SELECTOR}},
+        "operator": {"nodeSelector": {"kubernetes.io/os": "linux", **system_node_selector()}},
     }
 
 
@@ -273,5 +254,5 @@ def kuberay_operator_values() -> dict[str, Any]:
     return {
         # On the system nodes: the operator must keep running while GPU nodes are
         # replaced or drained (it recreates Ray pods), and must not take GPU nodes' CPU.
-        "nodeSelector": dict(SYSTEM_NODE_SELECTOR),
+        "nodeSelector": system_node_selector(),
     }

@@ -98,8 +98,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from infra.aws import gpu_nodes as efa
-from infra.k8s import staging
+from infra.k8s import scheduling, staging
 from infra.catalog.instances import get_instance_type
 from infra.errors import UserError
 
@@ -345,21 +344,14 @@ def quantity(n_bytes: int) -> str:
     return str(n)
 
 
-_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
-
-
 def tolerations() -> list[dict]:
-    """Tolerations for the GPU nodes' taints (infra.efa.gpu_taints, EKS spelling -> Kubernetes)."""
-    return [
-        {"key": t["key"], "operator": "Equal", "value": t["value"], "effect": _EFFECTS[t["effect"]]}
-        for t in efa.gpu_taints()
-    ]
+    """Tolerations for the GPU nodes' taint (infra/k8s/scheduling.py)."""
+    return scheduling.gpu_tolerations()
 
 
 def node_selector(spec: ServingSpec) -> dict[str, str]:
-    """The GPU node group (role) of the plan's instance type (infra.efa.gpu_labels)."""
-    labels = efa.gpu_labels(get_instance_type(spec.instance_type))
-    return {k: labels[k] for k in (efa.ROLE_LABEL, efa.INSTANCE_TYPE_LABEL)}
+    """The GPU node group (role) of the plan's instance type (infra/k8s/scheduling.py)."""
+    return scheduling.gpu_node_selector(get_instance_type(spec.instance_type))
 
 
 def gpu_pod_resources(spec: ServingSpec) -> dict:

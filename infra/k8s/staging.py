@@ -42,6 +42,8 @@ import re
 import shlex
 from typing import Any, Optional
 
+from infra.k8s.scheduling import system_node_selector
+
 MiB = 2**20
 
 MARKER_NAME = ".gpu-serving-complete"
@@ -533,7 +535,7 @@ def staging_pod_spec(
     return {
         "restartPolicy": "Never",
         "serviceAccountName": service_account,
-        "nodeSelector": dict(node_selector or {"gpu-serving/role": "system"}),
+        "nodeSelector": dict(node_selector or system_node_selector()),
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [
             {
