@@ -42,6 +42,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aws.iam import assume_role_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
 from infra.errors import UserError
 from infra.k8s.scheduling import system_labels
 
@@ -195,61 +196,6 @@ def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
 
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:
     return (EFS_CSI, FSX_CSI) if enable_fsx_csi else (EFS_CSI,)
-
-
-def partition_of(region: str) -> str:
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
-
-
-def managed_policy_arn(region: str, path: str) -> str:
-    return f"arn:{partition_of(region)}:iam::aws:policy/{path}"
-
-
-def node_policies(ssm: bool) -> tuple[str, ...]:
-    """Managed policies on the node role, each needed:
-
-    - AmazonEKSWorkerNodePolicy: the kubelet describes the cluster and its instance;
-    - AmazonEC2ContainerRegistryReadOnly: pull the add-on and pause images from ECR;
-    - AmazonEKS_CNI_Policy: the VPC CNI (aws-node, on the node's credentials)
-      attaches ENIs and assigns pod IPs;
-    - AmazonSSMManagedInstanceCore only on request: a shell on nodes without SSH
-      keys or open ports, handy to debug EFA on a GPU node, not needed otherwise.
-    """
-    policies = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy")
-    return policies + (("AmazonSSMManagedInstanceCore",) if ssm else ())
-
-
-def assume_role_policy(service: str, *, tag_session: bool = False) -> str:
-    """A trust policy for an AWS service principal, as JSON (no invoke needed)."""
-    actions: Any = ["sts:AssumeRole", "sts:TagSession"] if tag_session else "sts:AssumeRole"
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}],
-        },
-        sort_keys=True,
-    )
-
-
-def key_use_policy(key_arn: str) -> str:
-    """What the cluster role needs on the secrets key (terraform-aws-eks's ClusterEncryption policy)."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"],
-                    "Resource": key_arn,
-                }
-            ],
-        },
-        sort_keys=True,
-    )
 
 
 def endpoint_access(public_access_cidrs: Sequence[str]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.cluster import assume_role_policy, partition_of
+from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
 from infra.k8s.scheduling import system_node_selector
 from infra.planning.memory import GiB
@@ -264,26 +264,11 @@ def persistent_volume_claim_spec(*, size_bytes: int, volume_name: str) -> dict[s
     }
 
 
-def s3_read_policy(partition: str, checkpoint: str) -> str:
-    """Read-only access to one S3 prefix: list it, get its objects."""
+def s3_bucket_and_prefix(checkpoint: str) -> tuple[str, str]:
+    """`s3://bucket/prefix` -> (bucket, prefix), validated as the staging program reads it."""
     directory, _ = split_checkpoint(checkpoint, "s3")
     bucket, _, prefix = directory.partition("/")
-    prefix_slash = f"{prefix}/" if prefix else ""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Action": "s3:ListBucket",
-                    "Resource": f"arn:{partition}:s3:::{bucket}",
-                    "Condition": {"StringLike": {"s3:prefix": [f"{prefix_slash}*"]}},
-                },
-                {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"arn:{partition}:s3:::{bucket}/{prefix_slash}*"},
-            ],
-        },
-        sort_keys=True,
-    )
+    return bucket, prefix
 
 
 def read_throughput_bytes_per_s(kind: Kind, sizing: Optional[FsxSizing], region: Optional[str]) -> int:
@@ -563,7 +548,7 @@ class ModelStorage(pulumi.ComponentResource):
         policy = aws.iam.RolePolicy(
             f"{name}-staging-s3-read",
             role=role.id,
-            policy=s3_read_policy(partition, args.checkpoint),
+            policy=s3_read_policy(partition, *s3_bucket_and_prefix(args.checkpoint)),
             opts=child,
         )
         # The association must exist before the pod starts: Pod Identity injects

@@ -25,15 +25,13 @@ from components.cluster import (
     ClusterArgs,
     EksCluster,
     addon_names,
-    assume_role_policy,
     check_vpc_cni_version,
     cluster_ignore_changes,
     endpoint_access,
-    managed_policy_arn,
-    node_policies,
     parse_addon_version,
     principal_slug,
 )
+from infra.aws.iam import assume_role_policy, managed_policy_arn, node_policies
 from infra.errors import UserError
 from infra.preview.recording import placeholder, record
 
