@@ -37,7 +37,10 @@ def main() -> None:
     for warning in doc.get("warnings") or []:
         pulumi.log.warn(warning)
 
-    stack = build(cfg, plan)
+    try:
+        stack = build(cfg, plan)
+    except UserError as exc:
+        raise pulumi.RunError(f"stack {cfg.stack}: {exc}") from None
 
     layout, kv, cost = doc["layout"], doc["kv_cache"], doc["cost"]
     pulumi.export("clusterName", stack.cluster.cluster_name)

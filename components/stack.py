@@ -21,6 +21,7 @@ from components.serving import Serving, ServingArgs
 from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
+from infra.planning.contract import Deployment
 from infra.k8s.rayspec import ServingSpec
 from infra.aws.tags import default_tags
 
@@ -36,8 +37,8 @@ def cluster_name(stack: str) -> str:
     return f"{PROJECT}-{stack.rsplit('/', 1)[-1]}"[:100]
 
 
-def root_volume_gib(cfg: StackConfig, plan: Plan) -> int:
-    return cfg.gpu.root_volume_gib or int(plan.to_json_dict()["node"]["root_volume_gib"])
+def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:
+    return cfg.gpu.root_volume_gib or deployment.nodes.root_volume_gib
 
 
 def image_tag(cfg: StackConfig) -> str:
@@ -58,6 +59,7 @@ class Stack:
 
 
 def build(cfg: StackConfig, plan: Plan) -> Stack:
+    deployment = plan.deployment()  # refuses a plan that cannot be served, before any resource
     name = cluster_name(cfg.stack)
     life = cfg.lifecycle
     # Default tags on every AWS resource, through the provider (the leak sweeper
@@ -118,7 +120,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             security_group_ids=[network.efa_security_group_id, cluster.cluster_security_group_id],
             instance_type=plan.instance,
             node_count=plan.nodes,
-            root_volume_gib=root_volume_gib(cfg, plan),
+            root_volume_gib=root_volume_gib(cfg, deployment),
             ami_type=cfg.gpu.ami_type,
             capacity_kind=cfg.gpu.capacity.type,
             reservation_id=cfg.gpu.capacity.reservation_id,
@@ -164,10 +166,10 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             vpc_id=network.vpc_id,
             subnet_id=network.gpu_subnet_id,
             client_security_group_ids=[cluster.cluster_security_group_id, network.efa_security_group_id],
-            storage=doc["storage"],
+            storage=deployment.storage,
             production=life.production,
             namespace=cfg.serving.namespace,
-            checkpoint=st.s3_uri if st.source == "s3" else doc["model"]["checkpoint"],
+            checkpoint=st.s3_uri if st.source == "s3" else deployment.serve.checkpoint,
             source=st.source,
             staging_image=STAGING_IMAGE,
             staging_packages=STAGING_PACKAGES[st.source],

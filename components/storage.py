@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -61,6 +61,7 @@ from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
 from infra.k8s.scheduling import system_node_selector
 from infra.planning.memory import GiB
+from infra.planning.serving import Storage
 from infra.planning.storage import (
     FSX_DEPLOYMENT_TYPE,
     FSX_STORAGE_TYPE,
@@ -82,8 +83,6 @@ from infra.k8s.staging import (
     staging_job_spec,
     staging_pod_spec,
     staging_script,
-    wait_for_weights_command,
-    weights_volume,
 )
 
 TYPE = "gpu-serving:storage:ModelStorage"
@@ -109,29 +108,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
-class StorageFigures:
-    """The plan's storage figures the component needs, as plain numbers."""
-
-    size_bytes: int
-    checkpoint_bytes: int
-    required_read_bytes_per_s: int
-    cold_start_target_s: float = 600.0
-
-    @classmethod
-    def of(cls, value: Any) -> "StorageFigures":
-        """From `infra.planning.serving.Storage`, the plan JSON's `storage` dict, or a StorageFigures."""
-        if isinstance(value, StorageFigures):
-            return value
-        get = value.get if isinstance(value, Mapping) else (lambda k, d=None: getattr(value, k, d))
-        return cls(
-            size_bytes=int(get("size_bytes")),
-            checkpoint_bytes=int(get("checkpoint_bytes")),
-            required_read_bytes_per_s=int(get("required_read_bytes_per_s")),
-            cold_start_target_s=float(get("cold_start_target_s", 600.0)),
-        )
-
-
-@dataclass(frozen=True)
 class ModelStorageArgs:
     """What the weight storage needs. Validated when built (a `UserError` says what is wrong).
 
@@ -149,7 +125,7 @@ class ModelStorageArgs:
     vpc_id: pulumi.Input[str]
     subnet_id: pulumi.Input[str]
     client_security_group_ids: Sequence[pulumi.Input[str]]
-    storage: Any  # StorageFigures, infra.planning.serving.Storage, or the plan JSON's storage dict
+    storage: Storage  # the plan's storage figures (Plan.deployment().storage)
     production: bool
     namespace: str
     checkpoint: str  # "org/name[@revision]" (hf) or "s3://bucket/prefix" (s3)
@@ -167,7 +143,6 @@ class ModelStorageArgs:
     tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "storage", StorageFigures.of(self.storage))
         object.__setattr__(self, "client_security_group_ids", list(self.client_security_group_ids))
         object.__setattr__(self, "staging_packages", tuple(self.staging_packages))
         object.__setattr__(self, "staging_excludes", tuple(self.staging_excludes))
@@ -202,7 +177,7 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError("storage: an S3 source needs cluster_name (the staging Job reads S3 through EKS Pod Identity)")
     if args.staging_workers < 1:
         raise UserError("storage: staging_workers must be at least 1")
-    figures: StorageFigures = args.storage
+    figures: Storage = args.storage
     if figures.checkpoint_bytes <= 0 or figures.size_bytes < figures.checkpoint_bytes:
         raise UserError(f"storage: the plan's sizes are inconsistent ({figures})")
 
@@ -291,7 +266,6 @@ class ModelStorage(pulumi.ComponentResource):
     marker_path: str
     model_path: str
     mount_path: str
-    volume_read_only_mount: dict[str, dict[str, Any]]
     read_throughput_bytes_per_s: int
     fsx_sizing: Optional[FsxSizing]
     staging_deadline_s: int
@@ -302,7 +276,7 @@ class ModelStorage(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         keep = pulumi.ResourceOptions.merge(child, protection(args.production))
         tags = dict(args.tags)
-        figures: StorageFigures = args.storage
+        figures: Storage = args.storage
 
         # -- the file system ---------------------------------------------------------------
         self.fsx_sizing = None
@@ -404,7 +378,6 @@ class ModelStorage(pulumi.ComponentResource):
 
         # -- outputs ------------------------------------------------------------------------------------
         self.pvc_name = args.pvc_name
-        self.volume_read_only_mount = weights_volume(self.pvc_name, self.mount_path)
         self.register_outputs(
             {
                 "file_system_id": self.file_system_id,
@@ -415,16 +388,6 @@ class ModelStorage(pulumi.ComponentResource):
                 "read_throughput_bytes_per_s": self.read_throughput_bytes_per_s,
             }
         )
-
-    # -- what the serving pods use ----------------------------------------------------------------
-
-    def weights_volume(self) -> dict[str, dict[str, Any]]:
-        """The pod volume and read-only mount of the weights (see `infra.staging.weights_volume`)."""
-        return weights_volume(self.pvc_name, self.mount_path)
-
-    def wait_for_weights_command(self, timeout_s: Optional[int] = None, interval_s: int = 10) -> list[str]:
-        """An init container's command waiting for the marker; by default as long as the staging Job may run."""
-        return wait_for_weights_command(self.marker_path, self.staging_deadline_s if timeout_s is None else timeout_s, interval_s)
 
     # -- file systems -----------------------------------------------------------------------------------
 
@@ -467,7 +430,7 @@ class ModelStorage(pulumi.ComponentResource):
         self.file_system_id = self.file_system.id
         return efs_volume_source(self.file_system.id, self.mount_target.ip_address), [self.mount_target]
 
-    def _fsx(self, name, args: ModelStorageArgs, figures: StorageFigures, tags, child, keep):
+    def _fsx(self, name, args: ModelStorageArgs, figures: Storage, tags, child, keep):
         sizing = fsx_lustre_sizing(figures.checkpoint_bytes, figures.required_read_bytes_per_s)
         self.fsx_sizing = sizing
         self.security_group = aws.ec2.SecurityGroup(

@@ -17,6 +17,7 @@ from infra.catalog.models import (
 )
 from infra.errors import UserError
 from infra.planning import memory, serving
+from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
 from infra.planning.memory import KV_DTYPE_BYTES, RankBudget
@@ -62,6 +63,28 @@ class Plan:
     @property
     def constrained(self) -> RankBudget | None:
         return self.evaluation.constrained if self.stages else None
+
+    def deployment(self) -> Deployment:
+        """The typed figures the components take (infra/planning/contract.py); refuses a plan it cannot serve."""
+        if not self.feasible:
+            raise UserError("the plan does not fit, so there is nothing to deploy: " + "; ".join(self.errors or ["infeasible"]))
+        if not self.checkpoint:
+            raise UserError(f"no published checkpoint of {self.model.name} is known: the serving layer needs weights to load")
+        if self.pod.gpus != self.instance.gpu_count:
+            raise UserError("the plan's pod does not take all of the node's GPUs; the serving layer runs one pod per node")
+        return Deployment(
+            nodes=GpuNodes(
+                instance_type=self.instance.name,
+                count=self.nodes,
+                gpus_per_node=self.instance.gpu_count,
+                efa_interfaces=self.pod.efa_interfaces,
+                root_volume_gib=serving.ROOT_VOLUME_GIB,
+            ),
+            pod=self.pod,
+            ray_start_params=tuple(self.ray_params.items()),
+            storage=self.storage,
+            serve=ServeCommand(checkpoint=self.checkpoint, vllm_args=tuple(self.serving_args)),
+        )
 
     def to_json_dict(self) -> dict:
         arch, lay, tight = self.model, self.layout, self.constrained
