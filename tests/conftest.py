@@ -26,6 +26,7 @@ def in_ci() -> bool:
 
 def fixture_path(*parts: str) -> Path:
     """`tests/fixtures/<parts>`; a missing one fails the test under CI=true and skips it otherwise."""
+    __tracebackhide__ = True  # report the test that asked for the file, not this line
     path = FIXTURES_DIR.joinpath(*parts)
     if not path.exists():
         message = f"test fixture missing: {path} (restore it from git or refresh it: {REFRESH})"
