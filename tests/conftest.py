@@ -1,19 +1,39 @@
-"""Shared fixtures: where the repository and the shared reference data are.
+"""Shared fixtures: where the repository and its test data are.
 
-The reference data (model configs, upstream chart files) lives next to the
-repository in `../shared/`; set GPU_SERVING_SHARED to use another copy. Tests
-that need it are skipped, with the reason, when it is absent.
+Upstream data the tests check against (the KubeRay CRD, the charts' default
+values, published model configs, chart and add-on tables) is kept in the
+repository under `tests/fixtures/`, with its sources and how to refresh it in
+`tests/fixtures/README.md`. A fixture file that is missing fails the test when
+`CI=true` and skips it otherwise, naming the path and the refresh command.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = Path(os.environ.get("GPU_SERVING_SHARED", REPO_ROOT.parent / "shared")).resolve()
+FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"
+REFRESH = "python tests/fixtures/refresh.py [REFERENCE_DIR]; see tests/fixtures/README.md"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def fixture_path(*parts: str) -> Path:
+    """`tests/fixtures/<parts>`; a missing one fails the test under CI=true and skips it otherwise."""
+    __tracebackhide__ = True  # report the test that asked for the file, not this line
+    path = FIXTURES_DIR.joinpath(*parts)
+    if not path.exists():
+        message = f"test fixture missing: {path} (restore it from git or refresh it: {REFRESH})"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -22,26 +42,19 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-def _shared(*parts: str) -> Path:
-    path = SHARED_DIR.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"reference data not found: {path} (set GPU_SERVING_SHARED)")
-    return path
-
-
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """`../shared`: reference data kept outside the repository."""
-    return _shared()
+def fixture_file() -> Callable[..., Path]:
+    """`fixture_file("upstream", "kuberay-operator-1.7.0", "values.yaml")`: a checked path in tests/fixtures."""
+    return fixture_path
 
 
 @pytest.fixture(scope="session")
 def models_dir() -> Path:
-    """`../shared/models/<org>--<repo>/config.json`: published model configs."""
-    return _shared("models")
+    """`tests/fixtures/models/<org>--<repo>/config.json`: published model configs."""
+    return fixture_path("models")
 
 
 @pytest.fixture(scope="session")
 def upstream_dir() -> Path:
-    """`../shared/upstream/<chart>-<version>/`: upstream CRDs and chart defaults."""
-    return _shared("upstream")
+    """`tests/fixtures/upstream/<chart>-<version>/`: upstream CRDs and chart defaults."""
+    return fixture_path("upstream")

@@ -3,19 +3,19 @@
 The recorder returns plain data once the program has finished (inputs and the
 resource options the engine saw); every test asserts on that data. AWS enum
 values are checked against botocore's EKS service model; add-on names, which
-botocore does not list, against ../shared/FACTS.md.
+botocore does not list, against tests/fixtures/eks_addons.yaml (from FACTS.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import botocore.session
 import pulumi
 import pulumi_aws as aws
 import pytest
+import yaml
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 
 from components.cluster import (
@@ -170,17 +170,15 @@ def test_protect_only_when_asked(private_cluster, public_cluster):
 # ---- add-ons ------------------------------------------------------------------------------
 
 
-def _facts_addon_names(shared_dir) -> set[str]:
-    facts = (shared_dir / "FACTS.md").read_text()
-    start = facts.index("Add-on names:")
-    end = facts.index("\n- ", start)
-    names = set(re.findall(r"`([a-z0-9-]+)`", facts[start:end]))
+def _known_addon_names(fixture_file) -> set[str]:
+    doc = yaml.safe_load(fixture_file("eks_addons.yaml").read_text())
+    names = {addon["name"] for addon in doc["addons"]}
     assert "vpc-cni" in names and len(names) >= 6, names
     return names
 
 
-def test_addon_names_are_known_to_eks(private_cluster, public_cluster, shared_dir):
-    known = _facts_addon_names(shared_dir)
+def test_addon_names_are_known_to_eks(private_cluster, public_cluster, fixture_file):
+    known = _known_addon_names(fixture_file)
     base = {r.inputs["addonName"] for r in private_cluster.of_type(ADDON)}
     assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver"}
     with_fsx = {r.inputs["addonName"] for r in public_cluster.of_type(ADDON)}

@@ -4,7 +4,7 @@ Each stack file is synthesised; every `kubernetes:*` resource is turned back
 into its manifest (apiVersion, kind and the fields it sends) and validated with
 kubernetes-validate in strict mode (unknown fields are errors) against the
 Kubernetes OpenAPI schema of the stack's `kubernetesVersion`; custom resources
-of KubeRay are validated against the KubeRay 1.7.0 CRD in ../shared/upstream.
+of KubeRay are validated against the KubeRay 1.7.0 CRD (tests/fixtures/upstream).
 Helm releases and provider resources are not Kubernetes objects.
 """
 
@@ -22,7 +22,7 @@ from infra.config import load_stack_file
 from infra.preview.synth import synthesize
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+KUBERAY_CRD = ("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml")
 NOT_OBJECTS = ("kubernetes:helm.sh/", "pulumi:providers:")
 SECRET = {"<secret>": True}
 
@@ -63,10 +63,7 @@ def _k8s_version(stack: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def _raycluster_schema() -> dict:
-    path = SHARED / "upstream" / "kuberay-operator-1.7.0" / "ray.io_rayclusters.yaml"
-    if not path.exists():
-        pytest.skip(f"KubeRay CRD not found at {path}")
+def _raycluster_schema(path: Path) -> dict:
     crd = yaml.safe_load(path.read_text())
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return served["schema"]["openAPIV3Schema"]
@@ -81,13 +78,14 @@ def test_stack_creates_kubernetes_objects(stack):
 
 
 @pytest.mark.parametrize("stack", ["prod", "test"])
-def test_every_object_validates_strictly(stack):
+def test_every_object_validates_strictly(stack, fixture_file):
     version = _k8s_version(stack)
+    crd_path = fixture_file(*KUBERAY_CRD)
     errors = []
     for resource in _objects(stack):
         manifest = _manifest(resource)
         if manifest["apiVersion"].startswith("ray.io/"):
-            schema_errors = sorted(jsonschema.Draft7Validator(_raycluster_schema()).iter_errors(manifest), key=str)
+            schema_errors = sorted(jsonschema.Draft7Validator(_raycluster_schema(crd_path)).iter_errors(manifest), key=str)
             errors += [f"{resource['name']}: {e.message} at {list(e.path)}" for e in schema_errors]
             continue
         if manifest["apiVersion"].startswith("monitoring.coreos.com/"):

@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,6 @@ from infra.catalog.models import (
     with_weight_format,
 )
 from infra.errors import UserError
-
-REFERENCE_MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 
 _UNITS = {"T": 10**12, "B": 10**9, "GiB": 2**30}
 
@@ -374,12 +371,10 @@ def test_gqa_cache_is_k_and_v_per_kv_head():
 # --- Loading ----------------------------------------------------------------------------------
 
 
-def test_bundled_configs_equal_reference_files():
-    if not REFERENCE_MODELS.is_dir():
-        pytest.skip(f"reference configs not present at {REFERENCE_MODELS} (../shared/models)")
+def test_bundled_configs_equal_reference_files(fixture_file):
+    """Each bundled config is the published one (tests/fixtures/models/<org>--<repo>/config.json)."""
     for name, entry in CATALOG.items():
-        reference = REFERENCE_MODELS / entry.hf_repo.replace("/", "--") / "config.json"
-        assert reference.is_file(), f"{name}: no reference config {reference}"
+        reference = fixture_file("models", entry.hf_repo.replace("/", "--"), "config.json")
         assert json.loads((CONFIG_DIR / entry.file).read_text()) == json.loads(reference.read_text()), name
 
 

@@ -3,7 +3,7 @@
 Three kinds of check:
 
 1. Every key path our values set exists in the chart's own default values
-   (`../shared/upstream/<chart>-<version>/values.yaml`), with a value of the
+   (`tests/fixtures/upstream/<chart>-<version>/values.yaml`), with a value of the
    same kind, so a misspelt or misplaced key fails here instead of being
    silently ignored by Helm. Only the contents of *free-form* subtrees are
    exempt (FREE_FORM below): maps whose keys are data, not chart settings.
@@ -14,7 +14,7 @@ Three kinds of check:
    tolerations exactly the GPU taint, operators on the system nodes, the EFA
    plugin's supported-instance list.
 3. The `Operators` component under the recording engine: the Release resources'
-   chart, version and repository (FACTS.md's table and the upstream folders),
+   chart, version and repository (tests/fixtures/charts.yaml and the upstream folders),
    namespaces, options, and the values reaching the Release inputs.
 
 The recording engine turns integers into floats, so numbers compare numerically.
@@ -135,13 +135,13 @@ def unknown_paths(ours: dict, defaults: dict, free_form: set[tuple[str, ...]], p
 
 
 @lru_cache(maxsize=None)
-def _upstream_values(upstream: Path, folder: str) -> dict:
-    return yaml.safe_load((upstream / folder / "values.yaml").read_text())
+def _upstream_values(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
 @pytest.fixture(scope="module")
-def chart_defaults(upstream_dir):
-    return lambda chart: _upstream_values(upstream_dir, chart.upstream_folder)
+def chart_defaults(fixture_file):
+    return lambda chart: _upstream_values(fixture_file("upstream", chart.upstream_folder, "values.yaml"))
 
 
 @pytest.mark.parametrize("chart", CHARTS, ids=lambda c: c.chart)
@@ -306,26 +306,20 @@ def test_instance_without_efa_needs_no_plugin():
             efa_device_plugin_values(itype)
 
 
-# ---- charts: FACTS.md and the upstream copies --------------------------------------------------
+# ---- charts: the chart table and the upstream copies ------------------------------------------
 
 
-def _facts_charts(shared_dir: Path) -> dict[str, tuple[str, str]]:
-    """chart -> (repository, version) from FACTS.md's "Helm charts" table."""
-    text = (shared_dir / "FACTS.md").read_text()
-    section = text.split("## Helm charts", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[1].startswith("https://"):
-            rows[cells[2]] = (cells[1], cells[3].split()[0])  # "v0.5.30 (app v0.5.20)" -> "v0.5.30"
-    return rows
+def _known_charts(fixture_file) -> dict[str, tuple[str, str]]:
+    """chart -> (repository, version) from tests/fixtures/charts.yaml (FACTS.md's "Helm charts" table)."""
+    doc = yaml.safe_load(fixture_file("charts.yaml").read_text())
+    return {c["chart"]: (c["repository"], c["version"]) for c in doc["charts"]}
 
 
-def test_charts_match_facts_and_upstream(shared_dir, upstream_dir):
-    facts = _facts_charts(shared_dir)
-    assert {c.chart: (c.repository, c.version) for c in CHARTS} == facts
+def test_charts_match_facts_and_upstream(fixture_file):
+    known = _known_charts(fixture_file)
+    assert {c.chart: (c.repository, c.version) for c in CHARTS} == known
     for chart in CHARTS:
-        folder = upstream_dir / chart.upstream_folder
+        folder = fixture_file("upstream", chart.upstream_folder)
         assert folder.is_dir(), f"no upstream copy for {chart.chart} {chart.version}: {folder}"
         chart_yaml = folder / "Chart.yaml"
         if chart_yaml.exists():  # the gpu-operator copy has values.yaml only: its folder name is the version
@@ -354,13 +348,13 @@ def _releases(rec: Recording) -> dict[str, Any]:
     return {r.inputs["chart"]: r for r in rec.of_type(RELEASE)}
 
 
-def test_releases_pin_chart_version_and_repository(p5, shared_dir):
-    facts = _facts_charts(shared_dir)
+def test_releases_pin_chart_version_and_repository(p5, fixture_file):
+    known = _known_charts(fixture_file)
     releases = _releases(p5)
-    assert set(releases) == set(facts) == {c.chart for c in CHARTS}
+    assert set(releases) == set(known) == {c.chart for c in CHARTS}
     for chart in CHARTS:
         r = releases[chart.chart]
-        assert (r.inputs["repositoryOpts"]["repo"], r.inputs["version"]) == facts[chart.chart]
+        assert (r.inputs["repositoryOpts"]["repo"], r.inputs["version"]) == known[chart.chart]
         assert r.inputs["name"] == chart.release
         assert r.inputs["namespace"] == chart.namespace
 

@@ -1,7 +1,7 @@
 """infra/k8s/rayspec.py: the serving manifests against the real schemas and the plan.
 
 - The RayCluster validates against the KubeRay 1.7.0 CRD (the served `v1`
-  openAPIV3Schema in ../shared/upstream), made strict: an object schema that
+  openAPIV3Schema in tests/fixtures/upstream), made strict: an object schema that
   lists properties rejects any other (the API server would silently prune
   them), `x-kubernetes-int-or-string` takes an integer or a string,
   `x-kubernetes-list-type: map|set` lists must not repeat their keys/items.
@@ -124,8 +124,8 @@ StrictCRDValidator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"
 
 
 @pytest.fixture(scope="module")
-def crd(upstream_dir) -> dict:
-    doc = yaml.safe_load((upstream_dir / "kuberay-operator-1.7.0" / "ray.io_rayclusters.yaml").read_text())
+def crd(fixture_file) -> dict:
+    doc = yaml.safe_load(fixture_file("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml").read_text())
     (served,) = [v for v in doc["spec"]["versions"] if v["name"] == "v1" and v["served"]]
     return served["schema"]["openAPIV3Schema"]
 

@@ -2,8 +2,8 @@
 actions, ask for the least permissions, and touch the cloud only where credentials are configured.
 
 Every `python -m infra ...` a `run:` step calls is checked against the CLI: the command must be registered
-(one another part of the project has not added yet is skipped, with the reason), `--help` must exit 0, and
-every `--option` the step passes must be one the command takes.
+(a workflow calling one that is not fails, naming the registered ones), `--help` must exit 0, and every
+`--option` the step passes must be one the command takes.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def root_command():
 
 
 def resolve(args: tuple[str, ...]):
-    """The command path (`synth`, `ephemeral up`) and the command it names; skip when not registered."""
+    """The command path (`synth`, `ephemeral up`) and the command it names; fail when not registered."""
     command = root_command()
     path: list[str] = []
     rest = list(args)
@@ -140,8 +140,8 @@ def resolve(args: tuple[str, ...]):
         sub = command.commands.get(name)
         if sub is None:
             known = ", ".join(sorted(command.commands))
-            pytest.skip(f"`python -m infra {' '.join([*path, name])}` is not registered yet (another part of "
-                        f"the project; registered: {known})")
+            pytest.fail(f"`python -m infra {' '.join([*path, name])}` is not a registered command "
+                        f"(registered: {known})", pytrace=False)
         path.append(name)
         command = sub
     return path, command
@@ -184,9 +184,9 @@ def test_the_command_check_catches_what_does_not_exist():
     path, command = resolve(("ephemeral", "up", "--from", "test", "--ttl", "2"))
     assert path == ["ephemeral", "up"]
     assert unknown_flags(path, command, ("ephemeral", "up", "--from", "test", "--tll", "2")) == ["--tll"]
-    with pytest.raises(pytest.skip.Exception, match="not registered yet"):
+    with pytest.raises(pytest.fail.Exception, match="`python -m infra no-such-command` is not a registered command"):
         resolve(("no-such-command", "--stack", "prod"))
-    with pytest.raises(pytest.skip.Exception, match="ephemeral nope"):
+    with pytest.raises(pytest.fail.Exception, match="`python -m infra ephemeral nope` is not a registered command"):
         resolve(("ephemeral", "nope"))
 
 
