@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
+from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, gpu_ami_types
 from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
 
 PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of its config keys
@@ -21,6 +23,9 @@ PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of
 WeightFormat = Literal[WEIGHT_FORMAT_CHOICES]  # type: ignore[valid-type]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
 Objective = Literal["max-kv", "min-cost"]
+# Every GPU instance type in the catalog is x86_64 (the tests check it against EC2's data).
+GpuAmiType = Literal[gpu_ami_types("x86_64")]  # type: ignore[valid-type]
+CapacityKind = Literal[CAPACITY_KINDS]  # type: ignore[valid-type]
 
 
 class _Area(BaseModel):
@@ -60,8 +65,8 @@ class GpuConfig(_Area):
         le=64,
         description="Number of GPU nodes; with objective `min-cost`, the most the planner may use (it picks the fewest that hold `targetConcurrency`).",
     )
-    ami_type: Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"] = Field(
-        default="AL2023_x86_64_NVIDIA",
+    ami_type: GpuAmiType = Field(
+        default=DEFAULT_GPU_AMI_TYPE,
         description="EKS AMI type of the GPU nodes (NVIDIA driver, toolkit and EFA software on board; "
         "GPU-EFA topology pairing with the EFA device plugin happens on AL2023 only).",
     )
@@ -80,8 +85,8 @@ class GpuConfig(_Area):
 class CapacityConfig(_Area):
     """`gpu-serving:gpu.capacity`: how the GPU instances are bought."""
 
-    type: Literal["on-demand", "capacity-reservation", "capacity-block"] = Field(
-        default="on-demand",
+    type: CapacityKind = Field(
+        default=ON_DEMAND,
         description="`on-demand`, `capacity-reservation` (an On-Demand Capacity Reservation) or "
         "`capacity-block` (EC2 Capacity Block for ML; node group capacity type CAPACITY_BLOCK).",
     )
@@ -94,13 +99,13 @@ class CapacityConfig(_Area):
 
     @model_validator(mode="after")
     def _reservation_needs_id(self) -> "CapacityConfig":
-        if self.type != "on-demand" and not self.reservation_id:
+        if is_reserved(self.type) and not self.reservation_id:
             raise PydanticCustomError(
                 "required_for_capacity",
                 "required when type is '{kind}' (the reservation or Capacity Block to launch into)",
                 {"key": "reservationId", "kind": self.type},
             )
-        if self.type == "on-demand" and self.reservation_id:
+        if not is_reserved(self.type) and self.reservation_id:
             raise PydanticCustomError(
                 "reservation_without_type",
                 "a reservationId is given but type is 'on-demand'; set type to 'capacity-reservation' or 'capacity-block'",

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from infra.catalog.capacity import takes_placement_group
 from infra.config.areas import (
     ChecksConfig,
     ClusterConfig,
@@ -63,7 +64,7 @@ class StackConfig(BaseModel):
                 "unknown instance type '{name}'; known instance types: {known}",
                 {"loc": ("gpu", "instanceType"), "name": self.gpu.instance_type, "known": ", ".join(sorted(INSTANCE_TYPES))},
             )
-        if self.gpu.capacity.type != "on-demand" and self.network.placement_group:
+        if self.network.placement_group and not takes_placement_group(self.gpu.capacity.type):
             raise PydanticCustomError(
                 "placement_with_reservation",
                 "placementGroup is true but capacity type is '{kind}': a reservation or Capacity Block already "
@@ -90,7 +91,7 @@ class StackConfig(BaseModel):
     def placement_group(self) -> bool:
         """Whether GPU nodes go in a cluster placement group (see NetworkConfig.placement_group)."""
         if self.network.placement_group is None:
-            return self.gpu.capacity.type == "on-demand"
+            return takes_placement_group(self.gpu.capacity.type)
         return self.network.placement_group
 
     def plan_request(self) -> PlanRequest:
