@@ -67,7 +67,7 @@ def error_message(err: dict, data: dict) -> str:
     if typ in _CROSS_CHECKS:
         # Our own checks: the key they are about is in the context.
         where = tuple(ctx["loc"]) if "loc" in ctx else loc + ((ctx["key"],) if "key" in ctx else ())
-        if where and where[-1] in ("gpuAvailabilityZone", "gpu_availability_zone", "existingGpuSubnetId", "existing_gpu_subnet_id") and loc and loc[-1] == where[-1]:
+        if loc and where and loc[-1] == where[-1]:  # the location names the key already
             where = loc
         return f"{key_path(where)}: {err['msg']}"
     path = key_path(loc)
