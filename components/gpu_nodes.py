@@ -50,7 +50,6 @@ from typing import Mapping, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from infra.catalog.instances import InstanceType
 from infra.aws.gpu_nodes import (
     capacity_settings,
     efa_interface_count,
@@ -58,18 +57,13 @@ from infra.aws.gpu_nodes import (
     root_device_name,
     update_config,
 )
-from infra.errors import UserError
+from infra.catalog.capacity import ON_DEMAND, takes_placement_group
+from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, GPU_AMI_TYPES
+from infra.catalog.instances import InstanceType
 from infra.k8s.scheduling import gpu_labels, gpu_taints
 
 TYPE = "gpu-serving:gpu:GpuNodeGroup"
 
-# EKS AMI types that carry the NVIDIA driver and container toolkit (botocore eks AMITypes).
-GPU_AMI_TYPES = (
-    "AL2023_x86_64_NVIDIA",
-    "AL2023_ARM_64_NVIDIA",
-    "BOTTLEROCKET_x86_64_NVIDIA",
-    "BOTTLEROCKET_ARM_64_NVIDIA",
-)
 ROOT_VOLUME_TYPE = "gp3"  # EC2 VolumeType
 IMDS_TOKENS = "required"  # EC2 LaunchTemplateHttpTokensState: IMDSv2 only
 IMDS_ENDPOINT = "enabled"
@@ -98,8 +92,8 @@ class GpuNodeGroupArgs:
     instance_type: InstanceType
     node_count: int
     root_volume_gib: int
-    ami_type: str = "AL2023_x86_64_NVIDIA"
-    capacity_kind: str = "on-demand"
+    ami_type: str = DEFAULT_GPU_AMI_TYPE
+    capacity_kind: str = ON_DEMAND
     reservation_id: Optional[str] = None
     placement_group_name: Optional[pulumi.Input[str]] = None
     kubernetes_version: Optional[str] = None
@@ -122,25 +116,26 @@ class GpuNodeGroup(pulumi.ComponentResource):
     efa_interface_count: int
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
-        # Everything that can be wrong is checked before anything is registered.
+        # The arguments are checked before anything is registered. A ValueError here is a
+        # caller's bug: the stack config refuses every such mistake with its key first.
         if args.ami_type not in GPU_AMI_TYPES:
-            raise UserError(
-                f"gpu-serving:gpu.amiType: {args.ami_type!r} is not an EKS GPU AMI type "
-                f"(one with the NVIDIA driver); allowed: {', '.join(GPU_AMI_TYPES)}"
+            raise ValueError(
+                f"ami_type {args.ami_type!r} is not an EKS GPU AMI type (one with the NVIDIA driver); "
+                f"allowed: {', '.join(GPU_AMI_TYPES)}"
             )
         if args.instance_type.gpu_count < 1:
-            raise UserError(f"gpu-serving:gpu.instanceType: {args.instance_type.name} has no GPU")
+            raise ValueError(f"instance_type {args.instance_type.name} has no GPU")
         if args.root_volume_gib < 1:
-            raise UserError(f"the GPU nodes' root volume must be at least 1 GiB, got {args.root_volume_gib}")
+            raise ValueError(f"root_volume_gib must be at least 1, got {args.root_volume_gib}")
         if args.imds_hop_limit not in (1, 2):
             raise ValueError(f"imds_hop_limit must be 1 or 2, got {args.imds_hop_limit}")
-        capacity = capacity_settings(args.capacity_kind, args.reservation_id)
-        if args.placement_group_name is not None and capacity.kind != "on-demand":
-            raise UserError(
-                f"gpu-serving:network.placementGroup: a placement group with capacity type {capacity.kind!r} "
-                "breaks launches (the reservation already fixes placement); set placementGroup to false or null"
+        if args.placement_group_name is not None and not takes_placement_group(args.capacity_kind):
+            raise ValueError(
+                f"placement_group_name is given but capacity_kind {args.capacity_kind!r} fixes placement "
+                "already (launching a reservation into a placement group fails)"
             )
-        updates = update_config(args.node_count, capacity.kind)
+        capacity = capacity_settings(args.capacity_kind, args.reservation_id)
+        updates = update_config(args.node_count, args.capacity_kind)
         interfaces = efa_interfaces(args.instance_type, args.security_group_ids)
 
         super().__init__(TYPE, name, None, opts)

@@ -33,7 +33,7 @@ again with resolved inputs during `pulumi up`, before the resource is created.
   tag `lifecycle: production`, infra/aws/tags.py);
 - `allow_internet_facing`: internet-facing load balancers are allowed. The stack
   config has no such option today, so it is always False. To add one: a
-  `gpu-serving:serving.internetFacing` config key (infra/config/__init__.py), read into
+  `gpu-serving:serving.internetFacing` config key (infra/config/areas.py), read into
   this key by infra/preview/policy_check.py; in CrossGuard, the policy's
   `allowInternetFacing` config (`pulumi preview --policy-pack policies
   --policy-pack-config cfg.json`, cfg.json:

@@ -93,19 +93,6 @@ def test_instance_names_are_botocore_enum_members():
     assert set(INSTANCE_TYPES) - enum == set()
 
 
-def test_efa_counts_match_facts_table():
-    # /work/shared/FACTS.md, "GPUs and instances" table.
-    facts = {
-        "p4d.24xlarge": 4,
-        "p4de.24xlarge": 4,
-        "p5.48xlarge": 32,
-        "p5e.48xlarge": 32,
-        "p5en.48xlarge": 16,
-        "p6-b200.48xlarge": 8,
-    }
-    assert {n: INSTANCE_TYPES[n].max_efa_interfaces for n in facts} == facts
-
-
 @pytest.mark.parametrize("name", list(GPUS))
 def test_visible_memory_below_marketing(name):
     gpu = GPUS[name]

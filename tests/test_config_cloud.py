@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import copy
+import typing
 
 import pytest
+from moto.utilities.utils import load_resource
 
+from infra.catalog.eks import GPU_AMI_TYPES
+from infra.catalog.instances import INSTANCE_TYPES
 from infra.config import from_mapping, read_stack_file
+from infra.config.areas import GpuConfig
 from infra.errors import UserError
+
+EC2_TYPES = load_resource("ec2/resources/instance_types.json")
 
 
 def _prod_areas(repo_root) -> dict:
@@ -78,10 +85,35 @@ def test_reservation_id_must_look_like_one(prod):
     _refused(prod, "gpu-serving:gpu.capacity.reservationId", "cr-0123456789abcdef0")
 
 
-def test_capacity_block_in_a_placement_group_is_refused(prod):
-    prod["gpu"]["capacity"] = {"type": "capacity-block", "reservationId": "cr-0123456789abcdef0"}
+def test_reservation_id_on_demand_is_refused(prod):
+    prod["gpu"]["capacity"] = {"type": "on-demand", "reservationId": "cr-0123456789abcdef0"}
+    _refused(prod, "gpu-serving:gpu.capacity.reservationId", "'on-demand'", "'capacity-block'")
+
+
+def test_unknown_capacity_type_lists_the_known_ones(prod):
+    prod["gpu"]["capacity"] = {"type": "spot"}
+    _refused(prod, "gpu-serving:gpu.capacity.type", "'spot'", "'on-demand'", "'capacity-reservation'", "'capacity-block'")
+
+
+@pytest.mark.parametrize("kind", ["capacity-block", "capacity-reservation"])
+def test_reserved_capacity_in_a_placement_group_is_refused(prod, kind):
+    prod["gpu"]["capacity"] = {"type": kind, "reservationId": "cr-0123456789abcdef0"}
     prod["network"]["placementGroup"] = True
-    _refused(prod, "gpu-serving:network.placementGroup", "capacity-block")
+    message = _refused(prod, "gpu-serving:network.placementGroup", kind)
+    assert "config errors" not in message  # one message, about the one key
+
+
+@pytest.mark.parametrize("ami_type", ["AL2023_x86_64_STANDARD", "AL2023_ARM_64_NVIDIA"])
+def test_ami_type_must_be_a_gpu_one_for_the_instances(prod, ami_type):
+    prod["gpu"]["amiType"] = ami_type
+    _refused(prod, "gpu-serving:gpu.amiType", ami_type, "'AL2023_x86_64_NVIDIA'", "'BOTTLEROCKET_x86_64_NVIDIA'")
+
+
+def test_allowed_ami_types_are_the_gpu_ones_of_the_catalogs_cpu_architectures():
+    # EC2's data (moto's copy of DescribeInstanceTypes): the CPUs of the catalog's instance types.
+    architectures = {a for name in INSTANCE_TYPES for a in EC2_TYPES[name]["ProcessorInfo"]["SupportedArchitectures"]}
+    allowed = set(typing.get_args(GpuConfig.model_fields["ami_type"].annotation))
+    assert allowed == {t for t, arch in GPU_AMI_TYPES.items() if arch in architectures}
 
 
 def test_capacity_block_drops_the_placement_group_by_default(prod):

@@ -50,24 +50,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_KINDS, CAPACITY_RESERVATION, ON_DEMAND, is_reserved
+from infra.catalog.eks import BOTTLEROCKET, ami_family
 from infra.catalog.instances import InstanceType
-from infra.errors import UserError
-
-RESERVATION_ID_KEY = "gpu-serving:gpu.capacity.reservationId"
-CAPACITY_TYPE_KEY = "gpu-serving:gpu.capacity.type"
-
-CAPACITY_KINDS = ("on-demand", "capacity-reservation", "capacity-block")
 
 # EC2 launch template values (checked against botocore's ec2 model by the tests).
 INTERFACE = "interface"  # ENA only: carries IP addresses
-EFA = "efa"  # EFA with ENA (not used by this layout; listed for the enum test)
+EFA = "efa"  # EFA with ENA: not in this layout, but counted as an EFA device if a template has one
 EFA_ONLY = "efa-only"  # EFA device only: no IP addresses
-MARKET_CAPACITY_BLOCK = "capacity-block"
+MARKET_CAPACITY_BLOCK = "capacity-block"  # EC2 MarketType
 
-# EKS node group values (checked against botocore's eks model by the tests).
-CAPACITY_ON_DEMAND = "ON_DEMAND"
-CAPACITY_BLOCK = "CAPACITY_BLOCK"
-
+# EKS node group capacity types (checked against botocore's eks model by the tests).
+NODE_GROUP_ON_DEMAND = "ON_DEMAND"
+NODE_GROUP_CAPACITY_BLOCK = "CAPACITY_BLOCK"
 
 
 def efa_interfaces(itype: InstanceType, security_group_ids: Sequence[Any]) -> list[dict]:
@@ -118,16 +113,14 @@ def efa_interface_count(interfaces: Sequence[dict]) -> int:
 class CapacitySettings:
     """Where a GPU node group's instances come from, as the template and node group say it."""
 
-    kind: str  # one of CAPACITY_KINDS
     node_group_capacity_type: str  # EKS CapacityTypes: ON_DEMAND | CAPACITY_BLOCK
-    reservation_id: str | None
     # Launch template blocks (pulumi_aws argument names), None when not set.
     instance_market_options: dict | None
     capacity_reservation_specification: dict | None
 
 
 def capacity_settings(kind: str, reservation_id: str | None) -> CapacitySettings:
-    """Capacity settings for `kind` ("on-demand", "capacity-reservation", "capacity-block").
+    """Capacity settings for `kind` (one of `infra.catalog.capacity.CAPACITY_KINDS`).
 
     - on-demand: node group ON_DEMAND, no market options, no reservation target
       (EC2's default "open" preference still uses a matching open reservation).
@@ -135,30 +128,26 @@ def capacity_settings(kind: str, reservation_id: str | None) -> CapacitySettings
     - capacity-block (EKS User Guide, "Create a managed node group with Capacity
       Blocks for ML"): template market type "capacity-block" plus the reservation
       target, node group capacity type CAPACITY_BLOCK.
+
+    `reservation_id` is required for the reserved kinds and refused on demand
+    (a ValueError: the stack config checks this for the user first).
     """
     if kind not in CAPACITY_KINDS:
-        raise UserError(f"{CAPACITY_TYPE_KEY}: unknown capacity type {kind!r}; known: {', '.join(CAPACITY_KINDS)}")
-    if kind == "on-demand":
+        raise ValueError(f"capacity_settings: unknown kind {kind!r}; known: {', '.join(CAPACITY_KINDS)}")
+    if not is_reserved(kind):
         if reservation_id:
-            raise UserError(
-                f"{RESERVATION_ID_KEY} is {reservation_id!r} but {CAPACITY_TYPE_KEY} is 'on-demand'; "
-                "set the type to 'capacity-reservation' or 'capacity-block', or remove the id"
-            )
-        return CapacitySettings(kind, CAPACITY_ON_DEMAND, None, None, None)
+            raise ValueError(f"capacity_settings: reservation_id {reservation_id!r} given with kind {kind!r}")
+        return CapacitySettings(NODE_GROUP_ON_DEMAND, None, None)
     if not reservation_id:
-        raise UserError(
-            f"{RESERVATION_ID_KEY} is required when {CAPACITY_TYPE_KEY} is {kind!r}: "
-            "the id (cr-...) of the reservation or Capacity Block the GPU nodes launch into"
-        )
+        raise ValueError(f"capacity_settings: kind {kind!r} needs a reservation_id (cr-...)")
     target = {"capacity_reservation_target": {"capacity_reservation_id": reservation_id}}
-    if kind == "capacity-reservation":
-        return CapacitySettings(kind, CAPACITY_ON_DEMAND, reservation_id, None, target)
-    return CapacitySettings(
-        kind, CAPACITY_BLOCK, reservation_id, {"market_type": MARKET_CAPACITY_BLOCK}, target
-    )
+    if kind == CAPACITY_RESERVATION:
+        return CapacitySettings(NODE_GROUP_ON_DEMAND, None, target)
+    assert kind == CAPACITY_BLOCK
+    return CapacitySettings(NODE_GROUP_CAPACITY_BLOCK, {"market_type": MARKET_CAPACITY_BLOCK}, target)
 
 
-def update_config(node_count: int, capacity_kind: str = "on-demand") -> dict:
+def update_config(node_count: int, capacity_kind: str = ON_DEMAND) -> dict:
     """The node group's update policy: never more than one GPU node unavailable at once.
 
     The strategy says where the replacement comes from. DEFAULT (on demand) launches
@@ -169,8 +158,8 @@ def update_config(node_count: int, capacity_kind: str = "on-demand") -> dict:
     EKS API documents MINIMAL for exactly this case (resource-constrained GPUs).
     """
     if node_count < 1:
-        raise UserError(f"the GPU node count must be at least 1, got {node_count}")
-    strategy = "DEFAULT" if capacity_kind == "on-demand" else "MINIMAL"
+        raise ValueError(f"update_config: node_count must be at least 1, got {node_count}")
+    strategy = "MINIMAL" if is_reserved(capacity_kind) else "DEFAULT"
     return {"max_unavailable": 1, "update_strategy": strategy}
 
 
@@ -180,4 +169,4 @@ def root_device_name(ami_type: str) -> str:
     AL2023: the root volume, /dev/xvda. Bottlerocket: the data volume, /dev/xvdb
     (its /dev/xvda is the small OS volume; images live on the data volume).
     """
-    return "/dev/xvdb" if ami_type.startswith("BOTTLEROCKET") else "/dev/xvda"
+    return "/dev/xvdb" if ami_family(ami_type) == BOTTLEROCKET else "/dev/xvda"

@@ -2,9 +2,10 @@
 
 A model is a list of decoder layers, each a set of parameter groups (how many
 parameters, in what stored format, and how vLLM shards them) and a set of cache
-components (what the layer keeps per sequence while serving). Parsers in
-`infra.catalog.models` build these from a Hugging Face `config.json`; the
-planner in `infra.planning` never looks at a raw config.
+components (what the layer keeps per sequence while serving). The parsers in
+`infra.catalog.families` build these from a Hugging Face `config.json`
+(`infra.catalog.models.load_model`); the planner in `infra.planning` never
+looks at a raw config.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def _check_request(req: PlanRequest) -> None:
         if not cond:
             raise UserError(msg)
 
-    # The same range as the stack config (infra/config/__init__.py): below 0.5 a GPU is mostly idle.
+    # The same range as the stack config (infra/config/areas.py): below 0.5 a GPU is mostly idle.
     need(0.5 <= req.gpu_memory_utilization <= 0.98, f"gpu-memory-utilization must be in 0.5..0.98, got {req.gpu_memory_utilization}")
     need(req.kv_cache_dtype is None or req.kv_cache_dtype in KV_CACHE_DTYPES, f"kv-cache-dtype {req.kv_cache_dtype!r} is not one of vLLM's: {', '.join(KV_CACHE_DTYPES)}")
     need(req.weight_format is None or req.weight_format in WEIGHT_FORMAT_CHOICES,

@@ -1,0 +1,468 @@
+"""The areas of the stack config: one pydantic model per `gpu-serving:<area>` object.
+
+Keys are camelCase in YAML and snake_case in Python; every key has a default (or
+is required), an allowed range and a description, which `reference.py` turns
+into the README's config reference. A check that involves more than one area
+lives on `StackConfig` (`stack.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
+from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, gpu_ami_types
+from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
+
+PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of its config keys
+
+WeightFormat = Literal[WEIGHT_FORMAT_CHOICES]  # type: ignore[valid-type]
+KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
+Objective = Literal["max-kv", "min-cost"]
+# Every GPU instance type in the catalog is x86_64 (the tests check it against EC2's data).
+GpuAmiType = Literal[gpu_ami_types("x86_64")]  # type: ignore[valid-type]
+CapacityKind = Literal[CAPACITY_KINDS]  # type: ignore[valid-type]
+
+
+class _Area(BaseModel):
+    """Common settings: camelCase keys, no unknown keys, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+    )
+
+
+class ModelConfig(_Area):
+    """`gpu-serving:model`: which model to serve."""
+
+    name: str = Field(
+        min_length=1,
+        description="Catalog name (e.g. `deepseek-v4-pro`) or path to a `config.json` / model directory.",
+    )
+    weight_format: Optional[WeightFormat] = Field(
+        default=None,
+        description="Stored weight format to plan for; null = the checkpoint's own.",
+    )
+
+
+class GpuConfig(_Area):
+    """`gpu-serving:gpu`: the GPU nodes."""
+
+    instance_type: str = Field(
+        pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
+        description="EC2 instance type of the GPU nodes (e.g. `p5.48xlarge`); must be in the catalog.",
+        json_schema_extra={"allowed": "an EC2 instance type such as p5.48xlarge"},
+    )
+    nodes: int = Field(
+        ge=1,
+        le=64,
+        description="Number of GPU nodes; with objective `min-cost`, the most the planner may use (it picks the fewest that hold `targetConcurrency`).",
+    )
+    ami_type: GpuAmiType = Field(
+        default=DEFAULT_GPU_AMI_TYPE,
+        description="EKS AMI type of the GPU nodes (NVIDIA driver, toolkit and EFA software on board; "
+        "GPU-EFA topology pairing with the EFA device plugin happens on AL2023 only).",
+    )
+    capacity: "CapacityConfig" = Field(
+        default_factory=lambda: CapacityConfig(),
+        description="Where the GPU capacity comes from: on demand, a capacity reservation, or an EC2 Capacity Block for ML.",
+    )
+    root_volume_gib: Optional[int] = Field(
+        default=None,
+        ge=50,
+        le=16_384,
+        description="Encrypted gp3 root volume per GPU node, GiB; null = the plan's size (container images and caches).",
+    )
+
+
+class CapacityConfig(_Area):
+    """`gpu-serving:gpu.capacity`: how the GPU instances are bought."""
+
+    type: CapacityKind = Field(
+        default=ON_DEMAND,
+        description="`on-demand`, `capacity-reservation` (an On-Demand Capacity Reservation) or "
+        "`capacity-block` (EC2 Capacity Block for ML; node group capacity type CAPACITY_BLOCK).",
+    )
+    reservation_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^cr-[0-9a-f]{8,17}$",
+        description="Capacity reservation id (`cr-...`); required for `capacity-reservation` and `capacity-block`.",
+        json_schema_extra={"allowed": "a capacity reservation id such as cr-0123456789abcdef0, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _reservation_needs_id(self) -> "CapacityConfig":
+        if is_reserved(self.type) and not self.reservation_id:
+            raise PydanticCustomError(
+                "required_for_capacity",
+                "required when type is '{kind}' (the reservation or Capacity Block to launch into)",
+                {"key": "reservationId", "kind": self.type},
+            )
+        if not is_reserved(self.type) and self.reservation_id:
+            raise PydanticCustomError(
+                "reservation_without_type",
+                "a reservationId is given but type is 'on-demand'; set type to 'capacity-reservation' or 'capacity-block'",
+                {"key": "reservationId"},
+            )
+        return self
+
+
+Cidr = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$")]
+
+
+class NetworkConfig(_Area):
+    """`gpu-serving:network`: the VPC, or an existing one."""
+
+    vpc_cidr: str = Field(
+        default="10.0.0.0/16",
+        pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|20)$",
+        description="CIDR of the VPC the stack creates (/16 to /20).",
+        json_schema_extra={"allowed": "an IPv4 CIDR from /16 to /20, such as 10.0.0.0/16"},
+    )
+    availability_zones: Optional[list[str]] = Field(
+        default=None,
+        min_length=2,
+        max_length=6,
+        description="Availability zones for subnets (at least 2, as EKS requires); null = the region's `a` and `b` zones. "
+        "Zone names map to different physical zones per account: set them when a reservation fixes the zone.",
+        json_schema_extra={"allowed": "a list of 2 to 6 zone names such as us-east-1a, or null"},
+    )
+    gpu_availability_zone: Optional[str] = Field(
+        default=None,
+        description="The one zone of all GPU nodes (EFA traffic and cluster placement groups do not cross zones); "
+        "null = the first of availabilityZones. With a Capacity Block: the block's zone.",
+        json_schema_extra={"allowed": "one zone name from availabilityZones, or null"},
+    )
+    placement_group: Optional[StrictBool] = Field(
+        default=None,
+        description="Launch GPU nodes in a `cluster` placement group; null = yes on demand, no with a reservation "
+        "or Capacity Block (their placement is fixed already, and forcing a group breaks launches).",
+    )
+    nat_gateway_per_az: StrictBool = Field(
+        default=False, description="One NAT gateway per zone (survives a zone outage) instead of one."
+    )
+    existing_vpc_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^vpc-[0-9a-f]{8,17}$",
+        description="Use this VPC instead of creating one (then the three subnet keys below are required).",
+        json_schema_extra={"allowed": "a VPC id such as vpc-0123456789abcdef0, or null"},
+    )
+    existing_private_subnet_ids: Optional[list[str]] = Field(
+        default=None, description="Private subnets of the existing VPC (control plane, system nodes), 2 or more.",
+        json_schema_extra={"allowed": "a list of subnet ids, or null"},
+    )
+    existing_public_subnet_ids: Optional[list[str]] = Field(
+        default=None, description="Public subnets of the existing VPC (load balancers).",
+        json_schema_extra={"allowed": "a list of subnet ids, or null"},
+    )
+    existing_gpu_subnet_id: Optional[str] = Field(
+        default=None,
+        pattern=r"^subnet-[0-9a-f]{8,17}$",
+        description="The one private subnet of the GPU nodes in the existing VPC (one zone).",
+        json_schema_extra={"allowed": "one subnet id such as subnet-0123456789abcdef0, or null"},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_gpu_zone(cls, data: Any) -> Any:
+        for key in ("gpuAvailabilityZone", "gpu_availability_zone", "existingGpuSubnetId", "existing_gpu_subnet_id"):
+            value = data.get(key) if isinstance(data, dict) else None
+            if isinstance(value, (list, tuple)):
+                raise PydanticCustomError(
+                    "one_gpu_zone",
+                    "GPU nodes must be in one availability zone and one subnet (EFA traffic and cluster "
+                    "placement groups do not cross zones); got {count}: {value}",
+                    {"key": key, "count": len(value), "value": ", ".join(map(str, value))},
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _zones_agree(self) -> "NetworkConfig":
+        if self.existing_vpc_id:
+            missing = [k for k, v in (("existingPrivateSubnetIds", self.existing_private_subnet_ids),
+                                      ("existingGpuSubnetId", self.existing_gpu_subnet_id)) if not v]  # fmt: skip
+            if missing:
+                raise PydanticCustomError(
+                    "existing_vpc_needs_subnets",
+                    "with existingVpcId, also give {keys}",
+                    {"keys": " and ".join(missing)},
+                )
+        elif self.gpu_availability_zone and self.availability_zones and self.gpu_availability_zone not in self.availability_zones:
+            raise PydanticCustomError(
+                "gpu_zone_not_listed",
+                "gpuAvailabilityZone '{zone}' is not one of availabilityZones ({zones})",
+                {"zone": self.gpu_availability_zone, "zones": ", ".join(self.availability_zones)},
+            )
+        return self
+
+    def zones(self, region: str) -> list[str]:
+        return list(self.availability_zones or [f"{region}a", f"{region}b"])
+
+    def gpu_zone(self, region: str) -> str:
+        return self.gpu_availability_zone or self.zones(region)[0]
+
+
+class ClusterConfig(_Area):
+    """`gpu-serving:cluster`: the EKS control plane and its system nodes."""
+
+    kubernetes_version: str = Field(
+        default="1.33",
+        pattern=r"^1\.[0-9]{2}$",
+        description="EKS Kubernetes version.",
+        json_schema_extra={"allowed": "a version such as 1.33"},
+    )
+    public_access_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="CIDRs allowed to reach the API endpoint from the internet; empty = private endpoint only.",
+        json_schema_extra={"allowed": "a list of IPv4 CIDRs such as 203.0.113.0/24"},
+    )
+    admin_principal_arns: list[str] = Field(
+        default_factory=list,
+        description="IAM roles or users given cluster admin through EKS access entries.",
+        json_schema_extra={"allowed": "a list of IAM ARNs such as arn:aws:iam::123456789012:role/admin"},
+    )
+    system_instance_type: str = Field(
+        default="m7i.xlarge",
+        pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
+        description="Instance type of the small non-GPU node group for operators and add-ons.",
+        json_schema_extra={"allowed": "an EC2 instance type such as m7i.xlarge"},
+    )
+    system_node_count: int = Field(default=2, ge=1, le=10, description="Nodes in the system node group.")
+    fsx_csi: StrictBool = Field(default=False, description="Install the FSx for Lustre CSI driver add-on too.")
+
+
+class LifecycleConfig(_Area):
+    """`gpu-serving:lifecycle`: who owns the stack and how long it may live."""
+
+    production: StrictBool = Field(
+        default=False,
+        description="A production stack: resources that hold data or are costly to replace are protected, and it never expires.",
+    )
+    owner: str = Field(
+        default="unknown",
+        min_length=1,
+        max_length=128,
+        description="Team or person answerable for the stack; tagged on every AWS resource as `owner`.",
+    )
+    expires_at: Optional[str] = Field(
+        default=None,
+        pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$",
+        description="When a non-production stack may be swept, ISO 8601 UTC (`2026-12-31T18:00:00Z`); "
+        "required unless production; tagged as `expires-at`.",
+        json_schema_extra={"allowed": "an ISO 8601 UTC time such as 2026-12-31T18:00:00Z, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _expiry(self) -> "LifecycleConfig":
+        if not self.production and not self.expires_at:
+            raise PydanticCustomError(
+                "required_for_capacity",
+                "required for a non-production stack (the leak sweeper deletes expired stacks)",
+                {"key": "expiresAt"},
+            )
+        if self.production and self.expires_at:
+            raise PydanticCustomError(
+                "reservation_without_type",
+                "a production stack does not expire; remove expiresAt or set production to false",
+                {"key": "expiresAt"},
+            )
+        return self
+
+
+class ServingConfig(_Area):
+    """`gpu-serving:serving`: vLLM's knobs; null lets the planner decide."""
+
+    tensor_parallel: Optional[int] = Field(
+        default=None, ge=1, le=512, description="`--tensor-parallel-size`; null = planner decides."
+    )
+    pipeline_parallel: Optional[int] = Field(
+        default=None, ge=1, le=128, description="`--pipeline-parallel-size`; null = planner decides."
+    )
+    data_parallel: Optional[int] = Field(
+        default=None, ge=1, le=512, description="`--data-parallel-size`: model replicas on the GPUs left after TP (never with PP > 1); null = planner decides."
+    )
+    expert_parallel: Optional[StrictBool] = Field(
+        default=None, description="`--enable-expert-parallel` for MoE models; null = planner decides."
+    )
+    max_model_len: Optional[int] = Field(
+        default=None,
+        ge=128,
+        le=16_777_216,
+        description="`--max-model-len` in tokens; null = min(model's maximum, 131072).",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.90,
+        ge=0.5,
+        le=0.98,
+        description="`--gpu-memory-utilization`: share of each GPU's memory vLLM may use.",
+    )
+    max_num_batched_tokens: Optional[int] = Field(
+        default=None,
+        ge=64,
+        le=1_048_576,
+        description="`--max-num-batched-tokens`; null = vLLM's default for the GPU.",
+    )
+    max_num_seqs: Optional[int] = Field(
+        default=None, ge=1, le=65_536, description="`--max-num-seqs`; null = derived from KV capacity."
+    )
+    kv_cache_dtype: Optional[KvCacheDtype] = Field(
+        default=None,
+        description="`--kv-cache-dtype`; null = the model's own (`auto`), FP8 only if that does not fit.",
+    )
+    objective: Objective = Field(
+        default="max-kv",
+        description="Layout search goal: `max-kv` (most KV cache on the given nodes) "
+        "or `min-cost` (fewest GPUs that reach `targetConcurrency`).",
+    )
+    target_concurrency: Optional[int] = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Sequences at max-model-len to hold at once; required when objective is `min-cost`.",
+    )
+    cold_start_target_seconds: float = Field(
+        default=600.0,
+        ge=1,
+        le=86_400,
+        description="Time allowed to read all weights from storage; sizes storage throughput.",
+    )
+    vllm_version: str = Field(
+        default="0.34.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="vLLM release of the serving image (`images/vllm/Dockerfile` builds on `vllm/vllm-openai:v<version>`).",
+        json_schema_extra={"allowed": "a release such as 0.34.0"},
+    )
+    ray_version: str = Field(
+        default="2.60.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="Ray release installed in the serving image and set as the RayCluster's `rayVersion`.",
+        json_schema_extra={"allowed": "a release such as 2.60.0"},
+    )
+    image: Optional[str] = Field(
+        default=None,
+        min_length=1,
+        description="Serving image (vLLM with Ray); null = the stack's ECR repository at tag `<vllmVersion>-ray<rayVersion>`, "
+        "built and pushed with `bin/build-image`.",
+        json_schema_extra={"allowed": "an image reference with a tag or digest, or null"},
+    )
+    namespace: str = Field(
+        default="gpu-serving",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="Kubernetes namespace of the serving RayCluster, its Service and the weight storage claim.",
+        json_schema_extra={"allowed": "a DNS label such as gpu-serving"},
+    )
+    service_type: Literal["cluster-ip", "internal-lb"] = Field(
+        default="cluster-ip",
+        description="How the OpenAI-compatible endpoint (port 8000) is exposed: inside the cluster only, or an internal load balancer in the VPC.",
+    )
+    monitoring: Literal["podmonitor", "annotations"] = Field(
+        default="annotations",
+        description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",
+    )
+
+    @model_validator(mode="after")
+    def _min_cost_needs_target(self) -> "ServingConfig":
+        if self.objective == "min-cost" and self.target_concurrency is None:
+            raise PydanticCustomError(
+                "required_for_objective",
+                "required when objective is 'min-cost'",
+                {"key": "targetConcurrency"},
+            )
+        return self
+
+
+UsdPerMonth = Annotated[float, Field(ge=0)]
+
+
+class StorageConfig(_Area):
+    """`gpu-serving:storage`: where the model weights live and come from."""
+
+    type: Literal["efs", "fsx"] = Field(
+        default="efs",
+        description="`efs` (Amazon EFS, elastic throughput) or `fsx` (FSx for Lustre, sized for the cold-start target).",
+    )
+    source: Literal["hf", "s3"] = Field(
+        default="hf", description="Where the staging Job copies the weights from: the Hugging Face hub or an S3 prefix."
+    )
+    s3_uri: Optional[str] = Field(
+        default=None,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="S3 prefix holding the checkpoint's files; required when source is `s3`.",
+        json_schema_extra={"allowed": "an S3 URI such as s3://bucket/models/DeepSeek-V4-Pro, or null"},
+    )
+
+    @model_validator(mode="after")
+    def _s3_needs_uri(self) -> "StorageConfig":
+        if self.source == "s3" and not self.s3_uri:
+            raise PydanticCustomError(
+                "required_for_capacity", "required when source is 's3'", {"key": "s3Uri"}
+            )
+        return self
+
+
+class ChecksConfig(_Area):
+    """`gpu-serving:checks`: optional post-deploy checks, run as Jobs."""
+
+    efa: StrictBool = Field(
+        default=False,
+        description="EFA check: the EFA provider is visible and an NCCL all-reduce across nodes reaches the floor "
+        "(needs free GPU nodes: run it at bring-up or in a maintenance window).",
+    )
+    nccl_bus_bandwidth_floor_gbps: float = Field(
+        default=100.0, gt=0, le=10_000, description="Lowest acceptable NCCL all-reduce bus bandwidth across nodes, GB/s."
+    )
+    benchmark: StrictBool = Field(
+        default=False, description="Serving benchmark (`vllm bench serve` against the Service) after deploy."
+    )
+    ttft_p99_ms: float = Field(default=250.0, gt=0, le=600_000, description="Benchmark threshold: p99 time to first token, ms.")
+    tpot_p99_ms: float = Field(default=40.0, gt=0, le=60_000, description="Benchmark threshold: p99 time per output token, ms.")
+
+
+class CostConfig(_Area):
+    """`gpu-serving:cost`: inputs of the cost model."""
+
+    api_price_usd_per_million_tokens: Optional[float] = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="Price of the same model from an API provider, USD per million tokens, to compare with.",
+    )
+    throughput_tokens_per_second: Optional[float] = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Measured cluster output tokens/s, for the cost per token; null = not known yet.",
+    )
+    tco: Optional[dict[str, UsdPerMonth]] = Field(
+        default=None,
+        description="Total cost of ownership: category name -> USD per month; null = use the cloud price.",
+        json_schema_extra={"allowed": "a mapping of category name to USD per month, each >= 0, or null"},
+    )
+
+
+GpuConfig.model_rebuild()
+
+AREAS: dict[str, type[_Area]] = {
+    "model": ModelConfig,
+    "gpu": GpuConfig,
+    "serving": ServingConfig,
+    "cost": CostConfig,
+    "network": NetworkConfig,
+    "cluster": ClusterConfig,
+    "lifecycle": LifecycleConfig,
+    "storage": StorageConfig,
+    "checks": ChecksConfig,
+}
+
+# Secrets live in their own keys, set with `pulumi config set --secret`; the
+# program reads them with Config.require_secret / get_secret so they stay
+# secret end to end, and the offline tools never decrypt them.
+SECRET_KEYS = {"hfToken": "Hugging Face token for the weight-staging Job (gated or private models)"}
