@@ -60,6 +60,19 @@ def test_gpu_zone_must_be_one_of_the_zones(prod):
     _refused(prod, "gpu-serving:network", "us-east-1f", "us-east-1a, us-east-1b, us-east-1c")
 
 
+def test_a_zone_listed_twice_is_refused(prod):
+    prod["network"]["availabilityZones"] = ["us-east-1a", "us-east-1b", "us-east-1a"]
+    _refused(prod, "gpu-serving:network.availabilityZones", "us-east-1a more than once")
+
+
+@pytest.mark.parametrize("key, value", [("availabilityZones", ["us-west-2a", "us-west-2b"]), ("gpuAvailabilityZone", "eu-west-1a")])
+def test_zones_of_another_region_are_refused(prod, key, value):
+    prod["network"].pop("gpuAvailabilityZone", None)
+    prod["network"].pop("availabilityZones", None)
+    prod["network"][key] = value
+    _refused(prod, f"gpu-serving:network.{key}", "is not a zone of aws:region us-east-1")
+
+
 def test_existing_gpu_subnets_in_two_zones_is_refused(prod):
     prod["network"].update(
         existingVpcId="vpc-0123456789abcdef0",

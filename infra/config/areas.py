@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, gpu_ami_types
-from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
+from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
 
 PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of its config keys
 
@@ -194,6 +194,13 @@ class NetworkConfig(_Area):
                     "with existingVpcId, also give {keys}",
                     {"keys": " and ".join(missing)},
                 )
+        elif self.availability_zones and len(set(self.availability_zones)) < len(self.availability_zones):
+            twice = sorted({z for z in self.availability_zones if self.availability_zones.count(z) > 1})
+            raise PydanticCustomError(
+                "zone_listed_twice",
+                "availabilityZones lists {zones} more than once; EKS needs two or more distinct zones",
+                {"key": "availabilityZones", "zones": ", ".join(twice)},
+            )
         elif self.gpu_availability_zone and self.availability_zones and self.gpu_availability_zone not in self.availability_zones:
             raise PydanticCustomError(
                 "gpu_zone_not_listed",
@@ -299,8 +306,8 @@ class ServingConfig(_Area):
     )
     gpu_memory_utilization: float = Field(
         default=0.90,
-        ge=0.5,
-        le=0.98,
+        ge=GPU_MEMORY_UTILIZATION_RANGE[0],
+        le=GPU_MEMORY_UTILIZATION_RANGE[1],
         description="`--gpu-memory-utilization`: share of each GPU's memory vLLM may use.",
     )
     max_num_batched_tokens: Optional[int] = Field(

@@ -71,6 +71,15 @@ class StackConfig(BaseModel):
                 "fixes placement, and launching it into a placement group fails; set placementGroup to false or null",
                 {"loc": ("network", "placementGroup"), "kind": self.gpu.capacity.type},
             )
+        net = self.network
+        for key, zones in (("availabilityZones", net.availability_zones or []), ("gpuAvailabilityZone", [net.gpu_availability_zone] if net.gpu_availability_zone else [])):
+            outside = [z for z in zones if not (z.startswith(self.region) and len(z) > len(self.region) and z[len(self.region):].isalpha())]
+            if outside and not net.existing_vpc_id:
+                raise PydanticCustomError(
+                    "zone_outside_region",
+                    "{zones} is not a zone of aws:region {region}; zones of {region} look like {region}a",
+                    {"loc": ("network", key), "zones": ", ".join(outside), "region": self.region},
+                )
         if self.storage.type == "fsx" and not self.cluster.fsx_csi:
             raise PydanticCustomError(
                 "fsx_needs_driver",

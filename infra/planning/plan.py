@@ -21,7 +21,7 @@ from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
 from infra.planning.memory import KV_DTYPE_BYTES, RankBudget
-from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES, PlanRequest
+from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES, PlanRequest
 
 MAX_SEARCH_NODES = 16  # cheapest-hardware search: node counts tried per instance type
 
@@ -155,8 +155,8 @@ def _check_request(req: PlanRequest) -> None:
         if not cond:
             raise UserError(msg)
 
-    # The same range as the stack config (infra/config/areas.py): below 0.5 a GPU is mostly idle.
-    need(0.5 <= req.gpu_memory_utilization <= 0.98, f"gpu-memory-utilization must be in 0.5..0.98, got {req.gpu_memory_utilization}")
+    low, high = GPU_MEMORY_UTILIZATION_RANGE  # the stack config takes the same range
+    need(low <= req.gpu_memory_utilization <= high, f"gpu-memory-utilization must be in {low}..{high}, got {req.gpu_memory_utilization}")
     need(req.kv_cache_dtype is None or req.kv_cache_dtype in KV_CACHE_DTYPES, f"kv-cache-dtype {req.kv_cache_dtype!r} is not one of vLLM's: {', '.join(KV_CACHE_DTYPES)}")
     need(req.weight_format is None or req.weight_format in WEIGHT_FORMAT_CHOICES,
          f"weight format {req.weight_format!r} is not one of: {', '.join(WEIGHT_FORMAT_CHOICES)}")  # fmt: skip
