@@ -12,10 +12,10 @@ from typing import Literal
 
 Objective = Literal["max-kv", "min-cost"]
 
-# vLLM's --kv-cache-dtype values (vllm/config/cache.py, CacheDType, v0.11).
 # `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly
 # idle; above 0.98 nothing is left for the CUDA context and graphs vLLM does not count.
 GPU_MEMORY_UTILIZATION_RANGE = (0.5, 0.98)
+# vLLM's --kv-cache-dtype values (vllm/config/cache.py, CacheDType, v0.11).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 WEIGHT_FORMAT_CHOICES = ("bf16", "fp8", "mxfp4", "nvfp4", "int4")
 
