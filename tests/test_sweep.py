@@ -34,6 +34,7 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
+from infra.ops import aws as ops_aws
 from infra.ops import sweep as sw
 from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
@@ -471,7 +472,7 @@ def test_cli_subprocess_dry_run_then_yes(seeded):
 
 
 def test_cli_in_process_with_gaps_exits_0(seeded, session, monkeypatch):
-    monkeypatch.setattr(sw, "new_session", lambda region=None: session)
+    monkeypatch.setattr(ops_aws, "new_session", lambda region=None: session)
     result = CliRunner().invoke(app, ["sweep", "--yes", "--region", REGION, "--wait", "5"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "Deleted (" in result.output and "0 failed" in result.output

@@ -45,7 +45,6 @@ a listing failed, 2 when boto3 has no region or credentials.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -53,6 +52,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 from infra.config import PROJECT
 from infra.errors import UserError
 from infra.aws.tags import EPHEMERAL, EXPIRES_TAG, LIFECYCLE_TAG, PRODUCTION, PROJECT_TAG, STACK_TAG
+from infra.ops import aws
 
 GLOBAL = "global"  # the "region" of IAM roles
 
@@ -208,54 +208,8 @@ class Report:
 # --------------------------------------------------------------------------- helpers
 
 
-def new_session(region: Optional[str] = None):
-    """A boto3 session from the standard configuration (tests replace this)."""
-    import boto3
-
-    return boto3.session.Session(region_name=region)
-
-
-def _code(exc: Exception) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str((response.get("Error") or {}).get("Code", ""))
-    return ""
-
-
-def _text(exc: Exception) -> str:
-    """One line for the report: AWS's error code and message."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        err = response.get("Error") or {}
-        code, msg = str(err.get("Code", "")), str(err.get("Message", "") or exc)
-    else:
-        code, msg = type(exc).__name__, str(exc)
-    title = re.search(r"<title>(.*?)</title>", msg, re.S | re.I)
-    if title:  # an HTML error page (a proxy, an emulator): its title says it all
-        msg = f"HTTP error page: {title.group(1).strip()}"
-    msg = " ".join(msg.split())
-    return f"{code}: {msg}" if code else msg
-
-
-def _gone(exc: Exception) -> bool:
-    code = _code(exc)
-    return "NotFound" in code or code in ("NoSuchEntity", "ResourceNotFoundException", "FileSystemNotFound", "MountTargetNotFound")
-
-
-def _tags(items: Optional[Iterable[Mapping[str, Any]]], key: str = "Key", value: str = "Value") -> dict[str, str]:
-    return {str(t[key]): str(t.get(value, "")) for t in items or [] if key in t}
-
-
 def _project_filter() -> list[dict]:
     return [{"Name": f"tag:{PROJECT_TAG}", "Values": [PROJECT]}]
-
-
-def _pages(client, op: str, key: str, **kwargs) -> Iterator[dict]:
-    if client.can_paginate(op):
-        for page in client.get_paginator(op).paginate(**kwargs):
-            yield from page.get(key, [])
-    else:
-        yield from getattr(client, op)(**kwargs).get(key, [])
 
 
 class _Clients:
@@ -266,7 +220,7 @@ class _Clients:
         self.errors: list[str] = []  # per-item read failures met while listing (the listing goes on)
 
     def unreadable(self, what: str, exc: Exception) -> None:
-        self.errors.append(f"{self.region}: could not read {what}: {_text(exc)}")
+        self.errors.append(f"{self.region}: could not read {what}: {aws.error_text(exc)}")
 
     def __getattr__(self, service: str):
         if service.startswith("_"):
@@ -283,22 +237,22 @@ class _Clients:
 def _list_eks(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
     """Clusters, and the node groups and Fargate profiles of every cluster (selected by their own
     tags, or as parts of a swept cluster when they have no tags of their own)."""
-    for cname in _pages(c.eks, "list_clusters", "clusters"):
+    for cname in aws.pages(c.eks, "list_clusters", "clusters"):
         try:
             cluster = c.eks.describe_cluster(name=cname)["cluster"]
         except Exception as exc:  # noqa: BLE001
-            if not _gone(exc):
+            if not aws.is_gone(exc):
                 c.unreadable(f"EKS cluster {cname}", exc)
             continue
         ctags = dict(cluster.get("tags") or {})
         cr = Resource("eks:cluster", cname, c.region, ctags, cname, data={"arn": cluster.get("arn")})
         yield cr
         cluster_swept = verdict(ctags, now)[0]
-        for ng in _pages(c.eks, "list_nodegroups", "nodegroups", clusterName=cname):
+        for ng in aws.pages(c.eks, "list_nodegroups", "nodegroups", clusterName=cname):
             try:
                 info = c.eks.describe_nodegroup(clusterName=cname, nodegroupName=ng)["nodegroup"]
             except Exception as exc:  # noqa: BLE001
-                if not _gone(exc):
+                if not aws.is_gone(exc):
                     c.unreadable(f"EKS node group {cname}/{ng}", exc)
                 continue
             tags = dict(info.get("tags") or {})
@@ -306,9 +260,9 @@ def _list_eks(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
             yield Resource("eks:nodegroup", f"{cname}/{ng}", c.region, (tags or ctags) if parent else tags, ng, parent,
                            data={"cluster": cname, "nodegroup": ng})  # fmt: skip
         try:
-            profiles = list(_pages(c.eks, "list_fargate_profiles", "fargateProfileNames", clusterName=cname))
+            profiles = list(aws.pages(c.eks, "list_fargate_profiles", "fargateProfileNames", clusterName=cname))
         except Exception as exc:  # noqa: BLE001 - not every endpoint has Fargate; a cluster without them is fine
-            if _code(exc) in ("", "404") or _gone(exc):
+            if aws.error_code(exc) in ("", "404") or aws.is_gone(exc):
                 profiles = []
             else:
                 raise
@@ -324,17 +278,17 @@ def _elbv2_tags(c: _Clients, arns: list[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for i in range(0, len(arns), 20):
         for d in c.elbv2.describe_tags(ResourceArns=arns[i : i + 20]).get("TagDescriptions", []):
-            out[d["ResourceArn"]] = _tags(d.get("Tags"))
+            out[d["ResourceArn"]] = aws.tag_dict(d.get("Tags"))
     return out
 
 
 def _list_elbv2(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    lbs = list(_pages(c.elbv2, "describe_load_balancers", "LoadBalancers"))
+    lbs = list(aws.pages(c.elbv2, "describe_load_balancers", "LoadBalancers"))
     tags = _elbv2_tags(c, [lb["LoadBalancerArn"] for lb in lbs])
     for lb in lbs:
         arn = lb["LoadBalancerArn"]
         yield Resource("elbv2:load-balancer", arn, c.region, tags.get(arn, {}), lb.get("LoadBalancerName", ""))
-    tgs = list(_pages(c.elbv2, "describe_target_groups", "TargetGroups"))
+    tgs = list(aws.pages(c.elbv2, "describe_target_groups", "TargetGroups"))
     tags = _elbv2_tags(c, [tg["TargetGroupArn"] for tg in tgs])
     for tg in tgs:
         arn = tg["TargetGroupArn"]
@@ -349,163 +303,163 @@ def _name(tags: Mapping[str, str], default: str = "") -> str:
 
 
 def _ec2_instances(c: _Clients) -> Iterator[Resource]:
-    for res in _pages(c.ec2, "describe_instances", "Reservations", Filters=_project_filter()):
+    for res in aws.pages(c.ec2, "describe_instances", "Reservations", Filters=_project_filter()):
         for i in res.get("Instances", []):
             if i.get("State", {}).get("Name") == "terminated":
                 continue
-            t = _tags(i.get("Tags"))
+            t = aws.tag_dict(i.get("Tags"))
             yield Resource("ec2:instance", i["InstanceId"], c.region, t, _name(t))
 
 
 def _ec2_volumes(c: _Clients) -> Iterator[Resource]:
-    for v in _pages(c.ec2, "describe_volumes", "Volumes", Filters=_project_filter()):
-        t = _tags(v.get("Tags"))
+    for v in aws.pages(c.ec2, "describe_volumes", "Volumes", Filters=_project_filter()):
+        t = aws.tag_dict(v.get("Tags"))
         yield Resource("ec2:volume", v["VolumeId"], c.region, t, _name(t))
 
 
 def _ec2_network_interfaces(c: _Clients) -> Iterator[Resource]:
-    for n in _pages(c.ec2, "describe_network_interfaces", "NetworkInterfaces", Filters=_project_filter()):
-        t = _tags(n.get("TagSet") or n.get("Tags"))
+    for n in aws.pages(c.ec2, "describe_network_interfaces", "NetworkInterfaces", Filters=_project_filter()):
+        t = aws.tag_dict(n.get("TagSet") or n.get("Tags"))
         yield Resource("ec2:network-interface", n["NetworkInterfaceId"], c.region, t, _name(t, n.get("Description", "")))
 
 
 def _ec2_launch_templates(c: _Clients) -> Iterator[Resource]:
-    for lt in _pages(c.ec2, "describe_launch_templates", "LaunchTemplates", Filters=_project_filter()):
-        t = _tags(lt.get("Tags"))
+    for lt in aws.pages(c.ec2, "describe_launch_templates", "LaunchTemplates", Filters=_project_filter()):
+        t = aws.tag_dict(lt.get("Tags"))
         yield Resource("ec2:launch-template", lt["LaunchTemplateId"], c.region, t, lt.get("LaunchTemplateName", ""))
 
 
 def _ec2_placement_groups(c: _Clients) -> Iterator[Resource]:
-    for pg in _pages(c.ec2, "describe_placement_groups", "PlacementGroups", Filters=_project_filter()):
+    for pg in aws.pages(c.ec2, "describe_placement_groups", "PlacementGroups", Filters=_project_filter()):
         if pg.get("State") in ("deleting", "deleted"):
             continue
-        t = _tags(pg.get("Tags"))
+        t = aws.tag_dict(pg.get("Tags"))
         yield Resource("ec2:placement-group", pg["GroupName"], c.region, t, pg["GroupName"])
 
 
 def _ec2_nat_gateways(c: _Clients) -> Iterator[Resource]:
-    for nat in _pages(c.ec2, "describe_nat_gateways", "NatGateways", Filter=_project_filter()):
+    for nat in aws.pages(c.ec2, "describe_nat_gateways", "NatGateways", Filter=_project_filter()):
         if nat.get("State") in ("deleted", "deleting", "failed"):
             continue
-        t = _tags(nat.get("Tags"))
+        t = aws.tag_dict(nat.get("Tags"))
         enis = [a["NetworkInterfaceId"] for a in nat.get("NatGatewayAddresses", []) if a.get("NetworkInterfaceId")]
         yield Resource("ec2:nat-gateway", nat["NatGatewayId"], c.region, t, _name(t), data={"enis": enis})
 
 
 def _ec2_elastic_ips(c: _Clients) -> Iterator[Resource]:
-    for a in _pages(c.ec2, "describe_addresses", "Addresses", Filters=_project_filter()):
+    for a in aws.pages(c.ec2, "describe_addresses", "Addresses", Filters=_project_filter()):
         if "AllocationId" not in a:
             continue
-        t = _tags(a.get("Tags"))
+        t = aws.tag_dict(a.get("Tags"))
         yield Resource("ec2:elastic-ip", a["AllocationId"], c.region, t, _name(t, a.get("PublicIp", "")))
 
 
 def _ec2_vpc_endpoints(c: _Clients) -> Iterator[Resource]:
-    for e in _pages(c.ec2, "describe_vpc_endpoints", "VpcEndpoints", Filters=_project_filter()):
+    for e in aws.pages(c.ec2, "describe_vpc_endpoints", "VpcEndpoints", Filters=_project_filter()):
         if str(e.get("State", "")).lower() in ("deleted", "deleting"):
             continue
-        t = _tags(e.get("Tags"))
+        t = aws.tag_dict(e.get("Tags"))
         yield Resource("ec2:vpc-endpoint", e["VpcEndpointId"], c.region, t, _name(t, e.get("ServiceName", "")))
 
 
 def _ec2_security_groups(c: _Clients) -> Iterator[Resource]:
-    for g in _pages(c.ec2, "describe_security_groups", "SecurityGroups", Filters=_project_filter()):
-        t = _tags(g.get("Tags"))
+    for g in aws.pages(c.ec2, "describe_security_groups", "SecurityGroups", Filters=_project_filter()):
+        t = aws.tag_dict(g.get("Tags"))
         yield Resource("ec2:security-group", g["GroupId"], c.region, t, g.get("GroupName", ""),
                        data={"default": g.get("GroupName") == "default"})  # fmt: skip
 
 
 def _ec2_subnets(c: _Clients) -> Iterator[Resource]:
-    for s in _pages(c.ec2, "describe_subnets", "Subnets", Filters=_project_filter()):
-        t = _tags(s.get("Tags"))
+    for s in aws.pages(c.ec2, "describe_subnets", "Subnets", Filters=_project_filter()):
+        t = aws.tag_dict(s.get("Tags"))
         yield Resource("ec2:subnet", s["SubnetId"], c.region, t, _name(t))
 
 
 def _ec2_route_tables(c: _Clients) -> Iterator[Resource]:
-    for rt in _pages(c.ec2, "describe_route_tables", "RouteTables", Filters=_project_filter()):
-        t = _tags(rt.get("Tags"))
+    for rt in aws.pages(c.ec2, "describe_route_tables", "RouteTables", Filters=_project_filter()):
+        t = aws.tag_dict(rt.get("Tags"))
         main = any(a.get("Main") for a in rt.get("Associations", []))
         yield Resource("ec2:route-table", rt["RouteTableId"], c.region, t, _name(t), data={"main": main})
 
 
 def _ec2_internet_gateways(c: _Clients) -> Iterator[Resource]:
-    for igw in _pages(c.ec2, "describe_internet_gateways", "InternetGateways", Filters=_project_filter()):
-        t = _tags(igw.get("Tags"))
+    for igw in aws.pages(c.ec2, "describe_internet_gateways", "InternetGateways", Filters=_project_filter()):
+        t = aws.tag_dict(igw.get("Tags"))
         yield Resource("ec2:internet-gateway", igw["InternetGatewayId"], c.region, t, _name(t))
 
 
 def _ec2_vpcs(c: _Clients) -> Iterator[Resource]:
-    for vpc in _pages(c.ec2, "describe_vpcs", "Vpcs", Filters=_project_filter()):
-        t = _tags(vpc.get("Tags"))
+    for vpc in aws.pages(c.ec2, "describe_vpcs", "Vpcs", Filters=_project_filter()):
+        t = aws.tag_dict(vpc.get("Tags"))
         yield Resource("ec2:vpc", vpc["VpcId"], c.region, t, _name(t))
 
 
 def _list_efs(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for fs in _pages(c.efs, "describe_file_systems", "FileSystems"):
+    for fs in aws.pages(c.efs, "describe_file_systems", "FileSystems"):
         if fs.get("LifeCycleState") in ("deleted", "deleting"):
             continue
-        t = _tags(fs.get("Tags"))
+        t = aws.tag_dict(fs.get("Tags"))
         fid = fs["FileSystemId"]
         yield Resource("efs:file-system", fid, c.region, t, fs.get("Name") or _name(t))
         if verdict(t, now)[0]:
-            for mt in _pages(c.efs, "describe_mount_targets", "MountTargets", FileSystemId=fid):
+            for mt in aws.pages(c.efs, "describe_mount_targets", "MountTargets", FileSystemId=fid):
                 yield Resource("efs:mount-target", mt["MountTargetId"], c.region, t, mt.get("SubnetId", ""),
                                parent=f"efs:file-system {fid}")  # fmt: skip
 
 
 def _list_fsx(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for fs in _pages(c.fsx, "describe_file_systems", "FileSystems"):
+    for fs in aws.pages(c.fsx, "describe_file_systems", "FileSystems"):
         if fs.get("Lifecycle") in ("DELETING",):
             continue
-        t = _tags(fs.get("Tags"))
+        t = aws.tag_dict(fs.get("Tags"))
         yield Resource("fsx:file-system", fs["FileSystemId"], c.region, t, _name(t))
 
 
 def _list_ecr(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for repo in _pages(c.ecr, "describe_repositories", "repositories"):
+    for repo in aws.pages(c.ecr, "describe_repositories", "repositories"):
         try:
-            t = _tags(c.ecr.list_tags_for_resource(resourceArn=repo["repositoryArn"]).get("tags"))
+            t = aws.tag_dict(c.ecr.list_tags_for_resource(resourceArn=repo["repositoryArn"]).get("tags"))
         except Exception as exc:  # noqa: BLE001
-            if not _gone(exc):
+            if not aws.is_gone(exc):
                 c.unreadable(f"the tags of ECR repository {repo['repositoryName']}", exc)
             continue
         yield Resource("ecr:repository", repo["repositoryName"], c.region, t, repo["repositoryName"])
 
 
 def _list_kms(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for key in _pages(c.kms, "list_keys", "Keys"):
+    for key in aws.pages(c.kms, "list_keys", "Keys"):
         try:
             meta = c.kms.describe_key(KeyId=key["KeyId"])["KeyMetadata"]
             if meta.get("KeyManager") != "CUSTOMER" or meta.get("KeyState") in ("PendingDeletion", "PendingReplicaDeletion"):
                 continue
-            t = _tags(_pages(c.kms, "list_resource_tags", "Tags", KeyId=key["KeyId"]), "TagKey", "TagValue")
+            t = aws.tag_dict(aws.pages(c.kms, "list_resource_tags", "Tags", KeyId=key["KeyId"]), "TagKey", "TagValue")
         except Exception as exc:  # noqa: BLE001
-            if not _gone(exc):
+            if not aws.is_gone(exc):
                 c.unreadable(f"KMS key {key['KeyId']}", exc)
             continue
         yield Resource("kms:key", key["KeyId"], c.region, t, meta.get("Description", ""))
 
 
 def _list_logs(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for g in _pages(c.logs, "describe_log_groups", "logGroups"):
+    for g in aws.pages(c.logs, "describe_log_groups", "logGroups"):
         arn = g.get("logGroupArn") or str(g.get("arn", "")).removesuffix(":*")
         try:
             t = dict(c.logs.list_tags_for_resource(resourceArn=arn).get("tags") or {})
         except Exception as exc:  # noqa: BLE001
-            if not _gone(exc):
+            if not aws.is_gone(exc):
                 c.unreadable(f"the tags of log group {g['logGroupName']}", exc)
             continue
         yield Resource("logs:log-group", g["logGroupName"], c.region, t, g["logGroupName"])
 
 
 def _list_iam(c: _Clients, now: dt.datetime) -> Iterator[Resource]:
-    for role in _pages(c.iam, "list_roles", "Roles"):
+    for role in aws.pages(c.iam, "list_roles", "Roles"):
         if role.get("Path", "/").startswith("/aws-service-role/"):
             continue  # service-linked roles belong to AWS services
         try:
-            t = _tags(_pages(c.iam, "list_role_tags", "Tags", RoleName=role["RoleName"]))
+            t = aws.tag_dict(aws.pages(c.iam, "list_role_tags", "Tags", RoleName=role["RoleName"]))
         except Exception as exc:  # noqa: BLE001
-            if not _gone(exc):
+            if not aws.is_gone(exc):
                 c.unreadable(f"the tags of IAM role {role['RoleName']}", exc)
             continue
         yield Resource("iam:role", role["RoleName"], GLOBAL, t, role["RoleName"])
@@ -559,7 +513,7 @@ def discover(
             try:
                 found = list(lister(clients, now))
             except Exception as exc:  # noqa: BLE001 - report it, and keep looking at the rest
-                errors.append(f"{region}: could not list {what}: {_text(exc)}")
+                errors.append(f"{region}: could not list {what}: {aws.error_text(exc)}")
                 continue
             finally:
                 errors.extend(clients.errors)
@@ -597,7 +551,7 @@ def _exists(call: Callable[[], Any]) -> bool:
     try:
         return bool(call())
     except Exception as exc:  # noqa: BLE001
-        if _gone(exc):
+        if aws.is_gone(exc):
             return False
         raise
 
@@ -775,10 +729,10 @@ def _revoke_group_rules(c: _Clients, groups: list[Resource]) -> dict[str, int]:
     revoked: dict[str, int] = {}
     for g in groups:
         try:
-            rules = list(_pages(c.ec2, "describe_security_group_rules", "SecurityGroupRules",
+            rules = list(aws.pages(c.ec2, "describe_security_group_rules", "SecurityGroupRules",
                                 Filters=[{"Name": "group-id", "Values": [g.id]}]))  # fmt: skip
         except Exception as exc:  # noqa: BLE001
-            if _gone(exc):
+            if aws.is_gone(exc):
                 continue
             raise
         ingress = [x["SecurityGroupRuleId"] for x in rules if x.get("ReferencedGroupInfo") and not x.get("IsEgress")]
@@ -835,7 +789,7 @@ def _del_ecr(c: _Clients, r: Resource) -> str:
 
 
 def _del_kms(c: _Clients, r: Resource) -> str:
-    for alias in list(_pages(c.kms, "list_aliases", "Aliases", KeyId=r.id)):
+    for alias in list(aws.pages(c.kms, "list_aliases", "Aliases", KeyId=r.id)):
         name = alias.get("AliasName", "")
         if name and not name.startswith("alias/aws/"):
             c.kms.delete_alias(AliasName=name)
@@ -852,11 +806,11 @@ def _del_log_group(c: _Clients, r: Resource) -> str:
 
 def _del_role(c: _Clients, r: Resource) -> str:
     iam = c.iam
-    for p in list(_pages(iam, "list_attached_role_policies", "AttachedPolicies", RoleName=r.id)):
+    for p in list(aws.pages(iam, "list_attached_role_policies", "AttachedPolicies", RoleName=r.id)):
         iam.detach_role_policy(RoleName=r.id, PolicyArn=p["PolicyArn"])
-    for name in list(_pages(iam, "list_role_policies", "PolicyNames", RoleName=r.id)):
+    for name in list(aws.pages(iam, "list_role_policies", "PolicyNames", RoleName=r.id)):
         iam.delete_role_policy(RoleName=r.id, PolicyName=name)
-    for prof in list(_pages(iam, "list_instance_profiles_for_role", "InstanceProfiles", RoleName=r.id)):
+    for prof in list(aws.pages(iam, "list_instance_profiles_for_role", "InstanceProfiles", RoleName=r.id)):
         iam.remove_role_from_instance_profile(InstanceProfileName=prof["InstanceProfileName"], RoleName=r.id)
     iam.delete_role(RoleName=r.id)
     return "policies detached first"
@@ -920,7 +874,7 @@ def _run_step(step: Step, entries: list[Entry], clients: dict[str, _Clients], re
             try:
                 revoked = _revoke_group_rules(clients[region], groups)
             except Exception as exc:  # noqa: BLE001 - the deletions below will say what is still blocked
-                report.errors.append(f"{region}: could not revoke security group rules: {_text(exc)}")
+                report.errors.append(f"{region}: could not revoke security group rules: {aws.error_text(exc)}")
                 revoked = {}
             for g in groups:
                 g.data["revoked"] = revoked.get(g.id, 0)
@@ -933,14 +887,14 @@ def _run_step(step: Step, entries: list[Entry], clients: dict[str, _Clients], re
                 started.append((e, step.delete(clients[r.region], r)))
                 break
             except Exception as exc:  # noqa: BLE001 - every failure is reported, none stops the sweep
-                if _gone(exc):
+                if aws.is_gone(exc):
                     report.deleted.append(Entry(r, "already gone (went with what it belonged to)"))
                     break
-                retry = isinstance(exc, _Retry) or _code(exc) in RETRY_CODES
+                retry = isinstance(exc, _Retry) or aws.error_code(exc) in RETRY_CODES
                 if retry and clock.monotonic() + poll <= deadline:
                     clock.sleep(poll)
                     continue
-                why = str(exc) if isinstance(exc, (_Retry, _Refused)) else _text(exc)
+                why = str(exc) if isinstance(exc, (_Retry, _Refused)) else aws.error_text(exc)
                 if retry:
                     why += f" (still so after waiting {wait:g} s)"
                 report.failed.append(Entry(r, why))
@@ -953,7 +907,7 @@ def _run_step(step: Step, entries: list[Entry], clients: dict[str, _Clients], re
             try:
                 there = step.exists(clients[e.resource.region], e.resource)  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001
-                report.failed.append(Entry(e.resource, f"deletion started; could not confirm: {_text(exc)}"))
+                report.failed.append(Entry(e.resource, f"deletion started; could not confirm: {aws.error_text(exc)}"))
                 continue
             (still if there else done).append((e, d))
         waiting = still
@@ -983,15 +937,11 @@ def sweep(
     `regions` None: the region of boto3's standard configuration. Raises UserError when
     there is no region or no credentials.
     """
-    session = session or new_session()
+    session = session or aws.new_session()
     regions = list(dict.fromkeys(regions or ([session.region_name] if session.region_name else [])))
     if not regions:
         raise UserError("no AWS region: pass --region, or set AWS_REGION / AWS_DEFAULT_REGION or a profile's region")
-    if session.get_credentials() is None:
-        raise UserError(
-            "no AWS credentials: configure them the standard boto3 way (AWS_PROFILE, AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY, SSO, or an instance role)"
-        )
+    aws.require_credentials(session)
     now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     progress = progress or Progress()
     report = Report(regions=regions, dry_run=not yes, now=now)
