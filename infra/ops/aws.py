@@ -59,17 +59,16 @@ def error_text(exc: Exception, limit: Optional[int] = None) -> str:
     """One line for a report: `Code: message`.
 
     An error that is not AWS's is named by its type (`EndpointConnectionError: ...`).
-    An HTML error page (a proxy, an emulator) is reduced to its title, without the
-    HTTP status botocore puts where the code goes. With `limit`, the message is
-    cut to that many characters.
+    An HTML error page (a proxy, an emulator) is reduced to its title, which says
+    it all (`HTTP error page: 500 Internal Server Error`). With `limit`, the
+    message is cut to that many characters.
     """
     code, message = error(exc)
     if not isinstance(getattr(exc, "response", None), dict):
         code = type(exc).__name__
     title = re.search(r"<title>(.*?)</title>", message, re.S | re.I)
-    if title:  # an HTML error page: its title says it all
-        message = f"HTTP error page: {title.group(1).strip()}"
-        code = "" if code.isdigit() else code
+    if title:
+        code, message = "", f"HTTP error page: {title.group(1).strip()}"
     message = " ".join(message.split())
     if limit is not None and len(message) > limit:
         message = message[:limit] + "..."
