@@ -27,7 +27,7 @@ boto3 has no region or credentials.
 from infra.ops.sweep.deleting import ORDER, STEPS
 from infra.ops.sweep.records import Entry, Report, Resource
 from infra.ops.sweep.report import render
-from infra.ops.sweep.run import Progress, RichProgress, sweep
-from infra.ops.sweep.selection import parse_expiry, verdict
+from infra.ops.sweep.run import RichProgress, sweep
+from infra.ops.sweep.selection import verdict
 
-__all__ = ["ORDER", "STEPS", "Entry", "Progress", "Report", "Resource", "RichProgress", "parse_expiry", "render", "sweep", "verdict"]
+__all__ = ["ORDER", "STEPS", "Entry", "Report", "Resource", "RichProgress", "render", "sweep", "verdict"]
