@@ -1,4 +1,4 @@
-"""Ephemeral test stacks (`infra.ops.ephemeral`, `python -m infra ephemeral up|test|down`).
+"""Ephemeral test stacks (`infra/ops/ephemeral/`, `python -m infra ephemeral up|test|down`).
 
 The orchestration runs against a fake `Workspace` that records every call and
 fails on demand; the real `PulumiWorkspace` is checked without the Pulumi CLI
@@ -25,6 +25,7 @@ import yaml
 from typer.testing import CliRunner
 
 from infra.ops import ephemeral
+from infra.ops.ephemeral import commands, workspace
 from infra.cli.app import app
 from infra.config import PROJECT, REPO_ROOT, from_mapping, read_stack_file
 from infra.ops.ephemeral import (
@@ -239,7 +240,7 @@ def test_the_generated_config_runs_the_real_program_and_tags_every_resource_with
 
 
 class AtexitSpy:
-    """Stands in for the atexit module inside infra.ops.ephemeral: which hooks are registered now."""
+    """Stands in for the atexit module the guard uses: which hooks are registered now."""
 
     def __init__(self):
         self.live: list = []
@@ -254,7 +255,7 @@ class AtexitSpy:
 def test_teardown_is_registered_before_up_runs(state_dir, monkeypatch):
     seen = {}
     spy = AtexitSpy()
-    monkeypatch.setattr(ephemeral, "atexit", spy)
+    monkeypatch.setattr(commands, "atexit", spy)
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_up(ws, stack):
@@ -604,7 +605,7 @@ def cli_env(monkeypatch, state_dir):
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "correct horse")
     monkeypatch.setenv("GITHUB_ACTOR", "octocat")
     factory = Factory()
-    monkeypatch.setattr(ephemeral, "make_workspace", factory)
+    monkeypatch.setattr(workspace, "make_workspace", factory)
     return factory
 
 
@@ -758,7 +759,7 @@ def fake_cli(tmp_path, monkeypatch):
 def test_the_real_workspace_drives_the_pulumi_cli(fake_cli, state_dir, monkeypatch):
     """PulumiWorkspace through pulumi.automation, against a stand-in CLI: the commands and their order."""
     bin_dir, calls = fake_cli
-    monkeypatch.setattr(ephemeral, "make_workspace", lambda backend: PulumiWorkspace(backend, log=lambda line: None))
+    monkeypatch.setattr(workspace, "make_workspace", lambda backend: PulumiWorkspace(backend, log=lambda line: None))
     env = {**ENV, "PULUMI_BACKEND_URL": "file:///tmp/eph-state"}
     code, out = run_up(state_dir, None, env=env)
     assert code == 0, out
@@ -785,7 +786,7 @@ def test_the_real_workspace_drives_the_pulumi_cli(fake_cli, state_dir, monkeypat
 
 def test_the_real_workspace_reports_a_failed_up_and_cancels_a_stale_lock(fake_cli, state_dir, monkeypatch):
     bin_dir, calls = fake_cli
-    monkeypatch.setattr(ephemeral, "make_workspace", lambda backend: PulumiWorkspace(backend, log=lambda line: None))
+    monkeypatch.setattr(workspace, "make_workspace", lambda backend: PulumiWorkspace(backend, log=lambda line: None))
     monkeypatch.setenv("FAKE_PULUMI_FAIL_UP", "1")
     (bin_dir / "locked").write_text("")  # the first destroy finds the lock the failed up left
     code, out = run_up(state_dir, None, env={**ENV, "PULUMI_BACKEND_URL": "file:///tmp/eph-state"})

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from infra.ops import aws as ops_aws
 from infra.ops import preflight as pf
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
@@ -380,7 +381,7 @@ def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
     gaps = capacity_gaps(reservation(CR_BLOCK, kind="capacity-block", end=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=5)))
     gaps.on("eks", "DescribeClusterVersions",
             lambda p: {"clusterVersions": [{"clusterVersion": "1.33", "versionStatus": "STANDARD_SUPPORT"}]})  # fmt: skip
-    monkeypatch.setattr(pf, "new_session", lambda region=None: gaps.session(region or REGION))
+    monkeypatch.setattr(ops_aws, "new_session", lambda region=None: gaps.session(region or REGION))
     result = CliRunner().invoke(app, ["preflight", "--stack", "block", "--root", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "GO" in result.output and "every check passed" in result.output

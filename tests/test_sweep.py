@@ -1,4 +1,4 @@
-"""Leak sweeper (`infra/ops/sweep.py`, `python -m infra sweep`) against a real moto server.
+"""Leak sweeper (`infra/ops/sweep/`, `python -m infra sweep`) against a real moto server.
 
 The server is seeded with what failed teardowns leave behind, for four kinds of owner:
 
@@ -34,6 +34,7 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
+from infra.ops import aws as ops_aws
 from infra.ops import sweep as sw
 from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
@@ -301,6 +302,28 @@ def test_order_covers_every_kind_once():
     assert before("ec2:security-group", "ec2:subnet") and sw.ORDER.index("ec2:vpc") == max(sw.ORDER.index(k) for k in sw.ORDER if k.startswith("ec2:"))
 
 
+# --- the AWS helpers (infra/ops/aws.py) ---------------------------------------------------------
+
+
+def test_the_shared_aws_helpers_read_real_errors(aws):
+    """infra/ops/aws.py, on the errors the moto server and botocore actually raise."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    with pytest.raises(Exception) as missing:
+        ec2.describe_vpcs(VpcIds=["vpc-00000000"])
+    assert ops_aws.error_code(missing.value) == "InvalidVpcID.NotFound"
+    assert ops_aws.is_gone(missing.value) and not ops_aws.is_denied(missing.value)
+    assert ops_aws.error_text(missing.value) == "InvalidVpcID.NotFound: VpcID {'vpc-00000000'} does not exist."
+    assert ops_aws.error_text(missing.value, limit=10) == "InvalidVpcID.NotFound: VpcID {'vp..."
+    with pytest.raises(Exception) as page:  # moto answers this call with an HTML error page
+        ec2.describe_placement_groups()
+    assert ops_aws.error_text(page.value) == "HTTP error page: 500 Internal Server Error"
+    assert not ops_aws.is_gone(page.value)
+    assert ops_aws.error_text(KeyError("InstanceId")) == "KeyError: 'InstanceId'"
+    assert ops_aws.tag_dict([{"Key": "a", "Value": "1"}, {"Key": "b"}, {"Value": "no key"}]) == {"a": "1", "b": ""}
+    assert ops_aws.tag_dict([{"TagKey": "k", "TagValue": "v"}], "TagKey", "TagValue") == {"k": "v"}
+    assert ops_aws.tag_dict(None) == {}
+
+
 # --- dry run ------------------------------------------------------------------------------------
 
 
@@ -471,7 +494,7 @@ def test_cli_subprocess_dry_run_then_yes(seeded):
 
 
 def test_cli_in_process_with_gaps_exits_0(seeded, session, monkeypatch):
-    monkeypatch.setattr(sw, "new_session", lambda region=None: session)
+    monkeypatch.setattr(ops_aws, "new_session", lambda region=None: session)
     result = CliRunner().invoke(app, ["sweep", "--yes", "--region", REGION, "--wait", "5"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "Deleted (" in result.output and "0 failed" in result.output

@@ -1,5 +1,6 @@
 """The GitHub Actions workflows (.github/workflows): they parse, call only commands that exist, pin their
-actions, ask for the least permissions, and touch the cloud only where credentials are configured.
+actions, ask for the least permissions, touch the cloud only where credentials are configured, and install
+the requirement file that provides what their commands import (tests/test_requirements.py).
 
 Every `python -m infra ...` a `run:` step calls is checked against the CLI: the command must be registered
 (a workflow calling one that is not fails, naming the registered ones), `--help` must exit 0, and every
@@ -21,6 +22,7 @@ import typer
 import yaml
 
 from infra.cli.app import app
+from tests.requirement_files import DEV, PROGRAM, TOOLS, included
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
@@ -197,6 +199,66 @@ def test_the_command_extraction_sees_through_shell_syntax():
     assert infra_calls(script) == [["synth", "--stack", "$s", "--out", "../o.json"],
                                    ["sweep", "--yes", "${r[@]}"],
                                    ["ephemeral", "up", "--from", "$F", "--ttl", "EXPR"]]
+
+
+# --------------------------------------------------------------------------- what each job installs
+
+_PIP_INSTALL = re.compile(r"""pip"?\s+install\b[^\n]*?\s(?:-r|--requirement)\s+["']?([\w./-]+)""")
+_SCRIPT = r"(?:^|[\s;&(|])bin/{}(?:$|[\s;&)|])"
+
+
+def missing_requirements(job: dict) -> list[str]:
+    """What a job runs before the requirement file it needs is installed, one line each.
+
+    `python -m infra ...` needs requirements-tools.txt (bin/plan installs it); bin/test installs and needs
+    requirements-dev.txt; `pulumi/actions` with a command runs the program (requirements.txt) and the policy
+    pack it names (its own requirements.txt). A `pip install -r FILE` installs FILE and what it includes.
+    """
+    installed: set[str] = set()
+    problems = []
+    for step in steps(job):
+        run = str(step.get("run", ""))
+        for found in _PIP_INSTALL.findall(run):
+            installed |= set(included(found))
+        if re.search(_SCRIPT.format("test"), run, re.M):
+            installed |= set(included(DEV))
+        if re.search(_SCRIPT.format("plan"), run, re.M):
+            installed |= set(included(TOOLS))
+        needs = []
+        if infra_calls(run):
+            needs.append((TOOLS, "`python -m infra`"))
+        with_ = step.get("with") or {}
+        if action(step) == "pulumi/actions" and with_.get("command"):
+            needs.append((PROGRAM, f"`pulumi {with_['command']}` (the program)"))
+            if with_.get("policyPacks"):
+                needs.append((f"{with_['policyPacks']}/requirements.txt", "the policy pack"))
+        for file, what in needs:
+            if file not in installed:
+                problems.append(f"step {step.get('name', '?')!r} runs {what}, which needs {file}; "
+                                f"installed before it: {sorted(installed) or 'nothing'}")  # fmt: skip
+    return problems
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_job_installs_what_its_commands_need(name):
+    for job_id, job in load(name)["jobs"].items():
+        problems = missing_requirements(job)
+        assert not problems, f"{name}: {job_id}: " + "; ".join(problems)
+
+
+def test_the_install_check_catches_a_missing_file():
+    run = lambda script, **kw: {"name": script.split()[0], "run": script, **kw}  # noqa: E731
+    only_program = {"steps": [run("venv/bin/pip install --quiet -r requirements.txt"), run("venv/bin/python -m infra sweep --yes")]}
+    (problem,) = missing_requirements(only_program)
+    assert "`python -m infra`" in problem and TOOLS in problem and "requirements.txt" in problem
+    tools = {"steps": [run("pip install -r requirements-tools.txt"), run("venv/bin/python -m infra sweep")]}
+    assert missing_requirements(tools) == []
+    late = {"steps": [run("venv/bin/python -m infra synth --stack prod"), run("bin/test")]}
+    assert len(missing_requirements(late)) == 1  # installed, but only after the command
+    preview = {"steps": [run("pip install -r requirements.txt"),
+                         {"uses": "pulumi/actions@v7", "with": {"command": "preview", "policyPacks": "policies"}}]}
+    (problem,) = missing_requirements(preview)
+    assert "policies/requirements.txt" in problem
 
 
 # --------------------------------------------------------------------------- every workflow

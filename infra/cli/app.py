@@ -303,10 +303,10 @@ def check(
         raise typer.Exit(1)
 
 
-# `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ops/ephemeral.py).
-from infra.ops.ephemeral import cli as _ephemeral_cli  # noqa: E402
+# `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ops/ephemeral/).
+from infra.ops.ephemeral.cli import app as _ephemeral_app  # noqa: E402
 
-app.add_typer(_ephemeral_cli, name="ephemeral")
+app.add_typer(_ephemeral_app, name="ephemeral")
 
 
 @app.command(no_args_is_help=True)

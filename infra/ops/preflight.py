@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog.instances import InstanceType, get_instance_type
-from infra.errors import UserError
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
+from infra.ops import aws
 
 # --------------------------------------------------------------------------- data
 
@@ -162,7 +162,7 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
 
     cfg = load_stack_file(stack, root)
     if region is None and "aws:region" not in read_stack_file(stack, root):
-        region = new_session().region_name  # no aws:region in the stack file: boto3's configured region
+        region = aws.new_session().region_name  # no aws:region in the stack file: boto3's configured region
     region = region or cfg.region
     plan = make_plan(cfg.plan_request())
     return Target(
@@ -180,13 +180,6 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
 # --------------------------------------------------------------------------- clients
 
 
-def new_session(region: Optional[str] = None):
-    """A boto3 session from the standard configuration (tests replace this)."""
-    import boto3
-
-    return boto3.session.Session(region_name=region)
-
-
 @dataclass
 class Clients:
     ec2: Any
@@ -195,7 +188,7 @@ class Clients:
 
 
 def make_clients(region: str, session=None) -> Clients:
-    session = session or new_session(region)
+    session = session or aws.new_session(region)
     return Clients(
         ec2=session.client("ec2", region_name=region),
         quotas=session.client("service-quotas", region_name=region),
@@ -203,30 +196,8 @@ def make_clients(region: str, session=None) -> Clients:
     )
 
 
-def _error(exc: Exception) -> tuple[str, str]:
-    """(code, message) of a boto3 error; ('', text) for anything else."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        err = response.get("Error") or {}
-        return str(err.get("Code", "")), str(err.get("Message", "")) or str(exc)
-    return "", str(exc)
-
-
 def _error_text(exc: Exception) -> str:
-    code, message = _error(exc)
-    title = re.search(r"<title>(.*?)</title>", message, re.S | re.I)
-    if title:  # an HTML error page (a proxy, an emulator): its title says it all
-        message = f"HTTP error page: {title.group(1).strip()}"
-        code = "" if code.isdigit() else code
-    message = " ".join(message.split())
-    if len(message) > 200:
-        message = message[:200] + "..."
-    return f"{code}: {message}" if code else message
-
-
-def _denied(exc: Exception) -> bool:
-    code, _ = _error(exc)
-    return code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedException")
+    return aws.error_text(exc, limit=200)  # a table cell
 
 
 # --------------------------------------------------------------------------- checks
@@ -242,7 +213,7 @@ def check_offering(ec2, t: Target) -> Check:
         )
         zones = sorted({o["Location"] for page in pages for o in page.get("InstanceTypeOfferings", [])})
     except Exception as exc:  # noqa: BLE001 - any API failure is an unknown, with its reason
-        fix = "grant ec2:DescribeInstanceTypeOfferings" if _denied(exc) else "rerun; check the region and credentials"
+        fix = "grant ec2:DescribeInstanceTypeOfferings" if aws.is_denied(exc) else "rerun; check the region and credentials"
         return Check(name, None, f"could not list offerings of {t.instance_type} in {t.region}: {_error_text(exc)}", fix)
     if t.zone in zones:
         return Check(name, True, f"{t.instance_type} is offered in {t.zone} ({len(zones)} zones of {t.region} offer it)")
@@ -297,7 +268,7 @@ def read_quota(sq, quota: Quota) -> tuple[Optional[dict], list[str]]:
                 q = call(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"{call.__name__}({quota.code}): {_error_text(exc)}")
-                if _denied(exc):
+                if aws.is_denied(exc):
                     return None, errors
                 continue
             if q.get("QuotaName", "").lower() == quota.name.lower():
@@ -323,7 +294,7 @@ def _running_vcpus(ec2, quota: Quota, stack: str) -> tuple[int, list[str]]:
     for page in pages:
         for res in page.get("Reservations", []):
             for inst in res.get("Instances", []):
-                tags = {x["Key"]: x["Value"] for x in inst.get("Tags", [])}
+                tags = aws.tag_dict(inst.get("Tags"))
                 if tags.get(STACK_TAG) == stack and tags.get(PROJECT_TAG):
                     continue  # this stack's own nodes (an update re-uses them)
                 itype = inst.get("InstanceType", "")
@@ -419,11 +390,11 @@ def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Chec
     try:
         found = ec2.describe_capacity_reservations(CapacityReservationIds=[rid]).get("CapacityReservations", [])
     except Exception as exc:  # noqa: BLE001
-        code, _ = _error(exc)
+        code = aws.error_code(exc)
         if code.startswith("InvalidCapacityReservationId"):
             found = []
         else:
-            fix = "grant ec2:DescribeCapacityReservations" if _denied(exc) else "rerun; check the region and credentials"
+            fix = "grant ec2:DescribeCapacityReservations" if aws.is_denied(exc) else "rerun; check the region and credentials"
             return Check(name, None, f"could not read {rid} in {t.region}: {_error_text(exc)}", fix)
     if not found:
         return Check(
@@ -493,11 +464,11 @@ def check_efa(ec2, t: Target) -> Check:
     try:
         types = ec2.describe_instance_types(InstanceTypes=[t.instance_type]).get("InstanceTypes", [])
     except Exception as exc:  # noqa: BLE001
-        code, _ = _error(exc)
+        code = aws.error_code(exc)
         if code == "InvalidInstanceType":
             return Check(name, False, f"EC2 does not know {t.instance_type} in {t.region}",
                          "choose an instance type EC2 offers in this region (gpu-serving:gpu.instanceType)")  # fmt: skip
-        fix = "grant ec2:DescribeInstanceTypes" if _denied(exc) else "rerun; check the region and credentials"
+        fix = "grant ec2:DescribeInstanceTypes" if aws.is_denied(exc) else "rerun; check the region and credentials"
         return Check(name, None, f"could not describe {t.instance_type}: {_error_text(exc)}", fix)
     if not types:
         return Check(name, False, f"EC2 does not know {t.instance_type} in {t.region}",
@@ -639,10 +610,6 @@ def preflight(stack: str, region: Optional[str] = None, root=None, session=None,
     Raises UserError on a config error or when boto3 has no credentials.
     """
     t = target_from_stack(stack, root, region)
-    session = session or new_session(t.region)
-    if session.get_credentials() is None:
-        raise UserError(
-            "no AWS credentials: configure them the standard boto3 way (AWS_PROFILE, AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY, SSO, or an instance role)"
-        )
+    session = session or aws.new_session(t.region)
+    aws.require_credentials(session)
     return t, run_checks(t, make_clients(t.region, session), now)

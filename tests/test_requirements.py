@@ -1,0 +1,254 @@
+"""The requirement files by purpose, and who installs which (README, "Quick start").
+
+    requirements.txt        the Pulumi program: Pulumi.yaml has the Pulumi CLI install it for `pulumi up`
+    requirements-tools.txt  -r requirements.txt + what `python -m infra ...` needs: bin/plan installs it
+    requirements-dev.txt    -r requirements-tools.txt + the test tools: bin/test installs it
+
+The program is run with everything outside requirements.txt made unimportable, and
+every import of every source file is checked against the file that installs what it
+runs with. bin/plan and bin/test are run against a stand-in Python that records what
+they install.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import requirement_files as rf
+from tests.requirement_files import DEV, POLICY_PACK, PROGRAM, REPO_ROOT, TOOLS
+
+PROJECT_PACKAGES = {"infra", "components", "policies", "tests", "benchmarks"}
+TOOL_MODULES = {"typer", "rich", "matplotlib", "boto3", "botocore"}
+# What `python3 -m venv` puts into every virtualenv of Python 3.11, whatever a requirement file says.
+IN_EVERY_VENV = {"pip", "setuptools"}
+
+
+# --------------------------------------------------------------------------- the files
+
+
+def test_the_files_build_on_one_another_and_pin_every_requirement():
+    assert rf.included(PROGRAM) == [PROGRAM]
+    assert rf.included(TOOLS) == [TOOLS, PROGRAM]
+    assert rf.included(DEV) == [DEV, TOOLS, PROGRAM]
+    for path in (PROGRAM, TOOLS, DEV, POLICY_PACK):
+        assert not rf.read(path).problems, rf.read(path).problems
+    names = [rf.canonical(r.name) for p in (PROGRAM, TOOLS, DEV) for r in rf.read(p).requirements]
+    assert len(names) == len(set(names)), f"pinned in more than one file: {sorted({n for n in names if names.count(n) > 1})}"
+    # The tests run with exactly what the files pin (bin/test installs them).
+    for name, (version, _) in rf.pins(DEV).items():
+        assert importlib.metadata.version(name) == version, f"{name}: installed {importlib.metadata.version(name)}, pinned {version}"
+    # The policy pack's own virtualenv runs the same Pulumi SDK as the program.
+    program, pack = rf.pins(PROGRAM), rf.pins(POLICY_PACK)
+    for name in set(program) & set(pack):
+        assert program[name][0] == pack[name][0], f"{name}: {PROGRAM} pins {program[name][0]}, {POLICY_PACK} {pack[name][0]}"
+
+
+def test_the_program_file_holds_no_tool_and_the_tools_file_holds_them_all():
+    program, tools = rf.distributions(PROGRAM), rf.distributions(TOOLS)
+    for module in TOOL_MODULES:
+        providers = set(rf.providers(module))
+        assert providers, f"no installed distribution provides {module}"
+        assert not providers & program, f"{PROGRAM} brings in {module} ({providers & program}): the program does not need it"
+        assert providers & tools, f"{TOOLS} does not bring in {module}"
+
+
+# --------------------------------------------------------------------------- the program without the tools
+
+_PROBE = textwrap.dedent(
+    """\
+    import json, sys
+
+    blocked, attempts = set(json.loads(sys.argv[1])), []
+
+    class Blocker:
+        # Anything outside requirements.txt cannot be imported, and every attempt is written down
+        # (an attempt that the importer catches would otherwise go unseen).
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top in blocked:
+                attempts.append(name)
+                raise ImportError(f"{top} is not in requirements.txt")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+
+    import components.stack, infra.config, infra.planning  # noqa: E401,F401
+    from infra.preview.synth import synthesize
+
+    resources = {stack: len(synthesize(stack)["resources"]) for stack in sys.argv[2:]}
+    loaded = sorted({m.partition(".")[0] for m, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)})
+    print(json.dumps({"attempts": attempts, "loaded": loaded, "resources": resources}))
+    """
+)
+
+
+def _blocked_modules() -> set[str]:
+    """Every installed top-level module that no distribution of requirements.txt (or of a bare venv) provides."""
+    allowed = rf.distributions(PROGRAM) | IN_EVERY_VENV
+    modules = importlib.metadata.packages_distributions()
+    return {m for m in modules if not any(rf.canonical(d) in allowed for d in modules[m])}
+
+
+def test_the_program_runs_with_nothing_but_requirements_txt():
+    """__main__.py and all it imports, run offline for each stack file, with every other package unimportable."""
+    blocked = _blocked_modules()
+    assert TOOL_MODULES <= blocked and {"pytest", "moto", "pulumi_policy"} <= blocked
+    stacks = sorted(p.name.split(".")[1] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
+    assert {"prod", "test"} <= set(stacks)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULUMI_", "AWS_"))}
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(sorted(blocked)), *stacks], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["attempts"] == [], f"the program tried to import {result['attempts']} (not in {PROGRAM})"
+    assert all(n > 10 for n in result["resources"].values()), result["resources"]
+    allowed = rf.distributions(PROGRAM) | IN_EVERY_VENV
+    for module in result["loaded"]:
+        if module in sys.stdlib_module_names or module in PROJECT_PACKAGES or module.startswith("_") or module == "__main__":
+            continue
+        providers = set(rf.providers(module))
+        assert providers & allowed, f"the program loaded {module} ({providers or 'from no distribution'}), not from {PROGRAM}"
+
+
+# --------------------------------------------------------------------------- every import of every source file
+
+
+def _source_files() -> list[Path]:
+    dirs = ("infra", "components", "policies", "tests", "benchmarks")
+    return sorted([REPO_ROOT / "__main__.py", *(p for d in dirs for p in (REPO_ROOT / d).rglob("*.py"))])
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import, function-level ones included."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            if node.module in PROJECT_PACKAGES:
+                out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def _module_file(module: str) -> Path | None:
+    base = REPO_ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _program_files() -> set[Path]:
+    """__main__.py and every project module it imports, directly or not."""
+    todo, seen = [REPO_ROOT / "__main__.py"], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for _, module in _imports(path):
+            parts = module.split(".")
+            if parts[0] in PROJECT_PACKAGES:
+                todo += [f for i in range(1, len(parts) + 1) if (f := _module_file(".".join(parts[:i])))]
+    return seen
+
+
+def _third_party(path: Path) -> list[tuple[int, str]]:
+    local = {p.stem for p in path.parent.glob("*.py")}  # a script's siblings (the policy pack runs from policies/)
+    return [(line, m) for line, m in _imports(path)
+            if (top := m.partition(".")[0]) not in sys.stdlib_module_names and top not in PROJECT_PACKAGES
+            and not (path.parent.name == "policies" and top in local)]  # fmt: skip
+
+
+def _file_for(path: Path, program: set[Path]) -> str:
+    rel = path.relative_to(REPO_ROOT)
+    if path in program:
+        return PROGRAM
+    if rel.parts[0] == "policies":
+        return POLICY_PACK
+    if rel.parts[0] in ("tests", "benchmarks"):
+        return DEV
+    return TOOLS
+
+
+def test_every_import_comes_from_the_file_that_installs_what_it_runs_with():
+    program = _program_files()
+    assert {REPO_ROOT / "components" / "stack.py", REPO_ROOT / "infra" / "planning" / "__init__.py"} <= program
+    assert REPO_ROOT / "infra" / "cli" / "app.py" not in program
+    provided = {f: rf.distributions(f) | IN_EVERY_VENV for f in (PROGRAM, TOOLS, DEV, POLICY_PACK)}
+    problems = []
+    for path in _source_files():
+        wanted = _file_for(path, program)
+        for line, module in _third_party(path):
+            top = module.partition(".")[0]
+            providers = set(rf.providers(top))
+            if not providers & provided[wanted]:
+                problems.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {module} "
+                                f"({', '.join(sorted(providers)) or 'installed by nothing'}), which {wanted} does not install")  # fmt: skip
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- who installs which
+
+
+def test_pulumi_yaml_installs_requirements_txt_into_the_venv_of_the_program():
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    runtime = doc["runtime"]
+    # The Python runtime's pip toolchain installs the project's requirements.txt into `virtualenv`.
+    assert runtime["name"] == "python" and runtime["options"] == {"toolchain": "pip", "virtualenv": "venv"}
+    assert (REPO_ROOT / PROGRAM).is_file()
+
+
+_FAKE_PYTHON = textwrap.dedent(
+    """\
+    #!/bin/sh
+    # Stands in for venv/bin/python: records pip and the commands, computes like Python otherwise.
+    case "$1 $2" in
+      "-m pip") echo "pip $*" >> "$FAKE_LOG"; exit 0 ;;
+      "-m infra"|"-m pytest") echo "run $*" >> "$FAKE_LOG"; exit 0 ;;
+    esac
+    exec {python} "$@"
+    """
+)
+
+
+@pytest.mark.parametrize(("script", "installs", "runs"), [("bin/plan", TOOLS, "-m infra plan"), ("bin/test", DEV, "-m pytest")])
+def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
+    shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
+    for name in (PROGRAM, TOOLS, DEV):
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "FAKE_LOG": str(log)}
+
+    def run() -> list[str]:
+        log.write_text("")
+        proc = subprocess.run([str(tmp_path / script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return log.read_text().splitlines()
+
+    first = run()
+    assert first[0].startswith("pip -m pip install") and first[0].endswith(f"-r {installs}")
+    assert first[1].startswith(f"run {runs}") and len(first) == 2
+    assert run() == first[1:]  # nothing changed: no install
+    for name in rf.included(installs):
+        with open(tmp_path / name, "a") as fh:
+            fh.write("# changed\n")
+        again = run()
+        assert again[0].endswith(f"-r {installs}"), f"{script} did not install again after {name} changed"
+        assert run() == first[1:]
