@@ -46,6 +46,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
 from infra.ops import aws
@@ -313,8 +314,8 @@ def _running_vcpus(ec2, quota: Quota, stack: str) -> tuple[int, list[str]]:
 def check_quota(sq, ec2, t: Target) -> Check:
     """The On-Demand vCPU quota of the instance family covers the plan (on demand only)."""
     name = "On-Demand vCPU quota"
-    if t.capacity_type != "on-demand":
-        kind = "Capacity Block" if t.capacity_type == "capacity-block" else "capacity reservation"
+    if t.capacity_type != ON_DEMAND:
+        kind = "Capacity Block" if t.capacity_type == CAPACITY_BLOCK else "capacity reservation"
         return Check(
             name, True,
             f"not applicable: the nodes launch into {kind} {t.reservation_id}; EC2 checked the On-Demand "
@@ -381,9 +382,9 @@ def _hours(delta: dt.timedelta) -> str:
 
 def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Check:
     """The capacity reservation or Capacity Block exists, is usable now, and fits the plan."""
-    kind = "Capacity Block" if t.capacity_type == "capacity-block" else "capacity reservation"
-    name = "capacity reservation" if t.capacity_type != "capacity-block" else "Capacity Block"
-    if t.capacity_type == "on-demand":
+    kind = "Capacity Block" if t.capacity_type == CAPACITY_BLOCK else "capacity reservation"
+    name = "capacity reservation" if t.capacity_type != CAPACITY_BLOCK else "Capacity Block"
+    if t.capacity_type == ON_DEMAND:
         return Check("capacity reservation", True, "not used: on-demand capacity (gpu-serving:gpu.capacity.type)")
     now = now or dt.datetime.now(dt.timezone.utc)
     rid = t.reservation_id
@@ -414,10 +415,10 @@ def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Chec
     if start or end:
         facts.append(f"{_fmt_time(start) if start else '?'} -> {_fmt_time(end) if end else 'no end date'}")
 
-    if t.capacity_type == "capacity-block" and rtype != "capacity-block":
+    if t.capacity_type == CAPACITY_BLOCK and rtype != "capacity-block":
         problems.append(f"it is an On-Demand Capacity Reservation, not a Capacity Block")
         fixes.append("set gpu-serving:gpu.capacity.type to capacity-reservation")
-    elif t.capacity_type == "capacity-reservation" and rtype == "capacity-block":
+    elif t.capacity_type == CAPACITY_RESERVATION and rtype == "capacity-block":
         problems.append("it is a Capacity Block, not an On-Demand Capacity Reservation")
         fixes.append("set gpu-serving:gpu.capacity.type to capacity-block (market type capacity-block, node group CAPACITY_BLOCK)")
     if state == "active":
