@@ -33,7 +33,7 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UNKNOWN_OBJECT_VALUE, unkn
 
 import policies.__main__ as pack
 from infra.preview.policy_check import check_document, document_context, gpus_per_node
-from infra.k8s.rayspec import INTERNAL_NLB_ANNOTATIONS
+from infra.k8s.exposure import INTERNAL_NLB_ANNOTATIONS
 from infra.preview.synth import synthesize
 from policies import rules as R
 
