@@ -64,8 +64,15 @@ def stack_plan(stack: str) -> dict:
     return json.loads(stack_plan_json(stack))
 
 
+@lru_cache(maxsize=None)
+def thresholds(stack: str = "prod") -> dict:
+    """The benchmark's thresholds, from the stack config that owns them."""
+    checks = load_stack_file(stack, REPO).checks
+    return {"ttft_p99_ms": checks.ttft_p99_ms, "tpot_p99_ms": checks.tpot_p99_ms}
+
+
 def make_spec(plan: dict, **overrides) -> ServingSpec:
-    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights")
+    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights", **thresholds())
     base.update(overrides)
     return ServingSpec(**base)
 
@@ -765,6 +772,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     spec = ServingSpec(
         plan=make_plan(cfg.plan_request()).to_json_dict(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
+        ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
     )  # fmt: skip
     annotation = service(spec)["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"]
     assert dict(pair.split("=", 1) for pair in annotation.split(",")) == tags

@@ -34,12 +34,15 @@ def _plan_json(stack: str) -> str:
 
 
 def spec(stack: str = "prod", **overrides) -> ServingSpec:
+    checks_config = load_stack_file(stack, REPO).checks  # the owner of the benchmark's thresholds
     base = dict(
         plan=json.loads(_plan_json(stack)),
         namespace="gpu-serving",
         image="123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0",
         ray_version="2.60.0",
         pvc_name="model-weights",
+        ttft_p99_ms=checks_config.ttft_p99_ms,
+        tpot_p99_ms=checks_config.tpot_p99_ms,
     )
     base.update(overrides)
     return ServingSpec(**base)

@@ -86,7 +86,9 @@ class ServingSpec:
     `plan` is `Plan.to_json_dict()`. `image` is the pinned serving image (vLLM
     with Ray, and the EFA userspace); `ray_version` is the Ray inside it (KubeRay
     picks its probes by it). `pvc_name` is the weights claim
-    (components/storage.py), mounted read-only at `mount_path`.
+    (components/storage.py), mounted read-only at `mount_path`. The benchmark's
+    thresholds have no default here: the stack config (`gpu-serving:checks`)
+    owns them.
     """
 
     plan: Mapping[str, Any]
@@ -94,6 +96,8 @@ class ServingSpec:
     image: str
     ray_version: str
     pvc_name: str
+    ttft_p99_ms: float  # p99 time to first token must stay below this, ms
+    tpot_p99_ms: float  # p99 time per output token must stay below this, ms
     name: str = "vllm"
     mount_path: str = "/models"
     # Where the staging Job put the checkpoint and its marker (infra.staging.model_path /
@@ -106,8 +110,6 @@ class ServingSpec:
     efa_check: bool = False
     nccl_busbw_floor_gbps: float = 100.0  # GB/s (gigabytes per second, the unit nccl-tests prints busbw in)
     benchmark: bool = False
-    ttft_p99_ms: float = 250.0
-    tpot_p99_ms: float = 40.0
     benchmark_prompts: int = 200
     benchmark_input_len: int = 1024
     benchmark_output_len: int = 256
