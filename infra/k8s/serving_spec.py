@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from infra.errors import UserError
-from infra.k8s import staging
+from infra.k8s.scripts import stage_weights
 
 GiB = 2**30
 MiB = 2**20
@@ -49,9 +49,6 @@ GEN_RAY_START_CMD_ENV = "KUBERAY_GEN_RAY_START_CMD"
 WORKER_GROUP = "gpu"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-
-# --- The weights ----------------------------------------------------------------
-MARKER_NAME = staging.MARKER_NAME  # written by the weight-staging Job (infra/k8s/staging.py)
 
 # --- Probes and waits ---------------------------------------------------------
 PROBE_PATH = "/health"  # vLLM's OpenAI server: 200 once the engine is up, an error when it is dead
@@ -189,7 +186,7 @@ class ServingSpec:
 
     @property
     def marker(self) -> str:
-        return self.marker_path or f"{self.model_dir}/{MARKER_NAME}"
+        return self.marker_path or f"{self.model_dir}/{stage_weights.MARKER_NAME}"  # the staging program writes it
 
     @property
     def vllm_args(self) -> list[str]:
