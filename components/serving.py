@@ -14,7 +14,9 @@ One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
   RayCluster: it needs two free GPU nodes, which only exist before the serving
   pods take them, so the RayCluster waits for it and `pulumi up` stops if the
   fabric is not right;
-- the serving benchmark Job when enabled, after the RayCluster and the Service.
+- the serving benchmark Job when enabled, after the RayCluster and the Service;
+- the ConfigMap of the scripts those pods run (`infra/k8s/scripts/`), before
+  any of them.
 
 Ordering on destroy: the RayCluster `depends_on` the operator releases (KubeRay,
 GPU operator, EFA device plugin) and the weights' storage, so Pulumi deletes it
@@ -59,6 +61,7 @@ def _timeout(seconds: int) -> str:
 class Serving(pulumi.ComponentResource):
     """The vLLM RayCluster, its Service, disruption budget, monitoring and checks."""
 
+    scripts: k8s.core.v1.ConfigMap
     raycluster: k8s.apiextensions.CustomResource
     service: k8s.core.v1.Service
     pdb: k8s.policy.v1.PodDisruptionBudget
@@ -70,7 +73,16 @@ class Serving(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
-        prerequisites = list(args.depends_on)
+        # The pods' scripts, before every pod that runs them (in the namespace, which
+        # is among the prerequisites).
+        scripts = raycluster.scripts_config_map(spec)
+        self.scripts = k8s.core.v1.ConfigMap(
+            f"{name}-scripts",
+            metadata=scripts["metadata"],
+            data=scripts["data"],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(args.depends_on))),
+        )
+        prerequisites = [*args.depends_on, self.scripts]
 
         def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
             """A builder's `spec`, with the image resolved when it is an Output."""
@@ -143,7 +155,7 @@ class Serving(pulumi.ComponentResource):
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
-                        depends_on=[self.raycluster, self.service],
+                        depends_on=[self.raycluster, self.service, self.scripts],
                         delete_before_replace=True,
                         custom_timeouts=pulumi.CustomTimeouts(create=run, update=run),
                     ),

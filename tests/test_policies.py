@@ -421,7 +421,9 @@ def _pv_not_retained(doc):
 
 def _tp_16(doc):
     head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    head["command"] = [c.replace("--tensor-parallel-size 8", "--tensor-parallel-size 16") for c in head["command"]]
+    args = head["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    args[args.index("--tensor-parallel-size") + 1] = "16"
 
 
 def _no_efa_ingress(doc):

@@ -11,6 +11,9 @@
   kubernetes-validate in strict mode against Kubernetes 1.33.
 - Cross-layer invariants hold for every stack file, and a changed model or
   instance type changes every dependent figure with no other edit.
+- Every script a pod runs comes from the serving ConfigMap, mounted read-only,
+  and a changed script replaces exactly the pods that run it (the scripts
+  themselves run for real in tests/test_pod_scripts.py).
 """
 
 from __future__ import annotations
@@ -19,9 +22,6 @@ import copy
 import json
 import math
 import re
-import shlex
-import subprocess
-import sys
 import textwrap
 from functools import lru_cache
 from pathlib import Path
@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from infra.aws import gpu_nodes as efa
-from infra.k8s import checks, exposure, raycluster, scheduling, serving_spec, staging
+from infra.k8s import checks, exposure, raycluster, scheduling, script_files, serving_spec, staging
+from infra.k8s.scripts import benchmark, efa_allreduce
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
@@ -79,7 +80,7 @@ def make_spec(plan: dict, **overrides) -> ServingSpec:
 
 def manifests(spec: ServingSpec) -> list[dict]:
     """Every object components/serving.py creates for `spec`, from the builders."""
-    out = []
+    out = [raycluster.scripts_config_map(spec)]
     if spec.efa_check:
         out += [checks.efa_check_service(spec), checks.efa_check_job(spec)]
     out += [raycluster.raycluster(spec), exposure.service(spec), exposure.pdb(spec)]
@@ -94,6 +95,12 @@ def all_checks(plan: dict, **overrides) -> ServingSpec:
     """Every optional object on (the EFA check only where it can run)."""
     can_check_efa = plan["layout"]["nodes"] >= 2 and plan["pod"]["efa_interfaces"] > 0
     return make_spec(plan, efa_check=can_check_efa, benchmark=True, monitoring="podmonitor", **overrides)
+
+
+def served(container: dict) -> list[str]:
+    """The serving command the head's script ends by exec-ing: its arguments from `vllm` on."""
+    args = container["args"]
+    return args[args.index("vllm") :]
 
 
 def modified_config(tmp_path: Path, model: str, instance: str) -> Path:
@@ -369,9 +376,7 @@ def test_vllm_serve_arguments_are_the_plans(stack):
     plan = stack_plan(stack)
     spec = make_spec(plan)
     head = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]
-    command = head["spec"]["containers"][0]["command"]
-    assert command[:2] == ["/bin/bash", "-c"]
-    argv = raycluster.serve_argv_from_script(command[2])
+    argv = served(head["spec"]["containers"][0])
     model_path = f"/models/{plan['model']['checkpoint']}"
     assert argv[:5] == ["vllm", "serve", model_path, "--served-model-name", plan["model"]["checkpoint"]]
     assert argv[5:] == plan["vllm_args"]
@@ -382,63 +387,17 @@ def test_vllm_serve_arguments_are_the_plans(stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_head_starts_ray_without_block_and_waits_for_every_gpu(stack):
-    plan = stack_plan(stack)
-    spec = make_spec(plan)
-    head = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]
+def test_head_runs_its_own_command_and_workers_keep_kuberays(stack):
+    spec = make_spec(stack_plan(stack))
+    rc = raycluster.raycluster(spec)
+    head = rc["spec"]["headGroupSpec"]["template"]
     assert head["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
-    script = head["spec"]["containers"][0]["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    lines = script.splitlines()
-    start = lines.index('ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"')
-    wait = lines.index("python3 - <<'PY'")
-    serve = next(i for i, line in enumerate(lines) if line.startswith("exec vllm serve "))
-    assert start < wait < serve == len(lines) - 1
-    want = plan["layout"]["nodes"] * plan["layout"]["gpus_per_node"]
-    assert f"WANT_GPUS, WANT_NODES, TIMEOUT_S = {want}, {plan['layout']['nodes']}, {serving_spec.RAY_JOIN_TIMEOUT_S}" in script
+    assert head["spec"]["containers"][0]["command"][1].startswith(script_files.MOUNT_PATH + "/")
     # Workers keep KubeRay's generated, blocking command.
-    for group in raycluster.raycluster(spec)["spec"].get("workerGroupSpecs", []):
+    for group in rc["spec"].get("workerGroupSpecs", []):
         c = group["template"]["spec"]["containers"][0]
         assert "command" not in c and "args" not in c
         assert "ray.io/overwrite-container-cmd" not in (group["template"]["metadata"].get("annotations") or {})
-
-
-def test_generated_command_with_block_removed_runs_in_the_background(tmp_path):
-    """What the head does with KubeRay's generated command: a `ray start` that would block returns."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "ray").write_text('#!/bin/sh\ncase " $* " in *" --block "*) sleep 30;; esac\necho "ray $*" >> "$LOG"\n')
-    (fake_bin / "ray").chmod(0o755)
-    generated = "ray start --head  --block  --dashboard-host=0.0.0.0  --num-gpus=8 "
-    script = 'ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"\n/bin/bash -c "${ray_start}"\n'
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "KUBERAY_GEN_RAY_START_CMD": generated, "LOG": str(tmp_path / "log")}
-    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=10)
-    assert "--block" not in (tmp_path / "log").read_text()
-    assert "--num-gpus=8" in (tmp_path / "log").read_text()
-
-
-FAKE_RAY = """
-import os
-STATE = {"calls": 0}
-def init(**kw): pass
-def shutdown(): pass
-def nodes():
-    STATE["calls"] += 1
-    n = int(os.environ["FAKE_NODES"])
-    return [{"Alive": True, "Resources": {"GPU": float(os.environ["FAKE_GPUS_PER_NODE"]), "CPU": 4.0}} for _ in range(n)] + [
-        {"Alive": False, "Resources": {"GPU": 8.0}}
-    ]
-"""
-
-
-@pytest.mark.parametrize("nodes, expected_rc", [(4, 0), (3, 1)])
-def test_ray_wait_script_waits_for_all_gpus(tmp_path, nodes, expected_rc):
-    (tmp_path / "ray.py").write_text(FAKE_RAY)
-    script = raycluster.ray_wait_script(gpus=32, nodes=4, timeout_s=0)
-    env = {"PYTHONPATH": str(tmp_path), "FAKE_NODES": str(nodes), "FAKE_GPUS_PER_NODE": "8", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == expected_rc, done.stderr
-    assert f"{nodes * 8}/32 GPUs on {nodes}/4 nodes" in done.stdout
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -488,11 +447,85 @@ def test_environment_and_weights_wait(stack):
         for unneeded in ("FI_EFA_USE_DEVICE_RDMA", "FI_PROVIDER", "NCCL_PROTO", "RDMAV_FORK_SAFE", "LD_LIBRARY_PATH"):
             assert unneeded not in env
         (init,) = template["spec"]["initContainers"]
-        marker = f"/models/{plan['model']['checkpoint']}/.gpu-serving-complete"
-        assert init["command"] == staging.wait_for_weights_command(marker, timeout_s=0, interval_s=raycluster.WEIGHTS_POLL_S)
-        assert marker == staging.marker_path("/models", plan["model"]["checkpoint"], "hf")
-        assert init["volumeMounts"] == [{"name": raycluster.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True}]
+        # It waits for the marker where the staging Job writes it (the wait itself runs in test_pod_scripts.py).
+        assert spec.marker == staging.marker_path("/models", plan["model"]["checkpoint"], "hf")
+        assert spec.marker in init["args"]
+        assert {"name": raycluster.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in init["volumeMounts"]
         assert init["resources"]["requests"] == init["resources"]["limits"]  # Guaranteed QoS kept
+
+
+def pod_templates_by_role(spec: ServingSpec) -> dict[str, dict]:
+    rc = raycluster.raycluster(spec)
+    out = {"head": rc["spec"]["headGroupSpec"]["template"]}
+    out.update({f"worker {g['groupName']}": g["template"] for g in rc["spec"].get("workerGroupSpecs", [])})
+    out.update({d["metadata"]["name"]: d["spec"]["template"] for d in manifests(spec) if d["kind"] == "Job"})
+    return out
+
+
+SCRIPT_NAME = re.compile(r"[A-Za-z0-9_]+\.(?:py|sh)\b")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_script_a_pod_runs_is_mounted_read_only_from_the_serving_config_map(stack):
+    spec = all_checks(stack_plan(stack))
+    config_map = raycluster.scripts_config_map(spec)
+    data = config_map["data"]
+    assert config_map["metadata"]["namespace"] == spec.namespace
+    ran = set()
+    for role, template in pod_templates_by_role(spec).items():
+        pod = template["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            if "command" not in c:
+                continue  # a worker's Ray container: KubeRay's own command
+            interpreter, program = c["command"]
+            assert interpreter in ("sh", "/bin/bash", "python3") and program.startswith(script_files.MOUNT_PATH + "/"), (role, c["command"])
+            (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == script_files.MOUNT_PATH]
+            assert mount["readOnly"] is True
+            source = volumes[mount["name"]]["configMap"]
+            assert source["name"] == config_map["metadata"]["name"] and source["defaultMode"] == 0o555
+            name = program.rsplit("/", 1)[1]
+            # The script and every script it calls (a shell script's commands name them) are in the ConfigMap.
+            code = [line for line in data[name].splitlines() if name.endswith(".sh") and not line.lstrip().startswith("#")]
+            calls = {n for n in SCRIPT_NAME.findall("\n".join(code)) if (script_files.SCRIPTS_DIR / n).is_file()}
+            assert {name, *calls} <= set(data), (role, name, calls)
+            ran |= {name, *calls}
+        assert script_files.HASH_ANNOTATION in template["metadata"]["annotations"], role
+    if spec.efa_check and spec.benchmark:
+        assert ran == set(data), "the ConfigMap carries nothing that no pod runs"
+
+
+def _edited_scripts(tmp_path: Path, monkeypatch, name: str) -> None:
+    edited = tmp_path / "scripts"
+    edited.mkdir()
+    for path in script_files.SCRIPTS_DIR.iterdir():
+        if path.is_file():
+            (edited / path.name).write_text(path.read_text())
+    (edited / name).write_text((edited / name).read_text() + "# edited\n")
+    monkeypatch.setattr(script_files, "SCRIPTS_DIR", edited)
+    script_files.read.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "name, replaced",
+    [
+        ("benchmark.py", {"vllm-benchmark"}),
+        ("efa_allreduce.py", {"vllm-efa-check"}),
+        # What is served changed: the benchmark runs again (its RayCluster hash).
+        ("ray_wait.py", {"head", "vllm-benchmark"}),
+        ("wait_for_weights.sh", {"head", "worker gpu", "vllm-benchmark"}),
+    ],
+)
+def test_a_changed_script_replaces_exactly_the_pods_that_run_it(tmp_path, monkeypatch, name, replaced):
+    spec = all_checks(stack_plan("prod"))
+    before, data_before = pod_templates_by_role(spec), raycluster.scripts_config_map(spec)["data"]
+    _edited_scripts(tmp_path, monkeypatch, name)
+    try:
+        after, data_after = pod_templates_by_role(spec), raycluster.scripts_config_map(spec)["data"]
+    finally:
+        script_files.read.cache_clear()
+    assert {k for k, v in data_after.items() if data_before[k] != v} == {name}
+    assert {role for role in before if before[role] != after[role]} == replaced
 
 
 KUBELET_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -560,14 +593,8 @@ def test_efa_check_job_owns_two_whole_gpu_nodes():
     assert svc["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
     c = ps["containers"][0]
     assert c["resources"] == raycluster.gpu_pod_resources(spec)
-    script = c["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    assert '"$FI_INFO" -p efa' in script
-    assert f"--nnodes 2 --nproc-per-node {plan['pod']['gpus']}" in script
-    assert "vllm-efa-check-0.vllm-efa-check.gpu-serving.svc.cluster.local" in script
-    for name in ("allreduce", "verdict"):
-        body = script.split(f"cat > /tmp/{name}.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-        compile(body, name, "exec")
+    # Pod 0 of the Job, by the headless Service's DNS name, is the rendezvous (the run: test_pod_scripts.py).
+    assert f"{job['metadata']['name']}-0.{svc['metadata']['name']}.gpu-serving.svc.cluster.local" in c["args"]
 
 
 def test_efa_check_needs_two_nodes_with_efa():
@@ -585,14 +612,14 @@ EFA_LOG = textwrap.dedent(
 
 
 def test_efa_check_verdict():
-    assert checks.efa_check_problems(EFA_LOG, 100.0, 32) == []
+    assert efa_allreduce.efa_check_problems(EFA_LOG, 100.0, 32) == []
     slow = EFA_LOG.replace("312.480", "41.200")
-    assert any("below the floor" in p for p in checks.efa_check_problems(slow, 100.0, 32))
+    assert any("below the floor" in p for p in efa_allreduce.efa_check_problems(slow, 100.0, 32))
     tcp = "NCCL INFO Using network Socket\nGPU_SERVING_BUSBW_GBPS=3.1\n"
-    problems = checks.efa_check_problems(tcp, 100.0, 32)
+    problems = efa_allreduce.efa_check_problems(tcp, 100.0, 32)
     assert any("EFA provider" in p for p in problems) and any("Socket" in p for p in problems)
-    assert any("did not complete" in p for p in checks.efa_check_problems("", 100.0, 32))
-    assert checks.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
+    assert any("did not complete" in p for p in efa_allreduce.efa_check_problems("", 100.0, 32))
+    assert efa_allreduce.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
 
 
 SAMPLE_RESULT = {
@@ -617,27 +644,14 @@ SAMPLE_RESULT = {
 
 
 def test_benchmark_checker_passes_and_fails_on_sample_results():
-    assert checks.check_benchmark_result(SAMPLE_RESULT, 250, 40, 200) == []
+    assert benchmark.check_benchmark_result(SAMPLE_RESULT, 250, 40, 200) == []
     slow = {**SAMPLE_RESULT, "p99_ttft_ms": 250.0, "p99_tpot_ms": 41.5}
-    problems = checks.check_benchmark_result(slow, 250, 40, 200)
+    problems = benchmark.check_benchmark_result(slow, 250, 40, 200)
     assert len(problems) == 2 and "TTFT 250.0 ms is not below 250" in problems[0] and "TPOT 41.5" in problems[1]
     failed = {**SAMPLE_RESULT, "completed": 190}
-    assert checks.check_benchmark_result(failed, 250, 40, 200) == ["10 of 200 requests failed"]
+    assert benchmark.check_benchmark_result(failed, 250, 40, 200) == ["10 of 200 requests failed"]
     missing = {k: v for k, v in SAMPLE_RESULT.items() if k != "p99_tpot_ms"}
-    assert "no p99_tpot_ms" in checks.check_benchmark_result(missing, 250, 40, 200)[0]
-
-
-@pytest.mark.parametrize("result, rc", [(SAMPLE_RESULT, 0), ({**SAMPLE_RESULT, "p99_tpot_ms": 90.0}, 1)])
-def test_benchmark_job_runs_the_tested_checker(tmp_path, result, rc):
-    spec = make_spec(stack_plan("prod"), benchmark=True)
-    job = checks.benchmark_job(spec)
-    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    verdict = script.split("cat > /tmp/verdict.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-    (tmp_path / "verdict.py").write_text(verdict)
-    (tmp_path / "result.json").write_text(json.dumps(result))
-    done = subprocess.run([sys.executable, str(tmp_path / "verdict.py"), str(tmp_path / "result.json")], capture_output=True, text=True)
-    assert done.returncode == rc, done.stderr
+    assert "no p99_tpot_ms" in benchmark.check_benchmark_result(missing, 250, 40, 200)[0]
 
 
 def test_benchmark_command_targets_the_service_with_the_plans_model():
@@ -650,8 +664,9 @@ def test_benchmark_command_targets_the_service_with_the_plans_model():
     assert flags["--served-model-name"] == plan["model"]["checkpoint"]
     assert "--save-result" in argv and argv[argv.index("--percentile-metrics") + 1] == "ttft,tpot"
     assert argv[argv.index("--metric-percentiles") + 1] == "99"
-    script = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert shlex.join(argv) in script.splitlines()
+    # The Job's script runs it after `--` (the run: test_pod_scripts.py).
+    args = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--") + 1 :] == argv
     # Re-run whenever what is served changes.
     other = make_spec(plan, benchmark=True, image=IMAGE + "-2")
     key = serving_spec.SPEC_HASH_ANNOTATION
@@ -680,7 +695,7 @@ def figures_from_manifests(rc: dict) -> dict:
     c = head["template"]["spec"]["containers"][0]
     lim = c["resources"]["limits"]
     (shm,) = [v for v in head["template"]["spec"]["volumes"] if v["name"] == raycluster.SHM_VOLUME]
-    argv = raycluster.serve_argv_from_script(c["command"][2])
+    argv = served(c)
     workers = rc["spec"].get("workerGroupSpecs", [])
     return {
         "instance_type": head["template"]["spec"]["nodeSelector"][scheduling.INSTANCE_TYPE_LABEL],
@@ -754,9 +769,9 @@ def test_model_and_marker_paths_from_the_storage_layer():
     )
     rc = raycluster.raycluster(spec)
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
-    argv = raycluster.serve_argv_from_script(head["containers"][0]["command"][2])
+    argv = served(head["containers"][0])
     assert argv[2] == staging.model_path("/models", s3, "s3") and argv[4] == plan["model"]["checkpoint"]
-    assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["command"]
+    assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["args"]
     assert argv[5:] == plan["vllm_args"]
 
 

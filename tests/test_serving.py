@@ -14,6 +14,7 @@ import pulumi
 
 from components.serving import TYPE, Serving, ServingArgs
 from infra.k8s import checks, exposure, raycluster, serving_spec
+from infra.k8s.scripts import benchmark
 from infra.config import load_stack_file
 from infra.planning.plan import make_plan
 from infra.preview.recording import Recording, record
@@ -25,6 +26,7 @@ SVC = "kubernetes:core/v1:Service"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 JOB = "kubernetes:batch/v1:Job"
 PM = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
+CM = "kubernetes:core/v1:ConfigMap"
 DEP = "test:index:Prerequisite"
 
 
@@ -95,12 +97,26 @@ def test_creates_the_raycluster_service_and_pdb_from_the_builders():
     assert seen["served_model_name"] == "deepseek-ai/DeepSeek-V4-Pro"
 
 
+def test_the_scripts_config_map_comes_first():
+    s = spec()
+    rec, _ = run(s)
+    cm = rec.one(CM)
+    assert cm.parent == rec.one(TYPE).urn
+    expected = raycluster.scripts_config_map(s)
+    assert cm.inputs["metadata"] == expected["metadata"] and cm.inputs["data"] == expected["data"]
+    # After the namespace and the other prerequisites; the pods' volume names it.
+    deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
+    assert set(cm.options["depends_on"]) == deps
+    head = rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "scripts", "configMap": {"name": expected["metadata"]["name"], "defaultMode": 0o555}} in head["volumes"]
+
+
 def test_raycluster_depends_on_the_given_resources_and_waits_for_the_head():
     s = spec()
     rec, _ = run(s)
     rc = rec.one(RC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(rc.options["depends_on"]) == deps
+    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn}
     # pulumi-kubernetes waits for HeadPodReady as long as the head may take.
     assert rc.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=HeadPodReady"
     minutes = int(rc.options["custom_timeouts"]["create"].rstrip("m"))
@@ -135,10 +151,11 @@ def test_efa_check_runs_before_the_raycluster():
     assert job.inputs["spec"] == checks.efa_check_job(s)["spec"]
     headless = urn_of(rec, "vllm-efa-check", SVC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(job.options["depends_on"]) == deps | {headless}
+    scripts = rec.one(CM).urn
+    assert set(job.options["depends_on"]) == deps | {headless, scripts}
     assert job.options["delete_before_replace"] is True
     rc = rec.one(RC)
-    assert set(rc.options["depends_on"]) == deps | {job.urn}
+    assert set(rc.options["depends_on"]) == deps | {job.urn, scripts}
 
 
 def test_benchmark_runs_after_the_raycluster():
@@ -147,7 +164,7 @@ def test_benchmark_runs_after_the_raycluster():
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-benchmark"
     assert job.inputs["spec"] == checks.benchmark_job(s)["spec"]
-    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC)}
+    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn}
     minutes = int(job.options["custom_timeouts"]["create"].rstrip("m"))
     assert minutes * 60 >= job.inputs["spec"]["activeDeadlineSeconds"]
 
@@ -169,9 +186,9 @@ def test_single_node_stack_has_no_worker_group():
 
 def test_benchmark_checker_on_sample_json():
     result = {"completed": 100, "p99_ttft_ms": 180.0, "p99_tpot_ms": 30.0, "mean_ttft_ms": 90.0}
-    assert checks.check_benchmark_result(result, 250.0, 40.0, 100) == []
+    assert benchmark.check_benchmark_result(result, 250.0, 40.0, 100) == []
     failing = {**result, "p99_ttft_ms": 400.0}
-    assert checks.check_benchmark_result(failing, 250.0, 40.0, 100) == ["p99 TTFT 400.0 ms is not below 250 ms"]
+    assert benchmark.check_benchmark_result(failing, 250.0, 40.0, 100) == ["p99 TTFT 400.0 ms is not below 250 ms"]
 
 
 def test_image_known_only_as_an_output():

@@ -31,7 +31,6 @@ from infra.k8s.staging import (
     staging_command,
     staging_config_map,
     staging_deadline_s,
-    wait_for_weights_command,
     weights_volume,
 )
 
@@ -60,7 +59,8 @@ def local(argv: list[str]) -> list[str]:
 
 
 def wait_command(marker: Path, timeout_s: int, interval_s: int) -> list[str]:
-    return wait_for_weights_command(str(marker), timeout_s=timeout_s, interval_s=interval_s)
+    """wait_for_weights.sh, as the serving pods' init container runs it (infra/k8s/raycluster.py)."""
+    return ["sh", str(script_files.SCRIPTS_DIR / "wait_for_weights.sh"), str(marker), str(timeout_s), str(interval_s)]
 
 
 def run_stage(src: Path, dest: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,9 @@ autoscaling). One pod per node: every pod requests all of the node's GPUs and
 EFA interfaces, CPU and memory (requests = limits) from the plan, a
 memory-backed `/dev/shm` of the plan's size, the weights claim read-only, the
 GPU taint's toleration and the GPU node group's labels. An init container
-waits for the weight-staging Job's completion marker.
+waits for the weight-staging Job's completion marker
+(`infra/k8s/scripts/wait_for_weights.sh`). `scripts_config_map(spec)` is the
+ConfigMap of the serving layer's pod scripts, mounted read-only where they run.
 
 The head's command (KubeRay 1.7.0)
 ----------------------------------
@@ -17,14 +19,15 @@ alone and still puts the generated command in `KUBERAY_GEN_RAY_START_CMD`
 (ray-operator/controllers/ray/utils/constant.go, RayOverwriteContainerCmdAnnotationKey;
 common/pod.go, BuildPod and setContainerEnvVars). `setMissingRayStartParams`
 always sets `block: "true"`, which `convertParamMap` renders as ` --block `. So
-the head runs the generated command with `--block` removed: `ray start` then
-returns as soon as the head's GCS, raylet and dashboard are up (they keep
-running as daemons), which keeps KubeRay's parameters (`--head`, ports,
-`--num-gpus`, `--memory`, the metrics port) without copying them. It then waits
-until Ray reports every GPU of the plan (nodes x GPUs per node) on as many
-nodes, and `exec`s `vllm serve <model path> --served-model-name <checkpoint>
-<plan's vllm_args>`, so vLLM is the container's main process: when the engine
-dies the container exits and the kubelet restarts it. Workers keep KubeRay's
+the head (`infra/k8s/scripts/ray_head.sh`) runs the generated command with
+`--block` removed: `ray start` then returns as soon as the head's GCS, raylet
+and dashboard are up (they keep running as daemons), which keeps KubeRay's
+parameters (`--head`, ports, `--num-gpus`, `--memory`, the metrics port)
+without copying them. It then waits until Ray reports every GPU of the plan
+(nodes x GPUs per node) on as many nodes (`ray_wait.py`), and `exec`s its
+arguments, `vllm serve <model path> --served-model-name <checkpoint> <plan's
+vllm_args>`, so vLLM is the container's main process: when the engine dies the
+container exits and the kubelet restarts it. Workers keep KubeRay's
 generated, blocking `ray start` (no annotation): a worker has nothing else to run.
 
 Probes (head)
@@ -75,31 +78,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
-import textwrap
 from typing import Any
 
 from infra.catalog.instances import get_instance_type
-from infra.k8s import scheduling, staging
+from infra.k8s import scheduling, script_files
 from infra.k8s.serving_spec import (
     API_PORT,
     API_PORT_NAME,
     CLIENT_PORT,
     DASHBOARD_PORT,
     GCS_PORT,
-    GEN_RAY_START_CMD_ENV,
-    GiB,
     HEAD_CONTAINER,
-    MiB,
+    HEAD_SCRIPT,
+    HEAD_SCRIPTS,
     OVERWRITE_CMD_ANNOTATION,
     PART_OF,
     PROBE_PATH,
     RAY_JOIN_TIMEOUT_S,
     RAY_METRICS_PORT,
     RAY_METRICS_PORT_NAME,
+    SERVING_SCRIPTS,
     STARTUP_PERIOD_S,
+    WAIT_SCRIPT,
     WORKER_CONTAINER,
     WORKER_GROUP,
+    WORKER_SCRIPTS,
+    GiB,
+    MiB,
     ServingSpec,
     startup_failure_threshold,
 )
@@ -187,18 +192,25 @@ def ray_env(spec: ServingSpec) -> list[dict]:
     ]
 
 
-def wait_for_weights_container(spec: ServingSpec) -> dict:
-    """Init container: wait (without a time limit) until the staging Job marked the weights complete.
+def scripts_config_map(spec: ServingSpec) -> dict:
+    """The ConfigMap of every serving and check script, in the serving namespace."""
+    return script_files.config_map(spec.scripts_config_map_name, spec.namespace, SERVING_SCRIPTS, PART_OF)
 
-    The wait is infra/k8s/staging.py's, the same module that writes the marker.
-    """
+
+def scripts_volume(spec: ServingSpec) -> dict:
+    return script_files.volume(spec.scripts_config_map_name)
+
+
+def wait_for_weights_container(spec: ServingSpec) -> dict:
+    """Init container: wait (without a time limit, 0) until the staging Job marked the weights complete."""
     return {
         "name": "wait-for-weights",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": staging.wait_for_weights_command(spec.marker, timeout_s=0, interval_s=WEIGHTS_POLL_S),
+        "command": ["sh", script_files.path(WAIT_SCRIPT)],
+        "args": [spec.marker, "0", str(WEIGHTS_POLL_S)],
         "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
-        "volumeMounts": [weights_mount(spec)],
+        "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
     }
 
 
@@ -227,72 +239,18 @@ def scrape_annotations(port: int) -> dict[str, str]:
 # --- The head's command ------------------------------------------------------------
 
 
-def ray_wait_script(gpus: int, nodes: int, timeout_s: int) -> str:
-    """Python that waits until Ray reports `gpus` GPUs on `nodes` live nodes, or exits 1 after `timeout_s`."""
-    return textwrap.dedent(
-        f"""\
-        import os, sys, time
-        import ray
-
-        WANT_GPUS, WANT_NODES, TIMEOUT_S = {int(gpus)}, {int(nodes)}, {int(timeout_s)}
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR")
-        deadline = time.monotonic() + TIMEOUT_S
-        last = None
-        while True:
-            gpu_nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {{}}).get("GPU", 0) > 0]
-            gpus = sum(n["Resources"]["GPU"] for n in gpu_nodes)
-            seen = (int(gpus), len(gpu_nodes))
-            if seen != last:
-                print(f"Ray reports {{seen[0]}}/{{WANT_GPUS}} GPUs on {{seen[1]}}/{{WANT_NODES}} nodes", flush=True)
-                last = seen
-            if gpus >= WANT_GPUS and len(gpu_nodes) >= WANT_NODES:
-                break
-            if time.monotonic() >= deadline:
-                print(f"gave up after {{TIMEOUT_S}} s: Ray reports {{seen[0]}}/{{WANT_GPUS}} GPUs on "
-                      f"{{seen[1]}}/{{WANT_NODES}} nodes; check the worker pods", file=sys.stderr, flush=True)
-                sys.exit(1)
-            time.sleep(5)
-        ray.shutdown()
-        """
-    )
-
-
 def vllm_serve_argv(spec: ServingSpec) -> list[str]:
     """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`."""
     return ["vllm", "serve", spec.model_dir, "--served-model-name", spec.served_model_name, *spec.vllm_args]
 
 
-def head_script(spec: ServingSpec) -> str:
-    """The head container's script (see the module doc)."""
-    gen = GEN_RAY_START_CMD_ENV
-    return "\n".join(
-        [
-            "set -euo pipefail",
-            'ulimit -n "${RAY_START_ULIMIT_OPEN_FILES:-65536}" || echo "could not raise the open-file limit" >&2',
-            f': "${{{gen}:?KubeRay did not set {gen}: is the {OVERWRITE_CMD_ANNOTATION} annotation on the head template?}}"',
-            "# KubeRay's generated command always ends in --block; without it `ray start`",
-            "# returns once the head's processes are up and the script goes on.",
-            f'ray_start="${{{gen}//--block/}}"',
-            'echo "starting Ray: ${ray_start}"',
-            '/bin/bash -c "${ray_start}"',
-            "python3 - <<'PY'",
-            ray_wait_script(spec.total_gpus, spec.nodes, RAY_JOIN_TIMEOUT_S).rstrip("\n"),
-            "PY",
-            "exec " + shlex.join(vllm_serve_argv(spec)),
-        ]
-    ) + "\n"
-
-
 def head_command(spec: ServingSpec) -> list[str]:
-    return ["/bin/bash", "-c", head_script(spec)]
+    return ["/bin/bash", script_files.path(HEAD_SCRIPT)]
 
 
-def serve_argv_from_script(script: str) -> list[str]:
-    """The argv of the `exec vllm serve ...` line of a head script (for checks and tests)."""
-    lines = [line for line in script.splitlines() if line.startswith("exec vllm serve ")]
-    if len(lines) != 1:
-        raise ValueError(f"expected one `exec vllm serve` line, found {len(lines)}")
-    return shlex.split(lines[0])[1:]
+def head_args(spec: ServingSpec) -> list[str]:
+    """What ray_head.sh waits for (every GPU of the plan on every node, how long), then what it runs."""
+    return [str(spec.total_gpus), str(spec.nodes), str(RAY_JOIN_TIMEOUT_S), *vllm_serve_argv(spec)]
 
 
 # --- RayCluster ------------------------------------------------------------------------
@@ -318,12 +276,12 @@ def _pod_spec(spec: ServingSpec, container: dict) -> dict:
         "tolerations": tolerations(),
         "initContainers": [wait_for_weights_container(spec)],
         "containers": [container],
-        "volumes": [shm_volume(spec), weights_volume(spec)],
+        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec)],
     }
 
 
 def head_pod_template(spec: ServingSpec) -> dict:
-    annotations = {OVERWRITE_CMD_ANNOTATION: "true"}
+    annotations = {OVERWRITE_CMD_ANNOTATION: "true", **script_files.hash_annotation(HEAD_SCRIPTS)}
     if spec.monitoring == "annotations":
         annotations.update(scrape_annotations(API_PORT))
     container = {
@@ -331,10 +289,11 @@ def head_pod_template(spec: ServingSpec) -> dict:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": head_command(spec),
+        "args": head_args(spec),
         "env": ray_env(spec),
         "ports": _ray_ports(head=True),
         "resources": gpu_pod_resources(spec),
-        "volumeMounts": [shm_mount(), weights_mount(spec)],
+        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount()],
         **head_probes(spec),
     }
     return {
@@ -344,9 +303,9 @@ def head_pod_template(spec: ServingSpec) -> dict:
 
 
 def worker_pod_template(spec: ServingSpec) -> dict:
-    metadata: dict = {"labels": dict(PART_OF)}
+    metadata: dict = {"labels": dict(PART_OF), "annotations": script_files.hash_annotation(WORKER_SCRIPTS)}
     if spec.monitoring == "annotations":
-        metadata["annotations"] = scrape_annotations(RAY_METRICS_PORT)
+        metadata["annotations"].update(scrape_annotations(RAY_METRICS_PORT))
     container = {
         "name": WORKER_CONTAINER,
         "image": spec.image,

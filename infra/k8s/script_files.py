@@ -11,7 +11,7 @@ data changes, deleting it first when the name stays (its Diff sets
 deleteBeforeReplace for a named object); the engine then replaces only the
 dependents whose inputs reference the ConfigMap (step_generator.go,
 calculateDependentReplacements), and the pods name it as a plain string, so
-nothing else is deleted with it.
+nothing else is deleted with it. Running pods keep the files they mounted.
 """
 
 from __future__ import annotations

@@ -11,11 +11,16 @@ reason.
 What is built, and where
 ------------------------
 - `infra/k8s/raycluster.py`: the `ray.io/v1` RayCluster (pods, environment,
-  probes, the head's command);
+  probes, the head's command) and the ConfigMap of the pod scripts;
 - `infra/k8s/exposure.py`: the Service on port 8000, the PodDisruptionBudget,
   the PodMonitor;
 - `infra/k8s/checks.py`: the EFA check (headless Service + Indexed Job) and the
   serving benchmark Job.
+
+The programs those pods run are files in `infra/k8s/scripts/`, in one ConfigMap
+(`<name>-scripts`) mounted read-only; each pod template carries the hash of the
+scripts it runs (`infra/k8s/script_files.py`), so changing one replaces exactly
+the pods that run it.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ RDZV_PORT = 29500  # torchrun's default master port (EFA check)
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 OVERWRITE_CMD_ANNOTATION = "ray.io/overwrite-container-cmd"
-GEN_RAY_START_CMD_ENV = "KUBERAY_GEN_RAY_START_CMD"
 WORKER_GROUP = "gpu"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -67,6 +71,17 @@ SPEC_HASH_ANNOTATION = "gpu-serving/serving-spec-hash"
 
 # The EFA check runs an all-reduce across this many GPU nodes (infra/k8s/checks.py).
 EFA_CHECK_NODES = 2
+
+# --- Pod scripts (infra/k8s/scripts/): what each pod runs, and all it may read ------
+WAIT_SCRIPT = "wait_for_weights.sh"  # every serving pod's init container
+HEAD_SCRIPT = "ray_head.sh"
+EFA_CHECK_SCRIPT = "efa_check.sh"
+BENCHMARK_SCRIPT = "benchmark.py"
+HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", WAIT_SCRIPT)
+WORKER_SCRIPTS = (WAIT_SCRIPT,)
+EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py")
+BENCHMARK_SCRIPTS = (BENCHMARK_SCRIPT,)
+SERVING_SCRIPTS = tuple(sorted({*HEAD_SCRIPTS, *WORKER_SCRIPTS, *EFA_CHECK_SCRIPTS, *BENCHMARK_SCRIPTS}))
 
 SERVICE_TYPES = ("cluster-ip", "internal-lb")
 MONITORING_KINDS = ("podmonitor", "annotations")
@@ -199,6 +214,10 @@ class ServingSpec:
     @property
     def service_name(self) -> str:
         return f"{self.name}-api"
+
+    @property
+    def scripts_config_map_name(self) -> str:
+        return f"{self.name}-scripts"
 
     @property
     def endpoint(self) -> str:

@@ -160,29 +160,6 @@ def check_packages(packages: tuple[str, ...]) -> None:
 # ---- the serving pods' side ---------------------------------------------------------------
 
 
-_WAIT = (
-    'marker="$0"; timeout="$1"; interval="$2"; waited=0; '
-    'while [ ! -f "$marker" ]; do '
-    'if [ "$timeout" -gt 0 ] && [ "$waited" -ge "$timeout" ]; then '
-    'echo "model weights not staged after ${waited}s: no $marker" >&2; exit 1; fi; '
-    'echo "waiting for the model weights: $marker"; sleep "$interval"; waited=$((waited + interval)); '
-    "done; "
-    'echo "model weights ready: $marker"'
-)
-
-
-def wait_for_weights_command(marker: str, timeout_s: int = 0, interval_s: int = 10) -> list[str]:
-    """An init container's command that waits for the staging Job's completion marker.
-
-    POSIX `sh` only (any image has it). Exits 0 once the marker exists; with
-    `timeout_s` > 0 it gives up after that long and exits 1 (the pod then
-    restarts and waits again), 0 waits for ever.
-    """
-    if timeout_s < 0 or interval_s < 1:
-        raise ValueError("timeout_s must be >= 0 and interval_s >= 1")
-    return ["sh", "-c", _WAIT, marker, str(int(timeout_s)), str(int(interval_s))]
-
-
 def weights_volume(pvc_name: str, mount_path: str = "/models", volume_name: str = VOLUME_NAME) -> dict[str, dict[str, Any]]:
     """The pod volume and the read-only mount a serving pod uses (Kubernetes field names).
 
