@@ -72,7 +72,7 @@ SPEC_HASH_ANNOTATION = "gpu-serving/serving-spec-hash"
 # The EFA check runs an all-reduce across this many GPU nodes (infra/k8s/checks.py).
 EFA_CHECK_NODES = 2
 
-# --- Pod scripts (infra/k8s/scripts/): what each pod runs, and all it may read ------
+# --- Pod scripts (infra/k8s/scripts/): the ones each pod runs (their hash is on its template) ---
 WAIT_SCRIPT = "wait_for_weights.sh"  # every serving pod's init container
 HEAD_SCRIPT = "ray_head.sh"
 EFA_CHECK_SCRIPT = "efa_check.sh"
