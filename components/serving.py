@@ -1,7 +1,7 @@
 """The serving RayCluster and what goes with it.
 
 One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
-`infra/k8s/rayspec.py` (built from the plan) into Kubernetes objects:
+`infra/k8s/raycluster.py`, `exposure.py` and `checks.py` (built from the plan) into Kubernetes objects:
 
 - the RayCluster (`ray.io/v1`, a `CustomResource`), which pulumi-kubernetes
   waits on until KubeRay reports `HeadPodReady` (the head passes vLLM's /health),
@@ -14,7 +14,9 @@ One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
   RayCluster: it needs two free GPU nodes, which only exist before the serving
   pods take them, so the RayCluster waits for it and `pulumi up` stops if the
   fabric is not right;
-- the serving benchmark Job when enabled, after the RayCluster and the Service.
+- the serving benchmark Job when enabled, after the RayCluster and the Service;
+- the ConfigMap of the scripts those pods run (`infra/k8s/scripts/`), before
+  any of them.
 
 Ordering on destroy: the RayCluster `depends_on` the operator releases (KubeRay,
 GPU operator, EFA device plugin) and the weights' storage, so Pulumi deletes it
@@ -34,8 +36,8 @@ from typing import Callable, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.k8s import rayspec
-from infra.k8s.rayspec import ServingSpec
+from infra.k8s import checks, exposure, raycluster, serving_spec
+from infra.k8s.serving_spec import ServingSpec
 
 TYPE = "gpu-serving:serving:Serving"
 
@@ -59,6 +61,7 @@ def _timeout(seconds: int) -> str:
 class Serving(pulumi.ComponentResource):
     """The vLLM RayCluster, its Service, disruption budget, monitoring and checks."""
 
+    scripts: k8s.core.v1.ConfigMap
     raycluster: k8s.apiextensions.CustomResource
     service: k8s.core.v1.Service
     pdb: k8s.policy.v1.PodDisruptionBudget
@@ -70,7 +73,16 @@ class Serving(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
-        prerequisites = list(args.depends_on)
+        # The pods' scripts, before every pod that runs them (in the namespace, which
+        # is among the prerequisites).
+        scripts = raycluster.scripts_config_map(spec)
+        self.scripts = k8s.core.v1.ConfigMap(
+            f"{name}-scripts",
+            metadata=scripts["metadata"],
+            data=scripts["data"],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(args.depends_on))),
+        )
+        prerequisites = [*args.depends_on, self.scripts]
 
         def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
             """A builder's `spec`, with the image resolved when it is an Output."""
@@ -80,11 +92,11 @@ class Serving(pulumi.ComponentResource):
 
         self.efa_check = None
         if spec.efa_check:
-            efa_svc = self._typed(k8s.core.v1.Service, f"{name}-efa-check", rayspec.efa_check_service(spec), child)
+            efa_svc = self._typed(k8s.core.v1.Service, f"{name}-efa-check", checks.efa_check_service(spec), child)
             self.efa_check = self._typed(
                 k8s.batch.v1.Job,
                 f"{name}-efa-check",
-                {"metadata": rayspec.efa_check_job(spec)["metadata"], "spec": built(rayspec.efa_check_job)},
+                {"metadata": checks.efa_check_job(spec)["metadata"], "spec": built(checks.efa_check_job)},
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
@@ -92,22 +104,22 @@ class Serving(pulumi.ComponentResource):
                         # Fixed name: a changed Job must go before its replacement comes.
                         delete_before_replace=True,
                         custom_timeouts=pulumi.CustomTimeouts(
-                            create=_timeout(rayspec.EFA_CHECK_DEADLINE_S + 300),
-                            update=_timeout(rayspec.EFA_CHECK_DEADLINE_S + 300),
+                            create=_timeout(checks.EFA_CHECK_DEADLINE_S + 300),
+                            update=_timeout(checks.EFA_CHECK_DEADLINE_S + 300),
                         ),
                     ),
                 ),
             )
             prerequisites.append(self.efa_check)
 
-        rc = rayspec.raycluster(spec)
-        wait = _timeout(rayspec.ready_timeout_s(spec))
+        rc = raycluster.raycluster(spec)
+        wait = _timeout(serving_spec.ready_timeout_s(spec))
         self.raycluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=rc["apiVersion"],
             kind=rc["kind"],
             metadata=rc["metadata"],
-            spec=built(rayspec.raycluster),
+            spec=built(raycluster.raycluster),
             opts=pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(
@@ -118,12 +130,12 @@ class Serving(pulumi.ComponentResource):
             ),
         )
 
-        self.service = self._typed(k8s.core.v1.Service, f"{name}-api", rayspec.service(spec), child)
-        self.pdb = self._typed(k8s.policy.v1.PodDisruptionBudget, f"{name}-pdb", rayspec.pdb(spec), child)
+        self.service = self._typed(k8s.core.v1.Service, f"{name}-api", exposure.service(spec), child)
+        self.pdb = self._typed(k8s.policy.v1.PodDisruptionBudget, f"{name}-pdb", exposure.pdb(spec), child)
 
         self.pod_monitor = None
         if spec.monitoring == "podmonitor":
-            pm = rayspec.pod_monitor(spec)
+            pm = exposure.pod_monitor(spec)
             self.pod_monitor = k8s.apiextensions.CustomResource(
                 f"{name}-podmonitor",
                 api_version=pm["apiVersion"],
@@ -135,15 +147,15 @@ class Serving(pulumi.ComponentResource):
 
         self.benchmark = None
         if spec.benchmark:
-            run = _timeout(rayspec.ready_timeout_s(spec) + rayspec.BENCHMARK_RUN_ALLOWANCE_S + 300)
+            run = _timeout(serving_spec.ready_timeout_s(spec) + checks.BENCHMARK_RUN_ALLOWANCE_S + 300)
             self.benchmark = self._typed(
                 k8s.batch.v1.Job,
                 f"{name}-benchmark",
-                {"metadata": rayspec.benchmark_job(spec)["metadata"], "spec": built(rayspec.benchmark_job)},
+                {"metadata": checks.benchmark_job(spec)["metadata"], "spec": built(checks.benchmark_job)},
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
-                        depends_on=[self.raycluster, self.service],
+                        depends_on=[self.raycluster, self.service, self.scripts],
                         delete_before_replace=True,
                         custom_timeouts=pulumi.CustomTimeouts(create=run, update=run),
                     ),
@@ -152,7 +164,7 @@ class Serving(pulumi.ComponentResource):
 
         self.service_name = self.service.metadata.apply(lambda m: m["name"])
         self.endpoint = self.service_name.apply(
-            lambda svc: f"http://{svc}.{spec.namespace}.svc.cluster.local:{rayspec.API_PORT}/v1"
+            lambda svc: f"http://{svc}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}/v1"
         )
         self.served_model_name = pulumi.Output.from_input(spec.served_model_name)
         self.register_outputs(

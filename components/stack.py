@@ -22,7 +22,7 @@ from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
 from infra.planning.contract import Deployment
-from infra.k8s.rayspec import ServingSpec
+from infra.k8s.serving_spec import ServingSpec
 from infra.aws.tags import default_tags
 
 # The weight-staging Job runs on the system nodes: a slim Python image plus the

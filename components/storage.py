@@ -31,11 +31,13 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
 - for an S3 source, an IAM role with read-only access to the prefix, given to
   the staging Job's service account through EKS Pod Identity;
 - the staging Job (`infra/k8s/staging.py`): on a system node, mounts the claim
-  read-write and copies the checkpoint to `<mount>/<checkpoint>`, skipping
-  complete files, checking sizes, and writing the completion marker the
-  serving pods wait for (`wait_for_weights_command`). Its deadline and retries
-  come from the plan's checkpoint size and cold-start target. `pulumi up`
-  waits for it to complete (unless `await_staging=False`).
+  read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
+  (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>`,
+  skipping complete files, checking sizes, and writing the completion marker
+  the serving pods wait for. Its name changes with the program, the image and
+  the arguments; its deadline and retries come from the plan's checkpoint size
+  and cold-start target. `pulumi up` waits for it to complete (unless
+  `await_staging=False`).
 
 Reclaim policy: always `Retain`. A static volume's `Delete` would not delete an
 EFS file system (the EFS CSI driver deletes only access points; our volume
@@ -48,7 +50,6 @@ and retained in production, deleted with an ephemeral stack).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence
@@ -59,6 +60,7 @@ import pulumi_kubernetes as k8s
 
 from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
+from infra.k8s import script_files
 from infra.k8s.scheduling import system_node_selector
 from infra.planning.memory import GiB
 from infra.planning.serving import Storage
@@ -79,10 +81,11 @@ from infra.k8s.staging import (
     staging_args,
     staging_await_timeout_s,
     staging_command,
+    staging_config_map,
     staging_deadline_s,
     staging_job_spec,
     staging_pod_spec,
-    staging_script,
+    staging_scripts_hash,
 )
 
 TYPE = "gpu-serving:storage:ModelStorage"
@@ -165,8 +168,10 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError(f"storage: namespace {args.namespace!r} is not a DNS label")
     if not _DNS_LABEL.match(args.pvc_name) or len(args.pvc_name) > 48:
         raise UserError(f"storage: pvc_name {args.pvc_name!r} must be a DNS label of at most 48 characters")
-    if not args.mount_path.startswith("/") or args.mount_path.rstrip("/") in ("", "/tmp"):
-        raise UserError(f"storage: mount_path {args.mount_path!r} must be an absolute path other than / and /tmp")
+    if not args.mount_path.startswith("/") or args.mount_path.rstrip("/") in ("", "/tmp", script_files.MOUNT_PATH):
+        raise UserError(
+            f"storage: mount_path {args.mount_path!r} must be an absolute path other than /, /tmp and {script_files.MOUNT_PATH}"
+        )
     if not args.staging_image or ":" not in args.staging_image.rsplit("/", 1)[-1] and "@" not in args.staging_image:
         raise UserError(f"storage: staging_image {args.staging_image!r} must be pinned (a tag or a digest)")
     if isinstance(args.hf_token, str):
@@ -269,6 +274,7 @@ class ModelStorage(pulumi.ComponentResource):
     read_throughput_bytes_per_s: int
     fsx_sizing: Optional[FsxSizing]
     staging_deadline_s: int
+    staging_scripts: k8s.core.v1.ConfigMap
 
     def __init__(self, name: str, args: ModelStorageArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         super().__init__(TYPE, name, None, opts)
@@ -345,8 +351,14 @@ class ModelStorage(pulumi.ComponentResource):
             source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
         )
         self.staging_job_name = job_name(
-            args.pvc_name, staging_script(), args.staging_image, *command, *job_args, " ".join(args.staging_packages)
+            args.pvc_name, staging_scripts_hash(), args.staging_image, *command, *job_args, " ".join(args.staging_packages)
         )
+        # The program, mounted read-only into the Job's pod (created before the Job).
+        scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)
+        self.staging_scripts = k8s.core.v1.ConfigMap(
+            f"{name}-staging-scripts", metadata=scripts["metadata"], data=scripts["data"], opts=child
+        )
+        staging_deps.append(self.staging_scripts)
         pod_spec = staging_pod_spec(
             image=args.staging_image,
             command=command,
@@ -355,7 +367,7 @@ class ModelStorage(pulumi.ComponentResource):
             mount_path=self.mount_path,
             service_account=service_account,
             hf_token_secret=secret_name,
-            packages=args.staging_packages,
+            scripts_config_map=scripts["metadata"]["name"],
             node_selector=system_node_selector(),
         )
         job_labels = {**labels, "app.kubernetes.io/component": "weight-staging"}

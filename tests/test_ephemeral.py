@@ -489,6 +489,18 @@ def test_test_switches_the_benchmark_on_and_runs_up_again(state_dir):
     assert any("passed: serving benchmark" in line for line in logs)
 
 
+def test_test_reports_the_thresholds_of_the_stack_config(state_dir):
+    factory = Factory()
+    assert run_up(state_dir, factory)[0] == 0
+    path = state_dir / f"{factory.ws.calls[0][1]}.json"
+    state = State.load(path)
+    state.config[CHECKS_KEY] = json.dumps({"ttftP99Ms": 512, "tpotP99Ms": 64})
+    state.save(state_dir)
+    logs: list[str] = []
+    assert ephemeral.test(state_dir=state_dir, env=ENV, workspace_factory=factory, log=logs.append) == 0, logs
+    assert any("p99 TTFT < 512 ms, p99 TPOT < 64 ms" in line for line in logs), logs
+
+
 def test_a_failing_test_exits_non_zero_and_leaves_the_stack_for_down(state_dir):
     factory = Factory(fail_up=False)
     run_up(state_dir, factory)

@@ -33,7 +33,7 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UNKNOWN_OBJECT_VALUE, unkn
 
 import policies.__main__ as pack
 from infra.preview.policy_check import check_document, document_context, gpus_per_node
-from infra.k8s.rayspec import INTERNAL_NLB_ANNOTATIONS
+from infra.k8s.exposure import INTERNAL_NLB_ANNOTATIONS
 from infra.preview.synth import synthesize
 from policies import rules as R
 
@@ -421,7 +421,9 @@ def _pv_not_retained(doc):
 
 def _tp_16(doc):
     head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    head["command"] = [c.replace("--tensor-parallel-size 8", "--tensor-parallel-size 16") for c in head["command"]]
+    args = head["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    args[args.index("--tensor-parallel-size") + 1] = "16"
 
 
 def _no_efa_ingress(doc):

@@ -1,4 +1,4 @@
-"""infra/k8s/rayspec.py: the serving manifests against the real schemas and the plan.
+"""infra/k8s/serving_spec.py, raycluster.py, exposure.py, checks.py: the serving manifests against the real schemas and the plan.
 
 - The RayCluster validates against the KubeRay 1.7.0 CRD (the served `v1`
   openAPIV3Schema in tests/fixtures/upstream), made strict: an object schema that
@@ -11,6 +11,9 @@
   kubernetes-validate in strict mode against Kubernetes 1.33.
 - Cross-layer invariants hold for every stack file, and a changed model or
   instance type changes every dependent figure with no other edit.
+- Every script a pod runs comes from the serving ConfigMap, mounted read-only,
+  and a changed script replaces exactly the pods that run it (the scripts
+  themselves run for real in tests/test_pod_scripts.py).
 """
 
 from __future__ import annotations
@@ -19,9 +22,6 @@ import copy
 import json
 import math
 import re
-import shlex
-import subprocess
-import sys
 import textwrap
 from functools import lru_cache
 from pathlib import Path
@@ -32,12 +32,13 @@ import pytest
 import yaml
 
 from infra.aws import gpu_nodes as efa
-from infra.k8s import rayspec, scheduling, staging
+from infra.k8s import checks, exposure, raycluster, scheduling, script_files, serving_spec, staging
+from infra.k8s.scripts import benchmark, efa_allreduce
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
 from infra.planning.plan import make_plan
-from infra.k8s.rayspec import ServingSpec
+from infra.k8s.serving_spec import ServingSpec
 
 REPO = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.33.0"
@@ -64,16 +65,42 @@ def stack_plan(stack: str) -> dict:
     return json.loads(stack_plan_json(stack))
 
 
+@lru_cache(maxsize=None)
+def thresholds(stack: str = "prod") -> dict:
+    """The benchmark's thresholds, from the stack config that owns them."""
+    checks = load_stack_file(stack, REPO).checks
+    return {"ttft_p99_ms": checks.ttft_p99_ms, "tpot_p99_ms": checks.tpot_p99_ms}
+
+
 def make_spec(plan: dict, **overrides) -> ServingSpec:
-    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights")
+    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights", **thresholds())
     base.update(overrides)
     return ServingSpec(**base)
+
+
+def manifests(spec: ServingSpec) -> list[dict]:
+    """Every object components/serving.py creates for `spec`, from the builders."""
+    out = [raycluster.scripts_config_map(spec)]
+    if spec.efa_check:
+        out += [checks.efa_check_service(spec), checks.efa_check_job(spec)]
+    out += [raycluster.raycluster(spec), exposure.service(spec), exposure.pdb(spec)]
+    if spec.monitoring == "podmonitor":
+        out.append(exposure.pod_monitor(spec))
+    if spec.benchmark:
+        out.append(checks.benchmark_job(spec))
+    return out
 
 
 def all_checks(plan: dict, **overrides) -> ServingSpec:
     """Every optional object on (the EFA check only where it can run)."""
     can_check_efa = plan["layout"]["nodes"] >= 2 and plan["pod"]["efa_interfaces"] > 0
     return make_spec(plan, efa_check=can_check_efa, benchmark=True, monitoring="podmonitor", **overrides)
+
+
+def served(container: dict) -> list[str]:
+    """The serving command the head's script ends by exec-ing: its arguments from `vllm` on."""
+    args = container["args"]
+    return args[args.index("vllm") :]
 
 
 def modified_config(tmp_path: Path, model: str, instance: str) -> Path:
@@ -172,7 +199,7 @@ def quantities(doc) -> list[str]:
 
 
 def test_strict_crd_schema_catches_what_pruning_would_hide(crd):
-    rc = rayspec.raycluster(make_spec(stack_plan("prod")))
+    rc = raycluster.raycluster(make_spec(stack_plan("prod")))
     bad = copy.deepcopy(rc)
     bad["spec"]["headGroupSpec"]["rayStartparams"] = {}  # misspelt
     bad["spec"]["workerGroupSpecs"][0]["replicas"] = "3"
@@ -183,7 +210,7 @@ def test_strict_crd_schema_catches_what_pruning_would_hide(crd):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_raycluster_validates_against_the_kuberay_crd(stack, crd):
-    rc = rayspec.raycluster(all_checks(stack_plan(stack)))
+    rc = raycluster.raycluster(all_checks(stack_plan(stack)))
     assert crd_errors(crd, rc) == []
     # The CRD's CEL rules concern fields the stack never sets.
     assert "managedBy" not in rc["spec"] and "gcsFaultToleranceOptions" not in rc["spec"]
@@ -192,34 +219,34 @@ def test_raycluster_validates_against_the_kuberay_crd(stack, crd):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_pod_templates_are_valid_pods(stack):
-    for monitoring in rayspec.MONITORING_KINDS:
-        rc = rayspec.raycluster(make_spec(stack_plan(stack), monitoring=monitoring))
+    for monitoring in serving_spec.MONITORING_KINDS:
+        rc = raycluster.raycluster(make_spec(stack_plan(stack), monitoring=monitoring))
         for template in pod_templates(rc):
             assert k8s_errors(as_pod(template)) == []
 
 
 @pytest.mark.parametrize("stack", STACKS)
-@pytest.mark.parametrize("service_type", rayspec.SERVICE_TYPES)
+@pytest.mark.parametrize("service_type", serving_spec.SERVICE_TYPES)
 def test_every_other_manifest_validates_strictly(stack, service_type):
     spec = all_checks(stack_plan(stack), service_type=service_type)
-    docs = [d for d in rayspec.manifests(spec) if d["kind"] not in ("RayCluster", "PodMonitor")]
+    docs = [d for d in manifests(spec) if d["kind"] not in ("RayCluster", "PodMonitor")]
     assert {d["kind"] for d in docs} >= {"Service", "PodDisruptionBudget", "Job"}
     for doc in docs:
         assert k8s_errors(doc) == []
-    for doc in rayspec.manifests(spec):
+    for doc in manifests(spec):
         bad = [q for q in quantities(doc) if not QUANTITY.match(q)]
         assert not bad, (doc["kind"], bad)
 
 
 def test_strict_validation_rejects_unknown_fields():
-    svc = rayspec.service(make_spec(stack_plan("prod")))
+    svc = exposure.service(make_spec(stack_plan("prod")))
     svc["spec"]["selectr"] = {}
     assert k8s_errors(svc)
 
 
 def test_pod_monitor_shape():
     spec = make_spec(stack_plan("prod"), monitoring="podmonitor", monitor_labels={"release": "kube-prometheus-stack"})
-    pm = rayspec.pod_monitor(spec)
+    pm = exposure.pod_monitor(spec)
     assert (pm["apiVersion"], pm["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert pm["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": spec.name}}
@@ -227,7 +254,7 @@ def test_pod_monitor_shape():
     ports = {e["port"]: e["path"] for e in pm["spec"]["podMetricsEndpoints"]}
     assert ports == {"http": "/metrics", "metrics": "/metrics"}
     # The port names exist on the containers they scrape.
-    rc = rayspec.raycluster(spec)
+    rc = raycluster.raycluster(spec)
     head_ports = {p["name"]: p["containerPort"] for p in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
     worker_ports = {p["name"] for p in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["ports"]}
     assert head_ports["http"] == 8000 and head_ports["metrics"] == 8080 and "metrics" in worker_ports
@@ -236,12 +263,12 @@ def test_pod_monitor_shape():
 
 
 def test_scrape_annotations_when_chosen():
-    rc = rayspec.raycluster(make_spec(stack_plan("prod"), monitoring="annotations"))
+    rc = raycluster.raycluster(make_spec(stack_plan("prod"), monitoring="annotations"))
     head, worker = pod_templates(rc)
     assert head["metadata"]["annotations"]["prometheus.io/port"] == "8000"
     assert worker["metadata"]["annotations"]["prometheus.io/port"] == "8080"
     assert all(t["metadata"]["annotations"]["prometheus.io/path"] == "/metrics" for t in (head, worker))
-    assert "PodMonitor" not in {d["kind"] for d in rayspec.manifests(make_spec(stack_plan("prod")))}
+    assert "PodMonitor" not in {d["kind"] for d in manifests(make_spec(stack_plan("prod")))}
 
 
 # --- Cross-layer invariants ---------------------------------------------------------
@@ -266,7 +293,7 @@ def bytes_of(q: str) -> int:
 @pytest.mark.parametrize("stack", STACKS)
 def test_gpus_per_pod_times_pods_is_the_layout(stack):
     plan = stack_plan(stack)
-    rc = rayspec.raycluster(make_spec(plan))
+    rc = raycluster.raycluster(make_spec(plan))
     lay = plan["layout"]
     per_pod = {int(c["resources"]["limits"]["nvidia.com/gpu"]) for c in ray_containers(rc)}
     assert per_pod == {lay["gpus_per_node"]}
@@ -282,7 +309,7 @@ def test_gpus_per_pod_times_pods_is_the_layout(stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_efa_per_pod_matches_the_plan_and_the_launch_template(stack):
     plan = stack_plan(stack)
-    rc = rayspec.raycluster(make_spec(plan))
+    rc = raycluster.raycluster(make_spec(plan))
     itype = get_instance_type(plan["instance"]["type"])
     template_efa = efa.efa_interface_count(efa.efa_interfaces(itype, ["sg"]))
     assert plan["pod"]["efa_interfaces"] == template_efa
@@ -298,18 +325,18 @@ def test_efa_per_pod_matches_the_plan_and_the_launch_template(stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_cpu_memory_and_shm_come_from_the_plan_and_fit_the_node(stack):
     plan = stack_plan(stack)
-    rc = rayspec.raycluster(make_spec(plan))
+    rc = raycluster.raycluster(make_spec(plan))
     node_memory = get_instance_type(plan["instance"]["type"]).memory_bytes
     for template in pod_templates(rc):
         c = template["spec"]["containers"][0]
         memory = bytes_of(c["resources"]["limits"]["memory"])
         assert memory == plan["pod"]["memory_bytes"]
         assert int(c["resources"]["limits"]["cpu"]) == plan["pod"]["cpu"]
-        (shm,) = [v for v in template["spec"]["volumes"] if v["name"] == rayspec.SHM_VOLUME]
+        (shm,) = [v for v in template["spec"]["volumes"] if v["name"] == raycluster.SHM_VOLUME]
         assert shm["emptyDir"]["medium"] == "Memory"
         shm_bytes = bytes_of(shm["emptyDir"]["sizeLimit"])
         assert shm_bytes == plan["pod"]["shm_bytes"] >= plan["pod"]["object_store_bytes"]
-        assert {"name": rayspec.SHM_VOLUME, "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert {"name": raycluster.SHM_VOLUME, "mountPath": "/dev/shm"} in c["volumeMounts"]
         # A memory-backed emptyDir is charged to the pod's memory limit (Kubernetes
         # API, EmptyDirVolumeSource.sizeLimit: "the minimum value between the
         # SizeLimit specified here and the sum of memory limits of all containers"),
@@ -329,8 +356,8 @@ def test_tolerations_and_node_selection_match_the_gpu_nodes(stack):
     itype = get_instance_type(plan["instance"]["type"])
     node_labels = scheduling.gpu_labels(itype)
     taints = scheduling.gpu_taints()
-    pod_specs = [t["spec"] for t in pod_templates(rayspec.raycluster(spec))]
-    pod_specs += [d["spec"]["template"]["spec"] for d in rayspec.manifests(spec) if d["kind"] == "Job"]
+    pod_specs = [t["spec"] for t in pod_templates(raycluster.raycluster(spec))]
+    pod_specs += [d["spec"]["template"]["spec"] for d in manifests(spec) if d["kind"] == "Job"]
     for ps in pod_specs:
         assert [(t["key"], t["value"], t["effect"]) for t in ps["tolerations"]] == [
             (t["key"], t["value"], {"NO_SCHEDULE": "NoSchedule"}[t["effect"]]) for t in taints
@@ -348,93 +375,45 @@ def test_tolerations_and_node_selection_match_the_gpu_nodes(stack):
 def test_vllm_serve_arguments_are_the_plans(stack):
     plan = stack_plan(stack)
     spec = make_spec(plan)
-    head = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]
-    command = head["spec"]["containers"][0]["command"]
-    assert command[:2] == ["/bin/bash", "-c"]
-    argv = rayspec.serve_argv_from_script(command[2])
+    head = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]
+    argv = served(head["spec"]["containers"][0])
     model_path = f"/models/{plan['model']['checkpoint']}"
     assert argv[:5] == ["vllm", "serve", model_path, "--served-model-name", plan["model"]["checkpoint"]]
     assert argv[5:] == plan["vllm_args"]
     # The weights path is the one mounted read-only from the claim.
-    assert {"name": rayspec.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in head["spec"]["containers"][0]["volumeMounts"]
-    (weights,) = [v for v in head["spec"]["volumes"] if v["name"] == rayspec.WEIGHTS_VOLUME]
+    assert {"name": raycluster.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in head["spec"]["containers"][0]["volumeMounts"]
+    (weights,) = [v for v in head["spec"]["volumes"] if v["name"] == raycluster.WEIGHTS_VOLUME]
     assert weights["persistentVolumeClaim"] == {"claimName": "model-weights", "readOnly": True}
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_head_starts_ray_without_block_and_waits_for_every_gpu(stack):
-    plan = stack_plan(stack)
-    spec = make_spec(plan)
-    head = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]
+def test_head_runs_its_own_command_and_workers_keep_kuberays(stack):
+    spec = make_spec(stack_plan(stack))
+    rc = raycluster.raycluster(spec)
+    head = rc["spec"]["headGroupSpec"]["template"]
     assert head["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
-    script = head["spec"]["containers"][0]["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    lines = script.splitlines()
-    start = lines.index('ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"')
-    wait = lines.index("python3 - <<'PY'")
-    serve = next(i for i, line in enumerate(lines) if line.startswith("exec vllm serve "))
-    assert start < wait < serve == len(lines) - 1
-    want = plan["layout"]["nodes"] * plan["layout"]["gpus_per_node"]
-    assert f"WANT_GPUS, WANT_NODES, TIMEOUT_S = {want}, {plan['layout']['nodes']}, {rayspec.RAY_JOIN_TIMEOUT_S}" in script
+    assert head["spec"]["containers"][0]["command"][1].startswith(script_files.MOUNT_PATH + "/")
     # Workers keep KubeRay's generated, blocking command.
-    for group in rayspec.raycluster(spec)["spec"].get("workerGroupSpecs", []):
+    for group in rc["spec"].get("workerGroupSpecs", []):
         c = group["template"]["spec"]["containers"][0]
         assert "command" not in c and "args" not in c
         assert "ray.io/overwrite-container-cmd" not in (group["template"]["metadata"].get("annotations") or {})
-
-
-def test_generated_command_with_block_removed_runs_in_the_background(tmp_path):
-    """What the head does with KubeRay's generated command: a `ray start` that would block returns."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "ray").write_text('#!/bin/sh\ncase " $* " in *" --block "*) sleep 30;; esac\necho "ray $*" >> "$LOG"\n')
-    (fake_bin / "ray").chmod(0o755)
-    generated = "ray start --head  --block  --dashboard-host=0.0.0.0  --num-gpus=8 "
-    script = 'ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"\n/bin/bash -c "${ray_start}"\n'
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "KUBERAY_GEN_RAY_START_CMD": generated, "LOG": str(tmp_path / "log")}
-    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=10)
-    assert "--block" not in (tmp_path / "log").read_text()
-    assert "--num-gpus=8" in (tmp_path / "log").read_text()
-
-
-FAKE_RAY = """
-import os
-STATE = {"calls": 0}
-def init(**kw): pass
-def shutdown(): pass
-def nodes():
-    STATE["calls"] += 1
-    n = int(os.environ["FAKE_NODES"])
-    return [{"Alive": True, "Resources": {"GPU": float(os.environ["FAKE_GPUS_PER_NODE"]), "CPU": 4.0}} for _ in range(n)] + [
-        {"Alive": False, "Resources": {"GPU": 8.0}}
-    ]
-"""
-
-
-@pytest.mark.parametrize("nodes, expected_rc", [(4, 0), (3, 1)])
-def test_ray_wait_script_waits_for_all_gpus(tmp_path, nodes, expected_rc):
-    (tmp_path / "ray.py").write_text(FAKE_RAY)
-    script = rayspec.ray_wait_script(gpus=32, nodes=4, timeout_s=0)
-    env = {"PYTHONPATH": str(tmp_path), "FAKE_NODES": str(nodes), "FAKE_GPUS_PER_NODE": "8", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == expected_rc, done.stderr
-    assert f"{nodes * 8}/32 GPUs on {nodes}/4 nodes" in done.stdout
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_startup_probe_budget_covers_the_cold_start(stack):
     plan = stack_plan(stack)
     spec = make_spec(plan)
-    c = rayspec.raycluster(spec)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    c = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     startup = c["startupProbe"]
     budget = startup["failureThreshold"] * startup["periodSeconds"]
     cold = plan["storage"]["estimated_cold_start_s"]
-    assert budget >= cold * rayspec.COLD_START_MARGIN + rayspec.RAY_JOIN_TIMEOUT_S
-    assert budget < cold * rayspec.COLD_START_MARGIN + rayspec.RAY_JOIN_TIMEOUT_S + startup["periodSeconds"]
+    assert budget >= cold * serving_spec.COLD_START_MARGIN + serving_spec.RAY_JOIN_TIMEOUT_S
+    assert budget < cold * serving_spec.COLD_START_MARGIN + serving_spec.RAY_JOIN_TIMEOUT_S + startup["periodSeconds"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports["http"] == rayspec.API_PORT == 8000
+    assert ports["http"] == serving_spec.API_PORT == 8000
     # Liveness runs only after startup succeeded; it tolerates a minute of failures.
     assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 60
     if stack == "prod":
@@ -444,7 +423,7 @@ def test_startup_probe_budget_covers_the_cold_start(stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_ray_start_params_are_the_plans(stack):
     plan = stack_plan(stack)
-    rc = rayspec.raycluster(make_spec(plan))
+    rc = raycluster.raycluster(make_spec(plan))
     assert rc["spec"]["headGroupSpec"]["rayStartParams"] == {**plan["ray_start_params"], "dashboard-host": "0.0.0.0"}
     for group in rc["spec"].get("workerGroupSpecs", []):
         assert group["rayStartParams"] == plan["ray_start_params"]
@@ -458,7 +437,7 @@ def test_ray_start_params_are_the_plans(stack):
 def test_environment_and_weights_wait(stack):
     plan = stack_plan(stack)
     spec = make_spec(plan)
-    for template in pod_templates(rayspec.raycluster(spec)):
+    for template in pod_templates(raycluster.raycluster(spec)):
         c = template["spec"]["containers"][0]
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
         assert env["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -468,11 +447,85 @@ def test_environment_and_weights_wait(stack):
         for unneeded in ("FI_EFA_USE_DEVICE_RDMA", "FI_PROVIDER", "NCCL_PROTO", "RDMAV_FORK_SAFE", "LD_LIBRARY_PATH"):
             assert unneeded not in env
         (init,) = template["spec"]["initContainers"]
-        marker = f"/models/{plan['model']['checkpoint']}/.gpu-serving-complete"
-        assert init["command"] == staging.wait_for_weights_command(marker, timeout_s=0, interval_s=rayspec.WEIGHTS_POLL_S)
-        assert marker == staging.marker_path("/models", plan["model"]["checkpoint"], "hf")
-        assert init["volumeMounts"] == [{"name": rayspec.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True}]
+        # It waits for the marker where the staging Job writes it (the wait itself runs in test_pod_scripts.py).
+        assert spec.marker == staging.marker_path("/models", plan["model"]["checkpoint"], "hf")
+        assert spec.marker in init["args"]
+        assert {"name": raycluster.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in init["volumeMounts"]
         assert init["resources"]["requests"] == init["resources"]["limits"]  # Guaranteed QoS kept
+
+
+def pod_templates_by_role(spec: ServingSpec) -> dict[str, dict]:
+    rc = raycluster.raycluster(spec)
+    out = {"head": rc["spec"]["headGroupSpec"]["template"]}
+    out.update({f"worker {g['groupName']}": g["template"] for g in rc["spec"].get("workerGroupSpecs", [])})
+    out.update({d["metadata"]["name"]: d["spec"]["template"] for d in manifests(spec) if d["kind"] == "Job"})
+    return out
+
+
+SCRIPT_NAME = re.compile(r"[A-Za-z0-9_]+\.(?:py|sh)\b")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_script_a_pod_runs_is_mounted_read_only_from_the_serving_config_map(stack):
+    spec = all_checks(stack_plan(stack))
+    config_map = raycluster.scripts_config_map(spec)
+    data = config_map["data"]
+    assert config_map["metadata"]["namespace"] == spec.namespace
+    ran = set()
+    for role, template in pod_templates_by_role(spec).items():
+        pod = template["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            if "command" not in c:
+                continue  # a worker's Ray container: KubeRay's own command
+            interpreter, program = c["command"]
+            assert interpreter in ("sh", "/bin/bash", "python3") and program.startswith(script_files.MOUNT_PATH + "/"), (role, c["command"])
+            (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == script_files.MOUNT_PATH]
+            assert mount["readOnly"] is True
+            source = volumes[mount["name"]]["configMap"]
+            assert source["name"] == config_map["metadata"]["name"] and source["defaultMode"] == 0o555
+            name = program.rsplit("/", 1)[1]
+            # The script and every script it calls (a shell script's commands name them) are in the ConfigMap.
+            code = [line for line in data[name].splitlines() if name.endswith(".sh") and not line.lstrip().startswith("#")]
+            calls = {n for n in SCRIPT_NAME.findall("\n".join(code)) if (script_files.SCRIPTS_DIR / n).is_file()}
+            assert {name, *calls} <= set(data), (role, name, calls)
+            ran |= {name, *calls}
+        assert script_files.HASH_ANNOTATION in template["metadata"]["annotations"], role
+    if spec.efa_check and spec.benchmark:
+        assert ran == set(data), "the ConfigMap carries nothing that no pod runs"
+
+
+def _edited_scripts(tmp_path: Path, monkeypatch, name: str) -> None:
+    edited = tmp_path / "scripts"
+    edited.mkdir()
+    for path in script_files.SCRIPTS_DIR.iterdir():
+        if path.is_file():
+            (edited / path.name).write_text(path.read_text())
+    (edited / name).write_text((edited / name).read_text() + "# edited\n")
+    monkeypatch.setattr(script_files, "SCRIPTS_DIR", edited)
+    script_files.read.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "name, replaced",
+    [
+        ("benchmark.py", {"vllm-benchmark"}),
+        ("efa_allreduce.py", {"vllm-efa-check"}),
+        # What is served changed: the benchmark runs again (its RayCluster hash).
+        ("ray_wait.py", {"head", "vllm-benchmark"}),
+        ("wait_for_weights.sh", {"head", "worker gpu", "vllm-benchmark"}),
+    ],
+)
+def test_a_changed_script_replaces_exactly_the_pods_that_run_it(tmp_path, monkeypatch, name, replaced):
+    spec = all_checks(stack_plan("prod"))
+    before, data_before = pod_templates_by_role(spec), raycluster.scripts_config_map(spec)["data"]
+    _edited_scripts(tmp_path, monkeypatch, name)
+    try:
+        after, data_after = pod_templates_by_role(spec), raycluster.scripts_config_map(spec)["data"]
+    finally:
+        script_files.read.cache_clear()
+    assert {k for k, v in data_after.items() if data_before[k] != v} == {name}
+    assert {role for role in before if before[role] != after[role]} == replaced
 
 
 KUBELET_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -483,7 +536,7 @@ def test_no_command_is_rewritten_by_the_kubelet(stack):
     """The kubelet expands `$(NAME)` in command/args; scripts must not contain that form."""
     spec = all_checks(stack_plan(stack))
     texts = []
-    for doc in rayspec.manifests(spec):
+    for doc in manifests(spec):
         for ps in [t["spec"] for t in (pod_templates(doc) if doc["kind"] == "RayCluster" else [])] + (
             [doc["spec"]["template"]["spec"]] if doc["kind"] == "Job" else []
         ):
@@ -497,7 +550,7 @@ def test_no_command_is_rewritten_by_the_kubelet(stack):
 
 def test_service_selects_the_head_by_kuberays_labels():
     spec = make_spec(stack_plan("prod"))
-    svc = rayspec.service(spec)
+    svc = exposure.service(spec)
     # KubeRay 1.7.0 utils/constant.go: RayClusterLabelKey, RayNodeTypeLabelKey; rayv1.HeadNode = "head".
     assert svc["spec"]["selector"] == {"ray.io/cluster": "vllm", "ray.io/node-type": "head"}
     assert svc["spec"]["type"] == "ClusterIP"
@@ -509,7 +562,7 @@ def test_service_selects_the_head_by_kuberays_labels():
 
 
 def test_internal_load_balancer():
-    svc = rayspec.service(make_spec(stack_plan("prod"), service_type="internal-lb"))
+    svc = exposure.service(make_spec(stack_plan("prod"), service_type="internal-lb"))
     assert svc["spec"]["type"] == "LoadBalancer"
     ann = svc["metadata"]["annotations"]
     assert ann["service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"
@@ -520,7 +573,7 @@ def test_internal_load_balancer():
 
 def test_pdb_allows_no_voluntary_disruption():
     spec = make_spec(stack_plan("prod"))
-    doc = rayspec.pdb(spec)
+    doc = exposure.pdb(spec)
     assert doc["spec"]["maxUnavailable"] == 0 and "minAvailable" not in doc["spec"]
     assert doc["spec"]["selector"] == {"matchLabels": {"ray.io/cluster": spec.name}}
     assert doc["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
@@ -532,22 +585,16 @@ def test_pdb_allows_no_voluntary_disruption():
 def test_efa_check_job_owns_two_whole_gpu_nodes():
     plan = stack_plan("prod")
     spec = make_spec(plan, efa_check=True)
-    job, svc = rayspec.efa_check_job(spec), rayspec.efa_check_service(spec)
+    job, svc = checks.efa_check_job(spec), checks.efa_check_service(spec)
     js = job["spec"]
     assert js["completionMode"] == "Indexed" and js["completions"] == js["parallelism"] == 2
     ps = js["template"]["spec"]
     assert ps["subdomain"] == svc["metadata"]["name"] and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
     c = ps["containers"][0]
-    assert c["resources"] == rayspec.gpu_pod_resources(spec)
-    script = c["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    assert '"$FI_INFO" -p efa' in script
-    assert f"--nnodes 2 --nproc-per-node {plan['pod']['gpus']}" in script
-    assert "vllm-efa-check-0.vllm-efa-check.gpu-serving.svc.cluster.local" in script
-    for name in ("allreduce", "verdict"):
-        body = script.split(f"cat > /tmp/{name}.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-        compile(body, name, "exec")
+    assert c["resources"] == raycluster.gpu_pod_resources(spec)
+    # Pod 0 of the Job, by the headless Service's DNS name, is the rendezvous (the run: test_pod_scripts.py).
+    assert f"{job['metadata']['name']}-0.{svc['metadata']['name']}.gpu-serving.svc.cluster.local" in c["args"]
 
 
 def test_efa_check_needs_two_nodes_with_efa():
@@ -565,14 +612,14 @@ EFA_LOG = textwrap.dedent(
 
 
 def test_efa_check_verdict():
-    assert rayspec.efa_check_problems(EFA_LOG, 100.0, 32) == []
+    assert efa_allreduce.efa_check_problems(EFA_LOG, 100.0, 32) == []
     slow = EFA_LOG.replace("312.480", "41.200")
-    assert any("below the floor" in p for p in rayspec.efa_check_problems(slow, 100.0, 32))
+    assert any("below the floor" in p for p in efa_allreduce.efa_check_problems(slow, 100.0, 32))
     tcp = "NCCL INFO Using network Socket\nGPU_SERVING_BUSBW_GBPS=3.1\n"
-    problems = rayspec.efa_check_problems(tcp, 100.0, 32)
+    problems = efa_allreduce.efa_check_problems(tcp, 100.0, 32)
     assert any("EFA provider" in p for p in problems) and any("Socket" in p for p in problems)
-    assert any("did not complete" in p for p in rayspec.efa_check_problems("", 100.0, 32))
-    assert rayspec.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
+    assert any("did not complete" in p for p in efa_allreduce.efa_check_problems("", 100.0, 32))
+    assert efa_allreduce.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
 
 
 SAMPLE_RESULT = {
@@ -597,45 +644,33 @@ SAMPLE_RESULT = {
 
 
 def test_benchmark_checker_passes_and_fails_on_sample_results():
-    assert rayspec.check_benchmark_result(SAMPLE_RESULT, 250, 40, 200) == []
+    assert benchmark.check_benchmark_result(SAMPLE_RESULT, 250, 40, 200) == []
     slow = {**SAMPLE_RESULT, "p99_ttft_ms": 250.0, "p99_tpot_ms": 41.5}
-    problems = rayspec.check_benchmark_result(slow, 250, 40, 200)
+    problems = benchmark.check_benchmark_result(slow, 250, 40, 200)
     assert len(problems) == 2 and "TTFT 250.0 ms is not below 250" in problems[0] and "TPOT 41.5" in problems[1]
     failed = {**SAMPLE_RESULT, "completed": 190}
-    assert rayspec.check_benchmark_result(failed, 250, 40, 200) == ["10 of 200 requests failed"]
+    assert benchmark.check_benchmark_result(failed, 250, 40, 200) == ["10 of 200 requests failed"]
     missing = {k: v for k, v in SAMPLE_RESULT.items() if k != "p99_tpot_ms"}
-    assert "no p99_tpot_ms" in rayspec.check_benchmark_result(missing, 250, 40, 200)[0]
-
-
-@pytest.mark.parametrize("result, rc", [(SAMPLE_RESULT, 0), ({**SAMPLE_RESULT, "p99_tpot_ms": 90.0}, 1)])
-def test_benchmark_job_runs_the_tested_checker(tmp_path, result, rc):
-    spec = make_spec(stack_plan("prod"), benchmark=True)
-    job = rayspec.benchmark_job(spec)
-    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    subprocess.run(["bash", "-n", "-c", script], check=True)
-    verdict = script.split("cat > /tmp/verdict.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-    (tmp_path / "verdict.py").write_text(verdict)
-    (tmp_path / "result.json").write_text(json.dumps(result))
-    done = subprocess.run([sys.executable, str(tmp_path / "verdict.py"), str(tmp_path / "result.json")], capture_output=True, text=True)
-    assert done.returncode == rc, done.stderr
+    assert "no p99_tpot_ms" in benchmark.check_benchmark_result(missing, 250, 40, 200)[0]
 
 
 def test_benchmark_command_targets_the_service_with_the_plans_model():
     plan = stack_plan("prod")
     spec = make_spec(plan, benchmark=True)
-    argv = rayspec.benchmark_argv(spec)
+    argv = checks.benchmark_argv(spec)
     assert argv[:3] == ["vllm", "bench", "serve"]
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags["--base-url"] == "http://vllm-api.gpu-serving.svc.cluster.local:8000"
     assert flags["--served-model-name"] == plan["model"]["checkpoint"]
     assert "--save-result" in argv and argv[argv.index("--percentile-metrics") + 1] == "ttft,tpot"
     assert argv[argv.index("--metric-percentiles") + 1] == "99"
-    script = rayspec.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    assert shlex.join(argv) in script.splitlines()
+    # The Job's script runs it after `--` (the run: test_pod_scripts.py).
+    args = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--") + 1 :] == argv
     # Re-run whenever what is served changes.
     other = make_spec(plan, benchmark=True, image=IMAGE + "-2")
-    key = rayspec.SPEC_HASH_ANNOTATION
-    ann = lambda s: rayspec.benchmark_job(s)["spec"]["template"]["metadata"]["annotations"][key]  # noqa: E731
+    key = serving_spec.SPEC_HASH_ANNOTATION
+    ann = lambda s: checks.benchmark_job(s)["spec"]["template"]["metadata"]["annotations"][key]  # noqa: E731
     assert ann(spec) != ann(other)
 
 
@@ -659,8 +694,8 @@ def figures_from_manifests(rc: dict) -> dict:
     head = rc["spec"]["headGroupSpec"]
     c = head["template"]["spec"]["containers"][0]
     lim = c["resources"]["limits"]
-    (shm,) = [v for v in head["template"]["spec"]["volumes"] if v["name"] == rayspec.SHM_VOLUME]
-    argv = rayspec.serve_argv_from_script(c["command"][2])
+    (shm,) = [v for v in head["template"]["spec"]["volumes"] if v["name"] == raycluster.SHM_VOLUME]
+    argv = served(c)
     workers = rc["spec"].get("workerGroupSpecs", [])
     return {
         "instance_type": head["template"]["spec"]["nodeSelector"][scheduling.INSTANCE_TYPE_LABEL],
@@ -680,7 +715,7 @@ def figures_from_manifests(rc: dict) -> dict:
 
 
 def figures_from_plan(plan: dict) -> dict:
-    budget = math.ceil(rayspec.COLD_START_MARGIN * plan["storage"]["estimated_cold_start_s"]) + rayspec.RAY_JOIN_TIMEOUT_S
+    budget = math.ceil(serving_spec.COLD_START_MARGIN * plan["storage"]["estimated_cold_start_s"]) + serving_spec.RAY_JOIN_TIMEOUT_S
     return {
         "instance_type": plan["instance"]["type"],
         "pods": plan["layout"]["nodes"],
@@ -694,7 +729,7 @@ def figures_from_plan(plan: dict) -> dict:
         "model_path": f"/models/{plan['model']['checkpoint']}",
         "served_model_name": plan["model"]["checkpoint"],
         "vllm_args": plan["vllm_args"],
-        "startup_threshold": math.ceil(budget / rayspec.STARTUP_PERIOD_S),
+        "startup_threshold": math.ceil(budget / serving_spec.STARTUP_PERIOD_S),
     }
 
 
@@ -706,8 +741,8 @@ def test_changing_model_or_instance_changes_every_dependent_figure(tmp_path, crd
     prod_plan = stack_plan("prod")
     new_plan = plan_for(modified_config(tmp_path, model, instance), "prod")
     assert new_plan["feasible"], new_plan["errors"]
-    before = figures_from_manifests(rayspec.raycluster(make_spec(prod_plan)))
-    after = figures_from_manifests(rayspec.raycluster(make_spec(new_plan)))
+    before = figures_from_manifests(raycluster.raycluster(make_spec(prod_plan)))
+    after = figures_from_manifests(raycluster.raycluster(make_spec(new_plan)))
     # Every figure follows the plan, and a figure changed exactly where the plan's did.
     assert before == figures_from_plan(prod_plan)
     assert after == figures_from_plan(new_plan)
@@ -718,8 +753,8 @@ def test_changing_model_or_instance_changes_every_dependent_figure(tmp_path, crd
         assert {"model_path", "served_model_name", "vllm_args"} <= changed
     # And the new cluster is still valid.
     spec = all_checks(new_plan)
-    assert crd_errors(crd, rayspec.raycluster(spec)) == []
-    for template in pod_templates(rayspec.raycluster(spec)):
+    assert crd_errors(crd, raycluster.raycluster(spec)) == []
+    for template in pod_templates(raycluster.raycluster(spec)):
         assert k8s_errors(as_pod(template)) == []
 
 
@@ -732,11 +767,11 @@ def test_model_and_marker_paths_from_the_storage_layer():
         model_path=staging.model_path("/models", s3, "s3"),
         marker_path=staging.marker_path("/models", s3, "s3"),
     )
-    rc = rayspec.raycluster(spec)
+    rc = raycluster.raycluster(spec)
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
-    argv = rayspec.serve_argv_from_script(head["containers"][0]["command"][2])
+    argv = served(head["containers"][0])
     assert argv[2] == staging.model_path("/models", s3, "s3") and argv[4] == plan["model"]["checkpoint"]
-    assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["command"]
+    assert staging.marker_path("/models", s3, "s3") in head["initContainers"][0]["args"]
     assert argv[5:] == plan["vllm_args"]
 
 
@@ -744,7 +779,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     # Kubernetes, not Pulumi, creates the NLB: the sweeper only recognises it by these tags.
     from infra.config import load_stack_file
     from infra.planning import make_plan
-    from infra.k8s.rayspec import ServingSpec, service
+    from infra.k8s.exposure import service
     from infra.aws.tags import default_tags
 
     cfg = load_stack_file("test")
@@ -752,6 +787,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     spec = ServingSpec(
         plan=make_plan(cfg.plan_request()).to_json_dict(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
+        ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
     )  # fmt: skip
     annotation = service(spec)["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"]
     assert dict(pair.split("=", 1) for pair in annotation.split(",")) == tags

@@ -13,11 +13,12 @@ from pathlib import Path
 import pulumi
 
 from components.serving import TYPE, Serving, ServingArgs
-from infra.k8s import rayspec
+from infra.k8s import checks, exposure, raycluster, serving_spec
+from infra.k8s.scripts import benchmark
 from infra.config import load_stack_file
 from infra.planning.plan import make_plan
 from infra.preview.recording import Recording, record
-from infra.k8s.rayspec import ServingSpec
+from infra.k8s.serving_spec import ServingSpec
 
 REPO = Path(__file__).resolve().parent.parent
 RC = "kubernetes:ray.io/v1:RayCluster"
@@ -25,6 +26,7 @@ SVC = "kubernetes:core/v1:Service"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 JOB = "kubernetes:batch/v1:Job"
 PM = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
+CM = "kubernetes:core/v1:ConfigMap"
 DEP = "test:index:Prerequisite"
 
 
@@ -34,12 +36,15 @@ def _plan_json(stack: str) -> str:
 
 
 def spec(stack: str = "prod", **overrides) -> ServingSpec:
+    checks_config = load_stack_file(stack, REPO).checks  # the owner of the benchmark's thresholds
     base = dict(
         plan=json.loads(_plan_json(stack)),
         namespace="gpu-serving",
         image="123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0",
         ray_version="2.60.0",
         pvc_name="model-weights",
+        ttft_p99_ms=checks_config.ttft_p99_ms,
+        tpot_p99_ms=checks_config.tpot_p99_ms,
     )
     base.update(overrides)
     return ServingSpec(**base)
@@ -78,18 +83,32 @@ def test_creates_the_raycluster_service_and_pdb_from_the_builders():
     comp = rec.one(TYPE)
     rc = rec.one(RC)
     assert rc.parent == comp.urn
-    expected = rayspec.raycluster(s)
+    expected = raycluster.raycluster(s)
     assert rc.inputs["apiVersion"] == "ray.io/v1" and rc.inputs["kind"] == "RayCluster"
     assert rc.inputs["metadata"] == expected["metadata"]
     assert rc.inputs["spec"] == expected["spec"]
     (svc,) = [r for r in rec.of_type(SVC) if r.name == "vllm-api"]
-    assert svc.inputs["spec"] == rayspec.service(s)["spec"]
-    assert svc.inputs["metadata"] == rayspec.service(s)["metadata"]
+    assert svc.inputs["spec"] == exposure.service(s)["spec"]
+    assert svc.inputs["metadata"] == exposure.service(s)["metadata"]
     pdb = rec.one(PDB)
-    assert pdb.inputs["spec"] == rayspec.pdb(s)["spec"]
+    assert pdb.inputs["spec"] == exposure.pdb(s)["spec"]
     assert seen["service_name"] == "vllm-api"
     assert seen["endpoint"] == "http://vllm-api.gpu-serving.svc.cluster.local:8000/v1"
     assert seen["served_model_name"] == "deepseek-ai/DeepSeek-V4-Pro"
+
+
+def test_the_scripts_config_map_comes_first():
+    s = spec()
+    rec, _ = run(s)
+    cm = rec.one(CM)
+    assert cm.parent == rec.one(TYPE).urn
+    expected = raycluster.scripts_config_map(s)
+    assert cm.inputs["metadata"] == expected["metadata"] and cm.inputs["data"] == expected["data"]
+    # After the namespace and the other prerequisites; the pods' volume names it.
+    deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
+    assert set(cm.options["depends_on"]) == deps
+    head = rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]["spec"]
+    assert {"name": "scripts", "configMap": {"name": expected["metadata"]["name"], "defaultMode": 0o555}} in head["volumes"]
 
 
 def test_raycluster_depends_on_the_given_resources_and_waits_for_the_head():
@@ -97,11 +116,11 @@ def test_raycluster_depends_on_the_given_resources_and_waits_for_the_head():
     rec, _ = run(s)
     rc = rec.one(RC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(rc.options["depends_on"]) == deps
+    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn}
     # pulumi-kubernetes waits for HeadPodReady as long as the head may take.
     assert rc.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=HeadPodReady"
     minutes = int(rc.options["custom_timeouts"]["create"].rstrip("m"))
-    assert minutes * 60 >= rayspec.ready_timeout_s(s) >= rayspec.startup_budget_s(s)
+    assert minutes * 60 >= serving_spec.ready_timeout_s(s) >= serving_spec.startup_budget_s(s)
     assert rc.options["custom_timeouts"]["update"] == rc.options["custom_timeouts"]["create"]
 
 
@@ -118,7 +137,7 @@ def test_pod_monitor_when_chosen():
     s = spec(monitoring="podmonitor", monitor_labels={"release": "kube-prometheus-stack"})
     rec, _ = run(s)
     pm = rec.one(PM)
-    assert pm.inputs["spec"] == rayspec.pod_monitor(s)["spec"]
+    assert pm.inputs["spec"] == exposure.pod_monitor(s)["spec"]
     assert pm.inputs["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     head = rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]
     assert "prometheus.io/scrape" not in head["metadata"]["annotations"]
@@ -129,13 +148,14 @@ def test_efa_check_runs_before_the_raycluster():
     rec, _ = run(s)
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-efa-check"
-    assert job.inputs["spec"] == rayspec.efa_check_job(s)["spec"]
+    assert job.inputs["spec"] == checks.efa_check_job(s)["spec"]
     headless = urn_of(rec, "vllm-efa-check", SVC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(job.options["depends_on"]) == deps | {headless}
+    scripts = rec.one(CM).urn
+    assert set(job.options["depends_on"]) == deps | {headless, scripts}
     assert job.options["delete_before_replace"] is True
     rc = rec.one(RC)
-    assert set(rc.options["depends_on"]) == deps | {job.urn}
+    assert set(rc.options["depends_on"]) == deps | {job.urn, scripts}
 
 
 def test_benchmark_runs_after_the_raycluster():
@@ -143,8 +163,8 @@ def test_benchmark_runs_after_the_raycluster():
     rec, _ = run(s)
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-benchmark"
-    assert job.inputs["spec"] == rayspec.benchmark_job(s)["spec"]
-    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC)}
+    assert job.inputs["spec"] == checks.benchmark_job(s)["spec"]
+    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn}
     minutes = int(job.options["custom_timeouts"]["create"].rstrip("m"))
     assert minutes * 60 >= job.inputs["spec"]["activeDeadlineSeconds"]
 
@@ -166,9 +186,9 @@ def test_single_node_stack_has_no_worker_group():
 
 def test_benchmark_checker_on_sample_json():
     result = {"completed": 100, "p99_ttft_ms": 180.0, "p99_tpot_ms": 30.0, "mean_ttft_ms": 90.0}
-    assert rayspec.check_benchmark_result(result, 250.0, 40.0, 100) == []
+    assert benchmark.check_benchmark_result(result, 250.0, 40.0, 100) == []
     failing = {**result, "p99_ttft_ms": 400.0}
-    assert rayspec.check_benchmark_result(failing, 250.0, 40.0, 100) == ["p99 TTFT 400.0 ms is not below 250 ms"]
+    assert benchmark.check_benchmark_result(failing, 250.0, 40.0, 100) == ["p99 TTFT 400.0 ms is not below 250 ms"]
 
 
 def test_image_known_only_as_an_output():
@@ -179,9 +199,9 @@ def test_image_known_only_as_an_output():
     ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0"
     rec, _ = run(s, image=ecr)
     with_image = dataclasses.replace(s, image=ecr)
-    assert rec.one(RC).inputs["spec"] == rayspec.raycluster(with_image)["spec"]
+    assert rec.one(RC).inputs["spec"] == raycluster.raycluster(with_image)["spec"]
     jobs = {j.name: j for j in rec.of_type(JOB)}
-    assert jobs["vllm-efa-check"].inputs["spec"] == rayspec.efa_check_job(with_image)["spec"]
-    assert jobs["vllm-benchmark"].inputs["spec"] == rayspec.benchmark_job(with_image)["spec"]
+    assert jobs["vllm-efa-check"].inputs["spec"] == checks.efa_check_job(with_image)["spec"]
+    assert jobs["vllm-benchmark"].inputs["spec"] == checks.benchmark_job(with_image)["spec"]
     images = {c["image"] for t in [rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]] for c in t["spec"]["containers"] + t["spec"]["initContainers"]}
     assert images == {ecr}

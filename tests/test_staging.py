@@ -1,9 +1,9 @@
-"""The weight-staging script and the serving pods' wait, run for real.
+"""The weight-staging program and the serving pods' wait, run for real.
 
-The script from `infra.staging.staging_script()` runs as a subprocess
-(`python -c <script> --source file://... --dest ...`), the way the Job runs it,
-against a fake checkpoint in a temporary directory; the wait command runs under
-`sh`. Nothing is mocked: files are copied, sizes checked, markers written.
+`infra/k8s/scripts/stage_weights.py` runs as a subprocess with the Job's own
+command and arguments (the mounted scripts folder mapped to the source folder),
+against a fake checkpoint in a temporary directory; `wait_for_weights.sh` runs
+under `sh`. Nothing is mocked: files are copied, sizes checked, markers written.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from infra.k8s import script_files
+from infra.k8s.scripts import stage_weights
+from infra.k8s.scripts.stage_weights import EXIT_INCOMPLETE, EXIT_SOURCE, LISTING_FILE_NAME, MARKER_NAME, STAGING_DIR_NAME
 from infra.k8s.staging import (
-    EXIT_INCOMPLETE,
-    EXIT_SOURCE,
-    LISTING_FILE_NAME,
-    MARKER_NAME,
-    STAGING_DIR_NAME,
+    STAGING_SCRIPT,
     check_packages,
     job_name,
     marker_path,
@@ -30,10 +29,8 @@ from infra.k8s.staging import (
     split_checkpoint,
     staging_args,
     staging_command,
+    staging_config_map,
     staging_deadline_s,
-    staging_script,
-    wait_for_weights_command,
-    weights_volume,
 )
 
 FILES = {
@@ -55,9 +52,19 @@ def source(tmp_path: Path) -> Path:
     return root
 
 
+def local(argv: list[str]) -> list[str]:
+    """A container's argv run here: the mounted scripts folder is the source folder, python3 this Python."""
+    return [sys.executable if a == "python3" else a.replace(script_files.MOUNT_PATH, str(script_files.SCRIPTS_DIR)) for a in argv]
+
+
+def wait_command(marker: Path, timeout_s: int, interval_s: int) -> list[str]:
+    """wait_for_weights.sh, as the serving pods' init container runs it (infra/k8s/raycluster.py)."""
+    return ["sh", str(script_files.SCRIPTS_DIR / "wait_for_weights.sh"), str(marker), str(timeout_s), str(interval_s)]
+
+
 def run_stage(src: Path, dest: Path, *extra: str) -> subprocess.CompletedProcess:
     args = staging_args(f"file://{src}", str(dest), workers=3) + list(extra)
-    return subprocess.run([sys.executable, "-c", staging_script(), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(local(staging_command()) + args, capture_output=True, text=True, timeout=120)
 
 
 def summary(proc: subprocess.CompletedProcess) -> dict[str, int]:
@@ -174,13 +181,15 @@ def test_excluded_files_are_not_staged(source, tmp_path):
     assert "sub/dir/extra.bin" not in marker(dest)["files"]
 
 
-def test_the_job_command_runs_the_same_script(source, tmp_path):
-    """The container's command + args, as Kubernetes joins them (python3 -c <script> --source ...)."""
-    dest = tmp_path / "dest"
+def test_the_job_command_runs_the_program_its_config_map_carries(source, tmp_path):
+    """The container's command runs a file of the mounted ConfigMap, and that file is the program."""
     command = staging_command()
-    assert command[:2] == ["python3", "-c"] and command[2] == staging_script()
+    assert command[0] == "python3" and command[1].startswith(script_files.MOUNT_PATH + "/")
+    data = staging_config_map("w-staging-scripts", "ns", {})["data"]
+    assert data[command[1].rsplit("/", 1)[1]] == (script_files.SCRIPTS_DIR / STAGING_SCRIPT).read_text()
+    dest = tmp_path / "dest"
     proc = subprocess.run(
-        [sys.executable, *command[1:], *staging_args(f"file://{source}", str(dest))], capture_output=True, text=True, timeout=120
+        local(command) + staging_args(f"file://{source}", str(dest)), capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert (dest / MARKER_NAME).exists()
@@ -191,15 +200,14 @@ def test_the_install_variant_passes_arguments_through(tmp_path):
     command = staging_command(("huggingface_hub==0.36.0",))
     assert command[0] == "sh" and command[-1] == "stage"
     assert "pip install" in command[2] and "huggingface_hub==0.36.0" in command[2]
-    assert '"$@"' in command[2] and "$STAGING_SCRIPT" in command[2]
-    # Replace the install step by `true` and run it: the script sees exactly the args.
+    assert '"$@"' in command[2] and staging_command()[1] in command[2]
+    # Without the install step, run it: the mounted program sees exactly the Job's args.
     shell = command[2].split(" && ", 1)[1]
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(b"abc")
     proc = subprocess.run(
-        ["sh", "-c", shell.replace("python3", sys.executable), "stage", *staging_args(f"file://{src}", str(tmp_path / "d"))],
-        env={**os.environ, "STAGING_SCRIPT": staging_script()},
+        ["sh", "-c", " ".join(local(shell.split(" "))), "stage", *staging_args(f"file://{src}", str(tmp_path / "d"))],
         capture_output=True,
         text=True,
         timeout=60,
@@ -220,7 +228,7 @@ def test_unpinned_packages_are_refused():
 
 def test_wait_succeeds_only_when_the_marker_exists(tmp_path):
     path = tmp_path / "org" / "name" / MARKER_NAME
-    cmd = wait_for_weights_command(str(path), timeout_s=2, interval_s=1)
+    cmd = wait_command(path, timeout_s=2, interval_s=1)
     missing = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert missing.returncode == 1
     assert "not staged" in missing.stderr
@@ -233,7 +241,7 @@ def test_wait_succeeds_only_when_the_marker_exists(tmp_path):
 
 def test_wait_picks_up_a_marker_written_while_waiting(tmp_path):
     path = tmp_path / MARKER_NAME
-    proc = subprocess.Popen(wait_for_weights_command(str(path), timeout_s=20, interval_s=1), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(wait_command(path, timeout_s=20, interval_s=1), stdout=subprocess.PIPE, text=True)
     try:
         import time
 
@@ -246,11 +254,11 @@ def test_wait_picks_up_a_marker_written_while_waiting(tmp_path):
 
 
 def test_wait_from_the_staging_script(source, tmp_path):
-    """The marker the script writes is the one the wait command looks for."""
+    """The marker the program writes is the one the wait looks for."""
     mount = tmp_path / "models"
     checkpoint = "deepseek-ai/DeepSeek-V4-Pro"
     dest = model_path(str(mount), checkpoint, "hf")
-    cmd = wait_for_weights_command(marker_path(str(mount), checkpoint, "hf"), timeout_s=1, interval_s=1)
+    cmd = wait_command(Path(marker_path(str(mount), checkpoint, "hf")), timeout_s=1, interval_s=1)
     assert subprocess.run(cmd, capture_output=True, timeout=30).returncode == 1
     assert run_stage(source, Path(dest)).returncode == 0
     assert subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
@@ -272,12 +280,6 @@ def test_paths_and_source_urls():
             split_checkpoint(bad, src)
 
 
-def test_weights_volume_is_read_only():
-    vol = weights_volume("model-weights", "/models")
-    assert vol["volume"] == {"name": "model-weights", "persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True}}
-    assert vol["volume_mount"] == {"name": "model-weights", "mountPath": "/models", "readOnly": True}
-
-
 def test_deadline_scales_with_checkpoint_and_cold_start():
     prod = staging_deadline_s(864_699_742_328, 600.0)
     assert prod % 60 == 0
@@ -297,14 +299,8 @@ def test_job_name_changes_with_what_it_runs():
 # ---- the S3 and Hugging Face sources --------------------------------------------------------------
 
 
-def _script_namespace() -> dict:
-    ns: dict = {"__name__": "gpu_serving_stage"}
-    exec(compile(staging_script(), "<staging script>", "exec"), ns)  # the very text the Job runs
-    return ns
-
-
 def test_s3_source_against_moto(tmp_path, monkeypatch, capsys):
-    """S3Source for real through boto3, against moto's in-process S3 (the script run in-process)."""
+    """S3Source for real through boto3, against moto's in-process S3 (the program run in-process)."""
     boto3 = pytest.importorskip("boto3")
     from moto import mock_aws
 
@@ -312,7 +308,6 @@ def test_s3_source_against_moto(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv(key, "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    ns = _script_namespace()
     dest = tmp_path / "models" / "weights-bucket" / "deepseek" / "v4"
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
@@ -322,19 +317,19 @@ def test_s3_source_against_moto(tmp_path, monkeypatch, capsys):
         s3.put_object(Bucket="weights-bucket", Key="deepseek/v4/", Body=b"")  # a console "folder"
         s3.put_object(Bucket="weights-bucket", Key="deepseek/v40/other.bin", Body=b"not ours")  # a sibling prefix
         args = staging_args(source_url("s3://weights-bucket/deepseek/v4", "s3"), str(dest), workers=2)
-        assert ns["main"](args) == 0
+        assert stage_weights.main(args) == 0
         assert {rel: (dest / rel).read_bytes() for rel in FILES} == FILES
         assert marker(dest)["files"] == {rel: len(d) for rel, d in FILES.items()}
-        assert ns["main"](args) == 0
+        assert stage_weights.main(args) == 0
         out = capsys.readouterr().out
         assert "summary: files=5 fetched=0 skipped=5" in out
         # An empty or missing prefix cannot be staged, and retrying will not change that.
-        assert ns["main"](staging_args("s3://weights-bucket/nothing-here", str(tmp_path / "x"))) == EXIT_SOURCE
-        assert ns["main"](staging_args("s3://no-such-bucket-xyz/p", str(tmp_path / "y"))) == EXIT_SOURCE
+        assert stage_weights.main(staging_args("s3://weights-bucket/nothing-here", str(tmp_path / "x"))) == EXIT_SOURCE
+        assert stage_weights.main(staging_args("s3://no-such-bucket-xyz/p", str(tmp_path / "y"))) == EXIT_SOURCE
 
 
 FAKE_HUB = '''
-"""A stand-in for huggingface_hub with the calls the staging script makes (tests only)."""
+"""A stand-in for huggingface_hub with the calls the staging program makes (tests only)."""
 import json, os, shutil
 
 ROOT = os.environ["FAKE_HUB_ROOT"]
@@ -403,7 +398,7 @@ def test_hf_source_with_a_stand_in_hub(source, tmp_path):
 
     def run(url):
         return subprocess.run(
-            [sys.executable, "-c", staging_script(), *staging_args(url, dest, workers=2)],
+            local(staging_command()) + staging_args(url, dest, workers=2),
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 

@@ -46,7 +46,9 @@ from infra.planning.storage import (
     fsx_throughput_bytes_per_s,
     is_valid_fsx_capacity,
 )
-from infra.k8s.staging import EXIT_SOURCE, MARKER_NAME, staging_deadline_s, staging_script
+from infra.k8s import script_files
+from infra.k8s.scripts.stage_weights import EXIT_SOURCE, MARKER_NAME
+from infra.k8s.staging import staging_deadline_s
 from infra.preview.synth import plain
 
 K8S_VERSION = "1.33.0"
@@ -66,6 +68,7 @@ PVC = "kubernetes:core/v1:PersistentVolumeClaim"
 SECRET = "kubernetes:core/v1:Secret"
 JOB = "kubernetes:batch/v1:Job"
 SA = "kubernetes:core/v1:ServiceAccount"
+CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
 
 SESSION = botocore.session.get_session()
 EFS_MODEL = SESSION.get_service_model("efs")
@@ -507,7 +510,18 @@ def test_staging_job(efs_prod, prod_storage):
     assert vol["persistentVolumeClaim"] == {"claimName": "model-weights"}
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == vol["name"]]
     assert mount["mountPath"] == "/models" and not mount.get("readOnly")
-    assert container["command"] == ["python3", "-c", staging_script()]
+    # The program: a file of the ConfigMap the pod mounts read-only, whose hash the pod carries.
+    config_map = manifest(rec.one(CONFIG_MAP))
+    (scripts,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert scripts["configMap"]["name"] == config_map["metadata"]["name"]
+    assert {"name": scripts["name"], "mountPath": script_files.MOUNT_PATH, "readOnly": True} in container["volumeMounts"]
+    assert container["command"][0] == "python3"
+    mounted, program = container["command"][1].rsplit("/", 1)
+    assert mounted == script_files.MOUNT_PATH and program in config_map["data"]
+    assert config_map["data"][program] == (script_files.SCRIPTS_DIR / program).read_text()
+    annotation = script_files.HASH_ANNOTATION
+    assert spec["template"]["metadata"]["annotations"][annotation] == config_map["metadata"]["annotations"][annotation]
+    assert "STAGING_SCRIPT" not in {e["name"] for e in container["env"]}
     args = container["args"]
     assert args[args.index("--source") + 1] == "hf://deepseek-ai/DeepSeek-V4-Pro"
     assert args[args.index("--dest") + 1] == comp.model_path == "/models/deepseek-ai/DeepSeek-V4-Pro"
@@ -519,7 +533,7 @@ def test_staging_job(efs_prod, prod_storage):
     # Pulumi waits for completion as long as the Job may run, and only after its storage exists.
     assert res.options["custom_timeouts"]["create"] == f"{comp.staging_deadline_s + 600}s"
     needs = {u.rsplit("::", 1)[-1] for u in res.options["depends_on"]}
-    assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa"} <= needs
+    assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts"} <= needs
 
 
 def test_s3_staging_reads_through_pod_identity(s3_ephemeral):
@@ -544,6 +558,8 @@ def test_s3_staging_reads_through_pod_identity(s3_ephemeral):
     assert "weights-staging-identity" in {u.rsplit("::", 1)[-1] for u in rec.one(JOB).options["depends_on"]}
     (container,) = pod["containers"]
     assert container["command"][0] == "sh" and "boto3==1.40.0" in container["command"][2]
+    (scripts,) = [v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v]
+    assert f"{script_files.MOUNT_PATH}/" in container["command"][2] and scripts == manifest(rec.one(CONFIG_MAP))["metadata"]["name"]
     args = container["args"]
     assert args[args.index("--source") + 1] == "s3://ml-weights-bucket/deepseek/v4-pro"
     assert comp.marker_path == f"/models/ml-weights-bucket/deepseek/v4-pro/{MARKER_NAME}"
@@ -559,6 +575,31 @@ def test_job_name_follows_the_checkpoint(prod_storage):
     assert base == name(), "stable"
     assert base != name(checkpoint="deepseek-ai/DeepSeek-V4-Pro@a1b2c3")
     assert base != name(staging_image=IMAGE + "-2")
+
+
+def test_a_changed_program_makes_a_new_job(prod_storage, tmp_path, monkeypatch):
+    """Edit the staging program: the Job gets a new name and its pod a new annotation (a Job's template is immutable)."""
+
+    def job():
+        rec, comp = _record(lambda: _args(prod_storage, production=False))
+        return comp.staging_job_name, manifest(rec.one(JOB))["spec"]["template"]["metadata"]["annotations"]
+
+    before = job()
+    edited = tmp_path / "scripts"
+    edited.mkdir()
+    for path in script_files.SCRIPTS_DIR.iterdir():
+        if path.is_file():
+            (edited / path.name).write_text(path.read_text())
+    program = edited / "stage_weights.py"
+    program.write_text(program.read_text() + "\n# edited\n")
+    monkeypatch.setattr(script_files, "SCRIPTS_DIR", edited)
+    script_files.read.cache_clear()
+    try:
+        after = job()
+    finally:
+        script_files.read.cache_clear()
+    assert after[0] != before[0] and after[0].startswith("model-weights-stage-")
+    assert after[1][script_files.HASH_ANNOTATION] != before[1][script_files.HASH_ANNOTATION]
 
 
 # ---- what the serving pods use ------------------------------------------------------------------------------------
@@ -615,6 +656,7 @@ def test_aws_enum_values_are_in_botocore(variants, variant):
         (dict(client_security_group_ids=[]), "client_security_group_ids"),
         (dict(namespace="Bad_NS"), "namespace"),
         (dict(mount_path="relative"), "mount_path"),
+        (dict(mount_path=script_files.MOUNT_PATH), "mount_path"),
         (dict(staging_image="python"), "pinned"),
         (dict(staging_packages=("boto3",)), "pinned"),
         (dict(source="s3", checkpoint="s3://bucket-name/p", cluster_name="c", hf_token=pulumi.Output.secret("x")), "hf_token"),

@@ -31,7 +31,7 @@ HF_TOKEN_ENV = "HF_TOKEN"
 def efa_check_applies(cfg: StackConfig) -> bool:
     """The EFA check runs an all-reduce across two nodes of an EFA instance type."""
     from infra.catalog.instances import INSTANCE_TYPES
-    from infra.k8s.rayspec import EFA_CHECK_NODES
+    from infra.k8s.serving_spec import EFA_CHECK_NODES
 
     it = INSTANCE_TYPES.get(cfg.gpu.instance_type)
     return it is not None and it.max_efa_interfaces > 0 and cfg.gpu.nodes >= EFA_CHECK_NODES

@@ -1,0 +1,231 @@
+"""Checks of a serving stack, run as Jobs: the EFA fabric and the serving benchmark.
+
+- `efa_check_service(spec)` + `efa_check_job(spec)`: `fi_info -p efa` and an
+  NCCL all-reduce across two GPU nodes, failing below a bus-bandwidth floor
+  (`infra/k8s/scripts/efa_check.sh` and `efa_allreduce.py`).
+- `benchmark_job(spec)`: `vllm bench serve` against the Service, failing when
+  p99 TTFT or TPOT miss their thresholds (`infra/k8s/scripts/benchmark.py`).
+
+Both Jobs run their scripts from the serving layer's ConfigMap
+(`raycluster.scripts_config_map`), mounted read-only, with the figures as
+arguments.
+
+The serving image must carry the EFA userspace (libfabric >= 1.18) and the
+aws-ofi-nccl plugin (>= 1.7) on its library path; without them NCCL silently
+falls back to TCP sockets. The EFA check Job fails in exactly that case.
+"""
+
+from __future__ import annotations
+
+from infra.k8s import script_files
+from infra.k8s.raycluster import (
+    gpu_pod_resources,
+    nccl_env,
+    node_selector,
+    scripts_volume,
+    shm_mount,
+    shm_volume,
+    spec_hash,
+    tolerations,
+    weights_mount,
+    weights_volume,
+)
+from infra.k8s.serving_spec import (
+    API_PORT,
+    BENCHMARK_SCRIPT,
+    BENCHMARK_SCRIPTS,
+    CHECK_LABEL,
+    EFA_CHECK_NODES,
+    EFA_CHECK_SCRIPT,
+    EFA_CHECK_SCRIPTS,
+    PART_OF,
+    PROBE_PATH,
+    RDZV_PORT,
+    SPEC_HASH_ANNOTATION,
+    ServingSpec,
+    ready_timeout_s,
+)
+
+EFA_CHECK_DEADLINE_S = 1800  # image pull, rendezvous and the run
+
+BENCHMARK_RESULT_DIR = "/tmp/bench"
+BENCHMARK_RESULT_FILE = "result.json"
+BENCHMARK_RUN_ALLOWANCE_S = 1800
+BENCHMARK_RESOURCES = {"requests": {"cpu": "250m", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
+
+
+# --- EFA check ----------------------------------------------------------------------------
+
+
+def efa_check_name(spec: ServingSpec) -> str:
+    return f"{spec.name}-efa-check"
+
+
+def _efa_check_labels(spec: ServingSpec) -> dict[str, str]:
+    return {**PART_OF, CHECK_LABEL: efa_check_name(spec)}
+
+
+def efa_check_service(spec: ServingSpec) -> dict:
+    """Headless Service giving the check's pods DNS names (`<job>-<index>.<service>`) for the rendezvous."""
+    name = efa_check_name(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {CHECK_LABEL: name},
+            "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def efa_check_args(spec: ServingSpec) -> list[str]:
+    """efa_check.sh's arguments: the rendezvous (the Job's pod of index 0) and the verdict's figures."""
+    name = efa_check_name(spec)
+    master = f"{name}-0.{name}.{spec.namespace}.svc.cluster.local"
+    return [
+        str(EFA_CHECK_NODES),
+        str(spec.gpus_per_node),
+        master,
+        str(RDZV_PORT),
+        str(float(spec.nccl_busbw_floor_gbps)),
+        str(spec.efa_interfaces),
+    ]
+
+
+def efa_check_job(spec: ServingSpec) -> dict:
+    """Indexed Job: one pod on each of two GPU nodes, each owning the whole node like a serving pod.
+
+    It needs two free GPU nodes: the serving pods hold every GPU, so it runs at
+    first bring-up (the RayCluster waits for it) or in a maintenance window.
+    It uses the serving image (its torch, NCCL and aws-ofi-nccl are what vLLM
+    uses) and torchrun's own rendezvous, so no MPI operator is needed (AWS's EKS
+    EFA guide runs nccl-tests through the MPI operator instead).
+    """
+    name = efa_check_name(spec)
+    container = {
+        "name": "efa-check",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["/bin/bash", script_files.path(EFA_CHECK_SCRIPT)],
+        "args": efa_check_args(spec),
+        "env": nccl_env(spec),
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+        "resources": gpu_pod_resources(spec),
+        "volumeMounts": [shm_mount(), script_files.volume_mount()],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF)},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": EFA_CHECK_NODES,
+            "parallelism": EFA_CHECK_NODES,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": EFA_CHECK_DEADLINE_S,
+            "template": {
+                "metadata": {"labels": _efa_check_labels(spec), "annotations": script_files.hash_annotation(EFA_CHECK_SCRIPTS)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "subdomain": name,
+                    "enableServiceLinks": False,
+                    "nodeSelector": node_selector(spec),
+                    "tolerations": tolerations(),
+                    "containers": [container],
+                    "volumes": [shm_volume(spec), scripts_volume(spec)],
+                },
+            },
+        },
+    }
+
+
+# --- Benchmark -------------------------------------------------------------------------------
+
+
+def benchmark_name(spec: ServingSpec) -> str:
+    return f"{spec.name}-benchmark"
+
+
+def benchmark_argv(spec: ServingSpec) -> list[str]:
+    """`vllm bench serve` against the Service (flags of vllm/benchmarks/serve.py and datasets.py)."""
+    return [
+        "vllm", "bench", "serve",
+        "--backend", "openai",
+        "--base-url", f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{API_PORT}",
+        "--endpoint", "/v1/completions",
+        "--model", spec.model_dir,
+        "--served-model-name", spec.served_model_name,
+        "--tokenizer", spec.model_dir,
+        "--dataset-name", "random",
+        "--random-input-len", str(spec.benchmark_input_len),
+        "--random-output-len", str(spec.benchmark_output_len),
+        "--num-prompts", str(spec.benchmark_prompts),
+        "--max-concurrency", str(spec.benchmark_concurrency),
+        "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot",
+        "--metric-percentiles", "99",
+        "--save-result",
+        "--result-dir", BENCHMARK_RESULT_DIR,
+        "--result-filename", BENCHMARK_RESULT_FILE,
+    ]  # fmt: skip
+
+
+def benchmark_args(spec: ServingSpec) -> list[str]:
+    """benchmark.py's arguments: the endpoint to wait for, the thresholds, then the benchmark command."""
+    health = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{API_PORT}{PROBE_PATH}"
+    return [
+        "--health-url", health,
+        "--timeout-s", str(ready_timeout_s(spec)),
+        "--result", f"{BENCHMARK_RESULT_DIR}/{BENCHMARK_RESULT_FILE}",
+        "--ttft-p99-ms", str(float(spec.ttft_p99_ms)),
+        "--tpot-p99-ms", str(float(spec.tpot_p99_ms)),
+        "--requests", str(spec.benchmark_prompts),
+        "--",
+        *benchmark_argv(spec),
+    ]  # fmt: skip
+
+
+def benchmark_job(spec: ServingSpec) -> dict:
+    """`vllm bench serve` against the Service; the Job fails when p99 TTFT or TPOT miss their thresholds.
+
+    CPU only, but placed on a GPU node (toleration + node selector): the
+    tokenizer comes from the weights claim, and the weights' file system is
+    reachable from the GPU subnet. The pod template carries a hash of the
+    RayCluster, so any change to what is served replaces the Job and re-runs it.
+    """
+    container = {
+        "name": "benchmark",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["python3", script_files.path(BENCHMARK_SCRIPT)],
+        "args": benchmark_args(spec),
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "resources": {k: dict(v) for k, v in BENCHMARK_RESOURCES.items()},
+        "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": benchmark_name(spec), "namespace": spec.namespace, "labels": dict(PART_OF)},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": ready_timeout_s(spec) + BENCHMARK_RUN_ALLOWANCE_S,
+            "template": {
+                "metadata": {
+                    "labels": dict(PART_OF),
+                    "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec), **script_files.hash_annotation(BENCHMARK_SCRIPTS)},
+                },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "nodeSelector": node_selector(spec),
+                    "tolerations": tolerations(),
+                    "containers": [container],
+                    "volumes": [weights_volume(spec), scripts_volume(spec)],
+                },
+            },
+        },
+    }

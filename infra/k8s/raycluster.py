@@ -1,0 +1,380 @@
+"""The serving RayCluster: one pod per GPU node, the head running vLLM.
+
+`raycluster(spec)` builds a `ray.io/v1` RayCluster. The head is a full GPU node
+and vLLM rank 0; one worker group `gpu` with nodes - 1 replicas (min = max, no
+autoscaling). One pod per node: every pod requests all of the node's GPUs and
+EFA interfaces, CPU and memory (requests = limits) from the plan, a
+memory-backed `/dev/shm` of the plan's size, the weights claim read-only, the
+GPU taint's toleration and the GPU node group's labels. An init container
+waits for the weight-staging Job's completion marker
+(`infra/k8s/scripts/wait_for_weights.sh`). `scripts_config_map(spec)` is the
+ConfigMap of the serving layer's pod scripts, mounted read-only where they run.
+
+The head's command (KubeRay 1.7.0)
+----------------------------------
+KubeRay runs its generated `ray start ... --block` as the Ray container's
+command; anything placed after a blocking `ray start` never runs. With the pod
+annotation `ray.io/overwrite-container-cmd: "true"` KubeRay leaves our command
+alone and still puts the generated command in `KUBERAY_GEN_RAY_START_CMD`
+(ray-operator/controllers/ray/utils/constant.go, RayOverwriteContainerCmdAnnotationKey;
+common/pod.go, BuildPod and setContainerEnvVars). `setMissingRayStartParams`
+always sets `block: "true"`, which `convertParamMap` renders as ` --block `. So
+the head (`infra/k8s/scripts/ray_head.sh`) runs the generated command with
+`--block` removed: `ray start` then returns as soon as the head's GCS, raylet
+and dashboard are up (they keep running as daemons), which keeps KubeRay's
+parameters (`--head`, ports, `--num-gpus`, `--memory`, the metrics port)
+without copying them. It then waits until Ray reports every GPU of the plan
+(nodes x GPUs per node) on as many nodes (`ray_wait.py`), and `exec`s its
+arguments, `vllm serve <model path> --served-model-name <checkpoint> <plan's
+vllm_args>`, so vLLM is the container's main process: when the engine dies the
+container exits and the kubelet restarts it. Workers keep KubeRay's
+generated, blocking `ray start` (no annotation): a worker has nothing else to run.
+
+Probes (head)
+-------------
+- startupProbe `GET /health` on 8000 every 10 s; failureThreshold x period =
+  1.5 x the plan's estimated cold start (the weights read at the planned storage
+  throughput plus engine init: a 50% margin, because the estimate assumes the
+  file system delivers its planned throughput) + 600 s for Ray to see every GPU
+  node (the head's wait gives up at that point with a clear message). Prod:
+  1.5 x 600 s + 600 s = 1,500 s. Kubernetes runs neither liveness nor readiness
+  probes until the startup probe has succeeded, so a loading server is never
+  killed by them (Kubernetes docs, "Configure Liveness, Readiness and Startup Probes").
+- readinessProbe `GET /health` every 5 s, 3 failures: the Service sends traffic
+  only to a head whose engine answers.
+- livenessProbe `GET /health` every 10 s, timeout 10 s, 6 failures (1 minute of
+  a hung engine), only after startup.
+Workers keep KubeRay's injected probes (raylet health on the dashboard agent
+port; chosen by `rayVersion`, so `spec.rayVersion` must be the image's Ray).
+
+Environment (every Ray container)
+---------------------------------
+- `VLLM_HOST_IP` = the pod IP (vLLM's multi-node serving guide sets it per node;
+  it is vLLM's internal address, not the API server's).
+- `HF_HUB_OFFLINE=1`: the weights are local; nothing may reach the Hub.
+- `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=INIT,NET`: NCCL logs its transport
+  once per communicator, including aws-ofi-nccl's `NET/OFI Selected Provider is
+  efa (found N nics)`, the proof that EFA carries the traffic (not Socket).
+- `FI_EFA_USE_HUGE_PAGE=0` on EFA instances: the pods request no `hugepages-2Mi`,
+  so their hugetlb cgroup limit is 0; libfabric's huge-page bounce buffers then
+  fail at allocation or fork. aws-ofi-nccl's EFA cheatsheet
+  (doc/efa-env-var.md) prescribes exactly this setting for those memory errors
+  ("minor performance hit").
+- Deliberately not set: `FI_EFA_USE_DEVICE_RDMA`, `FI_PROVIDER=efa`,
+  `NCCL_PROTO=simple` (the cheatsheet: needed only for aws-ofi-nccl < 1.7 /
+  libfabric < 1.18, i.e. never with a current image), `RDMAV_FORK_SAFE` ("do not
+  use"), `NCCL_SOCKET_IFNAME` (a pod has only `eth0` besides `lo`).
+- `enableServiceLinks: false`: Kubernetes would otherwise inject `<SERVICE>_PORT`
+  variables for every Service in the namespace, and vLLM reads `VLLM_*`
+  variables (vLLM docs, "Environment Variables": do not name a service `vllm`).
+  The API Service is `<name>-api` as well.
+
+The serving image must carry the EFA userspace (libfabric >= 1.18) and the
+aws-ofi-nccl plugin (>= 1.7) on its library path; without them NCCL silently
+falls back to TCP sockets. The EFA check Job fails in exactly that case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from infra.catalog.instances import get_instance_type
+from infra.k8s import scheduling, script_files
+from infra.k8s.serving_spec import (
+    API_PORT,
+    API_PORT_NAME,
+    CLIENT_PORT,
+    DASHBOARD_PORT,
+    GCS_PORT,
+    HEAD_CONTAINER,
+    HEAD_SCRIPT,
+    HEAD_SCRIPTS,
+    OVERWRITE_CMD_ANNOTATION,
+    PART_OF,
+    PROBE_PATH,
+    RAY_JOIN_TIMEOUT_S,
+    RAY_METRICS_PORT,
+    RAY_METRICS_PORT_NAME,
+    SERVING_SCRIPTS,
+    STARTUP_PERIOD_S,
+    WAIT_SCRIPT,
+    WORKER_CONTAINER,
+    WORKER_GROUP,
+    WORKER_SCRIPTS,
+    GiB,
+    MiB,
+    ServingSpec,
+    startup_failure_threshold,
+)
+
+READINESS = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3, "successThreshold": 1}
+LIVENESS = {"periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 6, "successThreshold": 1}
+WEIGHTS_POLL_S = 30  # how often the init container looks for the staging Job's marker
+# Small containers (waits, the benchmark client). Requests = limits for CPU and
+# memory in the GPU pods' init containers, so the pods stay in the Guaranteed class.
+WAIT_CONTAINER_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
+
+
+# --- Small builders ------------------------------------------------------------------
+
+
+def quantity(n_bytes: int) -> str:
+    """A Kubernetes quantity for a byte count, in whole Gi or Mi when exact."""
+    n = int(n_bytes)
+    if n % GiB == 0:
+        return f"{n // GiB}Gi"
+    if n % MiB == 0:
+        return f"{n // MiB}Mi"
+    return str(n)
+
+
+def tolerations() -> list[dict]:
+    """Tolerations for the GPU nodes' taint (infra/k8s/scheduling.py)."""
+    return scheduling.gpu_tolerations()
+
+
+def node_selector(spec: ServingSpec) -> dict[str, str]:
+    """The GPU node group (role) of the plan's instance type (infra/k8s/scheduling.py)."""
+    return scheduling.gpu_node_selector(get_instance_type(spec.instance_type))
+
+
+def gpu_pod_resources(spec: ServingSpec) -> dict:
+    """All of a node's GPUs and EFA interfaces, CPU and memory from the plan; requests = limits."""
+    pod = spec.plan["pod"]
+    amounts = {
+        "cpu": str(int(pod["cpu"])),
+        "memory": quantity(pod["memory_bytes"]),
+        "nvidia.com/gpu": str(int(pod["gpus"])),
+    }
+    if int(pod["efa_interfaces"]) > 0:
+        amounts["vpc.amazonaws.com/efa"] = str(int(pod["efa_interfaces"]))
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+SHM_VOLUME = "dshm"
+WEIGHTS_VOLUME = "weights"
+
+
+def shm_volume(spec: ServingSpec) -> dict:
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.plan["pod"]["shm_bytes"])}}
+
+
+def weights_volume(spec: ServingSpec) -> dict:
+    return {"name": WEIGHTS_VOLUME, "persistentVolumeClaim": {"claimName": spec.pvc_name, "readOnly": True}}
+
+
+def shm_mount() -> dict:
+    return {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
+def weights_mount(spec: ServingSpec) -> dict:
+    return {"name": WEIGHTS_VOLUME, "mountPath": spec.mount_path, "readOnly": True}
+
+
+def nccl_env(spec: ServingSpec) -> list[dict]:
+    env = [
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"},
+    ]
+    if spec.efa_interfaces > 0:
+        env.append({"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"})
+    return env
+
+
+def ray_env(spec: ServingSpec) -> list[dict]:
+    """The Ray containers' environment (see the module doc for each variable)."""
+    return [
+        {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *nccl_env(spec),
+    ]
+
+
+def scripts_config_map(spec: ServingSpec) -> dict:
+    """The ConfigMap of every serving and check script, in the serving namespace."""
+    return script_files.config_map(spec.scripts_config_map_name, spec.namespace, SERVING_SCRIPTS, PART_OF)
+
+
+def scripts_volume(spec: ServingSpec) -> dict:
+    return script_files.volume(spec.scripts_config_map_name)
+
+
+def wait_for_weights_container(spec: ServingSpec) -> dict:
+    """Init container: wait (without a time limit, 0) until the staging Job marked the weights complete."""
+    return {
+        "name": "wait-for-weights",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["sh", script_files.path(WAIT_SCRIPT)],
+        "args": [spec.marker, "0", str(WEIGHTS_POLL_S)],
+        "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
+        "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
+    }
+
+
+def _http_probe(port: Any, **settings: int) -> dict:
+    return {"httpGet": {"path": PROBE_PATH, "port": port}, **settings}
+
+
+def head_probes(spec: ServingSpec) -> dict:
+    return {
+        "startupProbe": _http_probe(
+            API_PORT_NAME,
+            periodSeconds=STARTUP_PERIOD_S,
+            timeoutSeconds=5,
+            failureThreshold=startup_failure_threshold(spec),
+            successThreshold=1,
+        ),
+        "readinessProbe": _http_probe(API_PORT_NAME, **READINESS),
+        "livenessProbe": _http_probe(API_PORT_NAME, **LIVENESS),
+    }
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
+# --- The head's command ------------------------------------------------------------
+
+
+def vllm_serve_argv(spec: ServingSpec) -> list[str]:
+    """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`."""
+    return ["vllm", "serve", spec.model_dir, "--served-model-name", spec.served_model_name, *spec.vllm_args]
+
+
+def head_command(spec: ServingSpec) -> list[str]:
+    return ["/bin/bash", script_files.path(HEAD_SCRIPT)]
+
+
+def head_args(spec: ServingSpec) -> list[str]:
+    """What ray_head.sh waits for (every GPU of the plan on every node, how long), then what it runs."""
+    return [str(spec.total_gpus), str(spec.nodes), str(RAY_JOIN_TIMEOUT_S), *vllm_serve_argv(spec)]
+
+
+# --- RayCluster ------------------------------------------------------------------------
+
+
+def _ray_ports(head: bool) -> list[dict]:
+    ports = [{"name": RAY_METRICS_PORT_NAME, "containerPort": RAY_METRICS_PORT, "protocol": "TCP"}]
+    if head:
+        ports = [
+            {"name": "gcs-server", "containerPort": GCS_PORT, "protocol": "TCP"},
+            {"name": "dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"},
+            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"},
+            *ports,
+        ]
+    return ports
+
+
+def _pod_spec(spec: ServingSpec, container: dict) -> dict:
+    return {
+        "enableServiceLinks": False,
+        "nodeSelector": node_selector(spec),
+        "tolerations": tolerations(),
+        "initContainers": [wait_for_weights_container(spec)],
+        "containers": [container],
+        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec)],
+    }
+
+
+def head_pod_template(spec: ServingSpec) -> dict:
+    annotations = {OVERWRITE_CMD_ANNOTATION: "true", **script_files.hash_annotation(HEAD_SCRIPTS)}
+    if spec.monitoring == "annotations":
+        annotations.update(scrape_annotations(API_PORT))
+    container = {
+        "name": HEAD_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": head_command(spec),
+        "args": head_args(spec),
+        "env": ray_env(spec),
+        "ports": _ray_ports(head=True),
+        "resources": gpu_pod_resources(spec),
+        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount()],
+        **head_probes(spec),
+    }
+    return {
+        "metadata": {"labels": dict(PART_OF), "annotations": annotations},
+        "spec": _pod_spec(spec, container),
+    }
+
+
+def worker_pod_template(spec: ServingSpec) -> dict:
+    metadata: dict = {"labels": dict(PART_OF), "annotations": script_files.hash_annotation(WORKER_SCRIPTS)}
+    if spec.monitoring == "annotations":
+        metadata["annotations"].update(scrape_annotations(RAY_METRICS_PORT))
+    container = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        # No command: KubeRay runs its generated, blocking `ray start`.
+        "env": ray_env(spec),
+        "ports": _ray_ports(head=False),
+        "resources": gpu_pod_resources(spec),
+        "volumeMounts": [shm_mount(), weights_mount(spec)],
+    }
+    return {"metadata": metadata, "spec": _pod_spec(spec, container)}
+
+
+def head_ray_start_params(spec: ServingSpec) -> dict[str, str]:
+    return {**spec.ray_start_params, "dashboard-host": "0.0.0.0"}
+
+
+def raycluster_spec(spec: ServingSpec) -> dict:
+    body: dict = {
+        "rayVersion": spec.ray_version,
+        "enableInTreeAutoscaling": False,
+        # A template change (new arguments, image, sizes) must reach the pods: KubeRay
+        # deletes every pod and creates new ones (raycluster_types.go, RayClusterRecreate).
+        # A TP x PP engine cannot roll pod by pod anyway.
+        "upgradeStrategy": {"type": "Recreate"},
+        "headGroupSpec": {
+            "rayStartParams": head_ray_start_params(spec),
+            "template": head_pod_template(spec),
+        },
+    }
+    workers = spec.nodes - 1
+    if workers > 0:
+        body["workerGroupSpecs"] = [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": workers,
+                "minReplicas": workers,
+                "maxReplicas": workers,
+                "numOfHosts": 1,
+                "rayStartParams": dict(spec.ray_start_params),
+                "template": worker_pod_template(spec),
+            }
+        ]
+    return body
+
+
+def raycluster_metadata(spec: ServingSpec) -> dict:
+    return {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": dict(PART_OF),
+        # pulumi-kubernetes waits for this condition (KubeRay sets HeadPodReady from
+        # the head pod's readiness, i.e. vLLM's /health): `pulumi up` ends when the
+        # endpoint serves, or fails after the resource's custom timeout.
+        "annotations": {"pulumi.com/waitFor": "condition=HeadPodReady"},
+    }
+
+
+def raycluster(spec: ServingSpec) -> dict:
+    """The `ray.io/v1` RayCluster manifest."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": raycluster_metadata(spec),
+        "spec": raycluster_spec(spec),
+    }
+
+
+def spec_hash(spec: ServingSpec) -> str:
+    """A short hash of the RayCluster: changes whenever what is served changes."""
+    doc = json.dumps(raycluster(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]

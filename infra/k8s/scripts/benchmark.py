@@ -1,0 +1,100 @@
+"""The serving benchmark's Job (infra/k8s/checks.py): wait for the endpoint, run the benchmark, judge its result.
+
+    python3 benchmark.py --health-url URL --timeout-s S --result FILE \\
+        --ttft-p99-ms X --tpot-p99-ms Y --requests N -- vllm bench serve ...
+
+Waits (at most S seconds) until URL answers 200, runs the command after `--`
+(`vllm bench serve ... --save-result`, which writes FILE), and exits 1 when the
+result misses a threshold (`check_benchmark_result`); a failed command's exit
+status is the Job's. Standard library only.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+POLL_S = 10
+
+
+def check_benchmark_result(result, ttft_p99_ms, tpot_p99_ms, expected_requests):
+    """Why a `vllm bench serve --save-result` result misses its thresholds (empty: it passed).
+
+    Field names as vllm/benchmarks/serve.py writes them: `completed`, and for
+    `--percentile-metrics ttft,tpot --metric-percentiles 99` the keys
+    `p99_ttft_ms` and `p99_tpot_ms` (`f"p{p}_{metric}_ms"`). Thresholds are
+    strict: a p99 equal to its threshold fails.
+    """
+    problems = []
+    completed = result.get("completed")
+    if not isinstance(completed, (int, float)):
+        problems.append("the result has no 'completed' count")
+    elif completed < expected_requests:
+        problems.append(f"{expected_requests - int(completed)} of {expected_requests} requests failed")
+    for key, limit, label in (("p99_ttft_ms", ttft_p99_ms, "TTFT"), ("p99_tpot_ms", tpot_p99_ms, "TPOT")):
+        value = result.get(key)
+        if not isinstance(value, (int, float)) or value != value:
+            problems.append(f"the result has no {key} (run with --percentile-metrics ttft,tpot --metric-percentiles 99)")
+        elif not value < limit:
+            problems.append(f"p99 {label} {value:.1f} ms is not below {limit:g} ms")
+    return problems
+
+
+def wait_healthy(url, timeout_s):
+    """True once `url` answers 200; False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return True
+        except Exception as exc:
+            print("waiting for the endpoint:", exc, flush=True)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests):
+    with open(result_path) as f:
+        result = json.load(f)
+    problems = check_benchmark_result(result, ttft_p99_ms, tpot_p99_ms, expected_requests)
+    print(
+        f"p99 TTFT {result.get('p99_ttft_ms')} ms (< {ttft_p99_ms:g}), "
+        f"p99 TPOT {result.get('p99_tpot_ms')} ms (< {tpot_p99_ms:g})"
+    )
+    for p in problems:
+        print("BENCHMARK FAILED:", p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        sys.exit("benchmark.py: give the benchmark command after --")
+    split = argv.index("--")
+    options, command = argv[:split], argv[split + 1 :]
+    parser = argparse.ArgumentParser(description="Run the serving benchmark and judge it.")
+    parser.add_argument("--health-url", required=True)
+    parser.add_argument("--timeout-s", type=int, required=True, help="how long the endpoint may take to become healthy")
+    parser.add_argument("--result", required=True, help="the result file the command writes")
+    parser.add_argument("--ttft-p99-ms", type=float, required=True)
+    parser.add_argument("--tpot-p99-ms", type=float, required=True)
+    parser.add_argument("--requests", type=int, required=True, help="requests the command sends; all must complete")
+    args = parser.parse_args(options)
+    if not command:
+        parser.error("no benchmark command after --")
+    if not wait_healthy(args.health_url, args.timeout_s):
+        print("the endpoint did not become healthy", file=sys.stderr)
+        return 1
+    done = subprocess.run(command)
+    if done.returncode != 0:
+        print(f"BENCHMARK FAILED: {command[0]} exited with {done.returncode}", file=sys.stderr)
+        return done.returncode if done.returncode > 0 else 1
+    return verdict(args.result, args.ttft_p99_ms, args.tpot_p99_ms, args.requests)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The serving layer's settings: `ServingSpec`, its names and ports, and the start-up budgets.
+
+The serving layer's Kubernetes objects are plain manifests built from the plan
+by pure functions (no Pulumi, no cluster calls): `components/serving.py` hands
+their dicts to pulumi-kubernetes, and the tests validate them against the
+KubeRay 1.7.0 CRD and the Kubernetes OpenAPI schemas. Every figure comes from
+the plan (`Plan.to_json_dict()`); the constants here and in the builders are
+the serving layer's own settings (ports, probe periods, margins), each with its
+reason.
+
+What is built, and where
+------------------------
+- `infra/k8s/raycluster.py`: the `ray.io/v1` RayCluster (pods, environment,
+  probes, the head's command) and the ConfigMap of the pod scripts;
+- `infra/k8s/exposure.py`: the Service on port 8000, the PodDisruptionBudget,
+  the PodMonitor;
+- `infra/k8s/checks.py`: the EFA check (headless Service + Indexed Job) and the
+  serving benchmark Job.
+
+The programs those pods run are files in `infra/k8s/scripts/`, in one ConfigMap
+(`<name>-scripts`) mounted read-only; each pod template carries the hash of the
+scripts it runs (`infra/k8s/script_files.py`), so changing one replaces exactly
+the pods that run it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from infra.errors import UserError
+from infra.k8s.scripts import stage_weights
+
+GiB = 2**30
+MiB = 2**20
+
+# --- Ports ---------------------------------------------------------------------
+API_PORT = 8000  # vLLM's default `--port` (vllm/entrypoints/openai/cli_args.py); the command leaves it at that
+API_PORT_NAME = "http"
+RAY_METRICS_PORT = 8080  # KubeRay DefaultMetricsPort: the `--metrics-export-port` it sets (utils/constant.go)
+RAY_METRICS_PORT_NAME = "metrics"  # KubeRay's MetricsPortName; it adds the port itself when it is missing
+GCS_PORT = 6379  # KubeRay DefaultRedisPort (the GCS)
+DASHBOARD_PORT = 8265  # KubeRay DefaultDashboardPort
+CLIENT_PORT = 10001  # KubeRay DefaultClientPort (Ray client)
+RDZV_PORT = 29500  # torchrun's default master port (EFA check)
+
+# --- KubeRay 1.7.0 names (ray-operator/controllers/ray/utils/constant.go) ------
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+OVERWRITE_CMD_ANNOTATION = "ray.io/overwrite-container-cmd"
+WORKER_GROUP = "gpu"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+
+# --- Probes and waits ---------------------------------------------------------
+PROBE_PATH = "/health"  # vLLM's OpenAI server: 200 once the engine is up, an error when it is dead
+STARTUP_PERIOD_S = 10
+COLD_START_MARGIN = 1.5  # on the plan's estimated cold start (infra/k8s/raycluster.py, "Probes")
+RAY_JOIN_TIMEOUT_S = 600  # the head waits this long for every GPU node to join Ray
+# What Pulumi waits for the head to become Ready: the startup budget plus pulling
+# the serving image onto fresh nodes. ASSUMPTION: 20 minutes covers a ~20 GiB
+# image pulled from ECR in the same region.
+IMAGE_PULL_ALLOWANCE_S = 1200
+
+# --- Labels -------------------------------------------------------------------
+PART_OF = {"app.kubernetes.io/part-of": "gpu-serving"}
+CHECK_LABEL = "gpu-serving/check"
+SPEC_HASH_ANNOTATION = "gpu-serving/serving-spec-hash"
+
+# The EFA check runs an all-reduce across this many GPU nodes (infra/k8s/checks.py).
+EFA_CHECK_NODES = 2
+
+# --- Pod scripts (infra/k8s/scripts/): the ones each pod runs (their hash is on its template) ---
+WAIT_SCRIPT = "wait_for_weights.sh"  # every serving pod's init container
+HEAD_SCRIPT = "ray_head.sh"
+EFA_CHECK_SCRIPT = "efa_check.sh"
+BENCHMARK_SCRIPT = "benchmark.py"
+HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", WAIT_SCRIPT)
+WORKER_SCRIPTS = (WAIT_SCRIPT,)
+EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py")
+BENCHMARK_SCRIPTS = (BENCHMARK_SCRIPT,)
+SERVING_SCRIPTS = tuple(sorted({*HEAD_SCRIPTS, *WORKER_SCRIPTS, *EFA_CHECK_SCRIPTS, *BENCHMARK_SCRIPTS}))
+
+SERVICE_TYPES = ("cluster-ip", "internal-lb")
+MONITORING_KINDS = ("podmonitor", "annotations")
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME = 40  # leaves room for the suffixes below within 63 characters
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """Everything the serving objects need: the plan plus the stack's settings.
+
+    `plan` is `Plan.to_json_dict()`. `image` is the pinned serving image (vLLM
+    with Ray, and the EFA userspace); `ray_version` is the Ray inside it (KubeRay
+    picks its probes by it). `pvc_name` is the weights claim
+    (components/storage.py), mounted read-only at `mount_path`. The benchmark's
+    thresholds have no default here: the stack config (`gpu-serving:checks`)
+    owns them.
+    """
+
+    plan: Mapping[str, Any]
+    namespace: str
+    image: str
+    ray_version: str
+    pvc_name: str
+    ttft_p99_ms: float  # p99 time to first token must stay below this, ms
+    tpot_p99_ms: float  # p99 time per output token must stay below this, ms
+    name: str = "vllm"
+    mount_path: str = "/models"
+    # Where the staging Job put the checkpoint and its marker (infra.staging.model_path /
+    # marker_path, which know the S3 layout); defaults: <mount_path>/<checkpoint>[/<marker>].
+    model_path: Optional[str] = None
+    marker_path: Optional[str] = None
+    service_type: str = "cluster-ip"  # "cluster-ip" | "internal-lb"
+    monitoring: str = "annotations"  # "podmonitor" | "annotations"
+    monitor_labels: Mapping[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
+    efa_check: bool = False
+    nccl_busbw_floor_gbps: float = 100.0  # GB/s (gigabytes per second, the unit nccl-tests prints busbw in)
+    benchmark: bool = False
+    benchmark_prompts: int = 200
+    benchmark_input_len: int = 1024
+    benchmark_output_len: int = 256
+    benchmark_concurrency: int = 16
+    image_pull_policy: str = "IfNotPresent"
+    load_balancer_tags: Mapping[str, str] = field(default_factory=dict)  # the stack's tags, for an internal NLB
+
+    def __post_init__(self) -> None:
+        p = self.plan
+        if not p.get("feasible"):
+            raise UserError("the plan does not fit, so there is nothing to serve: " + "; ".join(p.get("errors") or ["infeasible"]))
+        if not p["model"].get("checkpoint"):
+            raise UserError(f"no published checkpoint of {p['model']['name']} is known: the serving layer needs weights to load")
+        if not _DNS1035.match(self.name) or len(self.name) > MAX_NAME:
+            raise UserError(f"serving name {self.name!r} must be a DNS-1035 label of at most {MAX_NAME} characters")
+        if not _DNS1123.match(self.namespace) or len(self.namespace) > 63:
+            raise UserError(f"namespace {self.namespace!r} must be a DNS-1123 label")
+        if self.service_type not in SERVICE_TYPES:
+            raise UserError(f"service type {self.service_type!r} is not one of {', '.join(SERVICE_TYPES)}")
+        if self.monitoring not in MONITORING_KINDS:
+            raise UserError(f"monitoring {self.monitoring!r} is not one of {', '.join(MONITORING_KINDS)}")
+        if not self.mount_path.startswith("/"):
+            raise UserError(f"mount path {self.mount_path!r} must be absolute")
+        if p["pod"]["gpus"] != p["layout"]["gpus_per_node"]:
+            raise UserError("the plan's pod does not take all of the node's GPUs; the serving layer runs one pod per node")
+        for label, value in (
+            ("nccl bus bandwidth floor", self.nccl_busbw_floor_gbps),
+            ("TTFT p99 threshold", self.ttft_p99_ms),
+            ("TPOT p99 threshold", self.tpot_p99_ms),
+        ):
+            if not value > 0:
+                raise UserError(f"{label} must be positive, got {value}")
+        for label, value in (
+            ("benchmark prompts", self.benchmark_prompts),
+            ("benchmark input length", self.benchmark_input_len),
+            ("benchmark output length", self.benchmark_output_len),
+            ("benchmark concurrency", self.benchmark_concurrency),
+        ):
+            if value < 1:
+                raise UserError(f"{label} must be at least 1, got {value}")
+        if self.efa_check:
+            if self.nodes < EFA_CHECK_NODES:
+                raise UserError(
+                    f"the EFA check runs an all-reduce across {EFA_CHECK_NODES} GPU nodes; this stack has {self.nodes}"
+                )
+            if self.efa_interfaces < 1:
+                raise UserError(f"the EFA check needs EFA; {p['instance']['type']} has no EFA interface")
+
+    # --- Figures from the plan ----------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        return int(self.plan["layout"]["nodes"])
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.plan["pod"]["gpus"])
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def efa_interfaces(self) -> int:
+        return int(self.plan["pod"]["efa_interfaces"])
+
+    @property
+    def instance_type(self) -> str:
+        return str(self.plan["instance"]["type"])
+
+    @property
+    def served_model_name(self) -> str:
+        return str(self.plan["model"]["checkpoint"])
+
+    @property
+    def model_dir(self) -> str:
+        return self.model_path or f"{self.mount_path.rstrip('/')}/{self.served_model_name}"
+
+    @property
+    def marker(self) -> str:
+        return self.marker_path or f"{self.model_dir}/{stage_weights.MARKER_NAME}"  # the staging program writes it
+
+    @property
+    def vllm_args(self) -> list[str]:
+        return [str(a) for a in self.plan["vllm_args"]]
+
+    @property
+    def ray_start_params(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.plan["ray_start_params"].items()}
+
+    @property
+    def service_name(self) -> str:
+        return f"{self.name}-api"
+
+    @property
+    def scripts_config_map_name(self) -> str:
+        return f"{self.name}-scripts"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}/v1"
+
+
+# --- Budgets -----------------------------------------------------------------------
+
+
+def startup_budget_s(spec: ServingSpec) -> int:
+    """Seconds the head may take from container start to a healthy engine."""
+    cold = float(spec.plan["storage"]["estimated_cold_start_s"])
+    return math.ceil(cold * COLD_START_MARGIN) + RAY_JOIN_TIMEOUT_S
+
+
+def startup_failure_threshold(spec: ServingSpec) -> int:
+    return math.ceil(startup_budget_s(spec) / STARTUP_PERIOD_S)
+
+
+def ready_timeout_s(spec: ServingSpec) -> int:
+    """How long Pulumi waits for the head to be Ready (image pull + startup budget)."""
+    return startup_budget_s(spec) + IMAGE_PULL_ALLOWANCE_S

@@ -1,0 +1,383 @@
+"""The programs that run in pods (infra/k8s/scripts/): files that parse, ship, stay pure, and work.
+
+Every script is linted with its own interpreter (`python -m py_compile`, and
+`bash -n` or `sh -n` by its first line), every one is carried by a ConfigMap the
+stack builds, and the Python ones import only the standard library at module
+level and parse as Python 3.8 (the staging Job may run a slim or older Python).
+Outside the scripts folder no Python string holds a program: none has more than
+20 lines.
+
+The serving pods' scripts then run for real, with the command and arguments of
+the containers the builders make (the mounted folder mapped to the source
+folder): Ray, vLLM, torchrun, fi_info and the cluster's endpoint are stand-ins
+on PATH or on 127.0.0.1 that record what they were given. The staging program
+runs in tests/test_staging.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import lru_cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from infra.config import load_stack_file
+from infra.k8s import checks, raycluster, script_files, serving_spec, staging
+from infra.k8s.scripts import benchmark
+from infra.k8s.serving_spec import ServingSpec
+from infra.planning import make_plan
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted(p for p in script_files.SCRIPTS_DIR.iterdir() if p.suffix in (".py", ".sh"))
+PROGRAMS = [p for p in SCRIPTS if p.name != "__init__.py"]
+SHELLS = {"#!/bin/sh": "sh", "#!/bin/bash": "bash"}
+MAX_INLINE_PROGRAM_LINES = 20
+
+
+@lru_cache(maxsize=None)
+def _plan_json(stack: str) -> str:
+    return json.dumps(make_plan(load_stack_file(stack, REPO).plan_request()).to_json_dict())
+
+
+def spec_of(stack: str = "prod", **overrides) -> ServingSpec:
+    checks_config = load_stack_file(stack, REPO).checks
+    base = dict(
+        plan=json.loads(_plan_json(stack)), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
+        pvc_name="model-weights", ttft_p99_ms=checks_config.ttft_p99_ms, tpot_p99_ms=checks_config.tpot_p99_ms,
+    )  # fmt: skip
+    return ServingSpec(**{**base, **overrides})
+
+
+def _serving_config_map() -> dict:
+    return raycluster.scripts_config_map(spec_of())
+
+
+def local(argv: list[str]) -> list[str]:
+    """A container's argv run here: the mounted scripts folder is the source folder, python3 this Python."""
+    return [sys.executable if a == "python3" else a.replace(script_files.MOUNT_PATH, str(script_files.SCRIPTS_DIR)) for a in argv]
+
+
+def fake_bin(tmp_path: Path, **programs: str) -> Path:
+    """A PATH directory with `python3` (this Python) and the given stand-in programs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    for name, text in programs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+# Records its arguments as JSON in $ARGV_LOG, prints $FAKE_OUTPUT, exits $FAKE_RC.
+RECORDER = f"""#!{sys.executable}
+import json, os, sys
+with open(os.environ["ARGV_LOG"], "w") as f:
+    json.dump(sys.argv[1:], f)
+sys.stdout.write(os.environ.get("FAKE_OUTPUT", ""))
+sys.exit(int(os.environ.get("FAKE_RC", "0")))
+"""
+
+
+def test_the_folder_holds_the_scripts():
+    assert {p.suffix for p in PROGRAMS} == {".py", ".sh"} and len(PROGRAMS) >= 7
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_script_lints(path: Path, tmp_path: Path):
+    if path.suffix == ".py":
+        # The byte code goes to the test's directory, not next to the script.
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path)}
+        done = subprocess.run([sys.executable, "-m", "py_compile", str(path)], capture_output=True, text=True, env=env)
+    else:
+        first = path.read_text().splitlines()[0]
+        assert first in SHELLS, f"{path.name} must start with one of {sorted(SHELLS)}, not {first!r}"
+        done = subprocess.run([SHELLS[first], "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_linter_catches_a_broken_script(tmp_path: Path):
+    broken = tmp_path / "broken.sh"
+    broken.write_text("#!/bin/bash\nif true; then\n  echo missing fi\n")
+    assert subprocess.run(["bash", "-n", str(broken)], capture_output=True).returncode != 0
+
+
+@pytest.mark.parametrize("path", [p for p in PROGRAMS if p.suffix == ".py"], ids=lambda p: p.name)
+def test_python_scripts_import_only_the_standard_library_at_module_level(path: Path):
+    tree = ast.parse(path.read_text(), feature_version=(3, 8))
+    top = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            top.append((node.module or "").split(".")[0])
+    assert top, path.name
+    assert not [m for m in top if m not in sys.stdlib_module_names], f"{path.name} imports {top} at module level"
+    assert "__main__" in path.read_text(), f"{path.name} runs through `if __name__ == \"__main__\"`"
+
+
+def test_every_script_is_shipped_in_a_config_map():
+    shipped = set(_serving_config_map()["data"]) | set(staging.staging_config_map("w", "ns", {})["data"])
+    assert shipped == {p.name for p in PROGRAMS}
+    for name in shipped:
+        assert script_files.read(name) == (script_files.SCRIPTS_DIR / name).read_text()
+
+
+def test_a_script_outside_the_folder_is_refused():
+    for name in ("../staging.py", "no_such_script.sh"):
+        with pytest.raises(ValueError):
+            script_files.read(name)
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string literal (f-strings joined) that is not a docstring."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs | parts:
+            out.append((node.lineno, node.value))
+        elif isinstance(node, ast.JoinedStr):
+            out.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)))
+    return out
+
+
+def test_no_python_string_holds_a_program():
+    sources = [p for d in ("infra", "components", "policies") for p in (REPO / d).rglob("*.py") if "scripts" not in p.relative_to(REPO).parts]
+    long = [
+        f"{p.relative_to(REPO)}:{line} ({n} lines)"
+        for p in sources + [REPO / "__main__.py"]
+        for line, text in _strings(ast.parse(p.read_text()))
+        if (n := len(text.splitlines())) > MAX_INLINE_PROGRAM_LINES
+    ]
+    assert not long, f"programs belong in infra/k8s/scripts/: {long}"
+
+
+def test_the_string_scan_sees_a_program(tmp_path: Path):
+    program = "\n".join(f"print({i})" for i in range(MAX_INLINE_PROGRAM_LINES + 1))
+    tree = ast.parse(f'"""A docstring is not a program."""\nSCRIPT = {program!r}\nX = f"a{{1}}b"\n')
+    found = _strings(tree)
+    assert [len(t.splitlines()) for _, t in found] == [MAX_INLINE_PROGRAM_LINES + 1, 1]
+
+
+# ---- the Ray head ---------------------------------------------------------------------------------
+
+
+FAKE_RAY_MODULE = """
+import os
+def init(**kw): pass
+def shutdown(): pass
+def nodes():
+    n = int(os.environ["FAKE_NODES"])
+    return [{"Alive": True, "Resources": {"GPU": float(os.environ["FAKE_GPUS_PER_NODE"]), "CPU": 4.0}} for _ in range(n)] + [
+        {"Alive": False, "Resources": {"GPU": 8.0}}
+    ]
+"""
+# A `ray start` that blocks when given --block, as the real one does.
+FAKE_RAY_CLI = '#!/bin/sh\ncase " $* " in *" --block "*) sleep 30;; esac\necho "ray $*" >> "$RAY_LOG"\n'
+
+
+def _ray_env(tmp_path: Path, nodes: int, gpus_per_node: int) -> dict[str, str]:
+    (tmp_path / "py").mkdir(exist_ok=True)
+    (tmp_path / "py" / "ray.py").write_text(FAKE_RAY_MODULE)
+    return {"PYTHONPATH": str(tmp_path / "py"), "FAKE_NODES": str(nodes), "FAKE_GPUS_PER_NODE": str(gpus_per_node)}
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_the_head_starts_ray_without_block_waits_for_every_gpu_and_execs_vllm(stack, tmp_path):
+    spec = spec_of(stack)
+    plan = spec.plan
+    head = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    bin_dir = fake_bin(tmp_path, ray=FAKE_RAY_CLI, vllm=RECORDER)
+    env = {
+        **_ray_env(tmp_path, plan["layout"]["nodes"], plan["layout"]["gpus_per_node"]),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "KUBERAY_GEN_RAY_START_CMD": f"ray start --head  --block  --num-gpus={plan['pod']['gpus']} ",
+        "RAY_LOG": str(tmp_path / "ray.log"),
+        "ARGV_LOG": str(tmp_path / "vllm.json"),
+    }
+    done = subprocess.run(local(head["command"] + head["args"]), env=env, capture_output=True, text=True, timeout=25)
+    assert done.returncode == 0, done.stdout + done.stderr
+    started = (tmp_path / "ray.log").read_text()
+    assert "--head" in started and f"--num-gpus={plan['pod']['gpus']}" in started and "--block" not in started
+    want = plan["layout"]["nodes"] * plan["layout"]["gpus_per_node"]
+    assert f"Ray reports {want}/{want} GPUs on {plan['layout']['nodes']}/{plan['layout']['nodes']} nodes" in done.stdout
+    checkpoint = plan["model"]["checkpoint"]
+    served = json.loads((tmp_path / "vllm.json").read_text())
+    assert served == ["serve", f"/models/{checkpoint}", "--served-model-name", checkpoint, *plan["vllm_args"]]
+
+
+def test_the_head_refuses_to_start_without_kuberays_command(tmp_path):
+    head = raycluster.raycluster(spec_of("test"))["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {"PATH": f"{fake_bin(tmp_path, vllm=RECORDER)}:/usr/bin:/bin", "ARGV_LOG": str(tmp_path / "vllm.json")}
+    done = subprocess.run(local(head["command"] + head["args"]), env=env, capture_output=True, text=True, timeout=25)
+    assert done.returncode != 0 and "ray.io/overwrite-container-cmd" in done.stderr
+    assert not (tmp_path / "vllm.json").exists()
+
+
+@pytest.mark.parametrize("nodes, expected_rc", [(4, 0), (3, 1)])
+def test_ray_wait_gives_up_without_every_node(tmp_path, nodes, expected_rc):
+    env = {**_ray_env(tmp_path, nodes, 8), "PATH": "/usr/bin:/bin"}
+    program = script_files.SCRIPTS_DIR / "ray_wait.py"
+    done = subprocess.run([sys.executable, str(program), "32", "4", "0"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == expected_rc, done.stderr
+    assert f"{nodes * 8}/32 GPUs on {nodes}/4 nodes" in done.stdout
+    assert ("gave up" in done.stderr) == (expected_rc == 1)
+
+
+# ---- the serving pods' wait for the weights ------------------------------------------------------
+
+
+def test_serving_pods_wait_without_a_limit_until_the_weights_are_staged(tmp_path):
+    marker = tmp_path / "models" / "org" / "name" / ".gpu-serving-complete"
+    spec = spec_of("prod", marker_path=str(marker))
+    inits = [t["spec"]["initContainers"][0] for t in [raycluster.head_pod_template(spec), raycluster.worker_pod_template(spec)]]
+    assert inits[0] == inits[1]
+    argv = local(inits[0]["command"] + inits[0]["args"])
+    waiting = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(1.5)
+        assert waiting.poll() is None, "still waiting, with no time limit"
+    finally:
+        os.killpg(waiting.pid, signal.SIGKILL)  # the shell and its sleep
+        waiting.communicate()
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0 and "ready" in done.stdout
+
+
+# ---- the EFA check --------------------------------------------------------------------------------
+
+EFA_LOG = "NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)\nNCCL INFO Using network Libfabric\nGPU_SERVING_BUSBW_GBPS=312.480\n"
+
+
+@pytest.mark.parametrize(
+    "fi_info_rc, torchrun_rc, log, rc, message",
+    [
+        (0, 0, EFA_LOG, 0, "EFA check passed"),
+        (0, 0, EFA_LOG.replace("312.480", "41.200"), 1, "below the floor"),
+        (0, 0, "NCCL INFO Using network Socket\nGPU_SERVING_BUSBW_GBPS=3.1\n", 1, "Socket transport"),
+        (0, 3, "", 3, "the all-reduce exited with 3"),
+        (1, 0, EFA_LOG, 1, "fi_info -p efa lists no EFA device"),
+    ],
+)
+def test_the_efa_check_job_runs_fi_info_the_all_reduce_and_its_verdict(tmp_path, fi_info_rc, torchrun_rc, log, rc, message):
+    spec = spec_of("prod", efa_check=True)
+    job, svc = checks.efa_check_job(spec), checks.efa_check_service(spec)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    bin_dir = fake_bin(tmp_path, torchrun=RECORDER, fi_info=f"#!/bin/sh\nexit {fi_info_rc}\n")
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "JOB_COMPLETION_INDEX": "1",
+        "TMPDIR": str(tmp_path),
+        "ARGV_LOG": str(tmp_path / "torchrun.json"),
+        "FAKE_OUTPUT": log,
+        "FAKE_RC": str(torchrun_rc),
+    }
+    done = subprocess.run(local(c["command"] + c["args"]), env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == rc, done.stdout + done.stderr
+    assert message in done.stdout + done.stderr
+    if fi_info_rc:
+        assert not (tmp_path / "torchrun.json").exists()
+        return
+    # One process per GPU on each of the Job's pods, the rendezvous at pod 0 by the headless Service's name.
+    master = f"{job['metadata']['name']}-0.{svc['metadata']['name']}.{spec.namespace}.svc.cluster.local"
+    assert json.loads((tmp_path / "torchrun.json").read_text()) == [
+        "--nnodes", str(job["spec"]["completions"]),
+        "--nproc-per-node", str(spec.plan["pod"]["gpus"]),
+        "--node-rank", "1",
+        "--master-addr", master,
+        "--master-port", str(svc["spec"]["ports"][0]["port"]),
+        str(script_files.SCRIPTS_DIR / "efa_allreduce.py"), "run",
+    ]  # fmt: skip
+
+
+# ---- the benchmark ----------------------------------------------------------------------------------
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(200 if self.path == serving_spec.PROBE_PATH else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# A `vllm bench serve --save-result` that writes $FAKE_RESULT where it is told to.
+FAKE_BENCH = f"""#!{sys.executable}
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["ARGV_LOG"], "w") as f:
+    json.dump(argv, f)
+out = os.path.join(argv[argv.index("--result-dir") + 1], argv[argv.index("--result-filename") + 1])
+os.makedirs(os.path.dirname(out), exist_ok=True)
+with open(out, "w") as f:
+    f.write(os.environ["FAKE_RESULT"])
+sys.exit(int(os.environ.get("FAKE_RC", "0")))
+"""
+RESULT = {"completed": 200, "p99_ttft_ms": 231.7, "p99_tpot_ms": 33.8}
+
+
+@pytest.mark.parametrize(
+    "result, bench_rc, rc, message",
+    [
+        (RESULT, 0, 0, "p99 TTFT 231.7 ms"),
+        ({**RESULT, "p99_tpot_ms": 90.0}, 0, 1, "BENCHMARK FAILED: p99 TPOT 90.0 ms is not below"),
+        ({**RESULT, "completed": 150}, 0, 1, "50 of 200 requests failed"),
+        (RESULT, 2, 2, "exited with 2"),
+    ],
+)
+def test_the_benchmark_job_waits_for_the_endpoint_runs_and_judges(tmp_path, endpoint, result, bench_rc, rc, message):
+    spec = spec_of("prod", benchmark=True)
+    c = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]
+    service = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}"
+
+    def here(argv):
+        return [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench")) for a in local(argv)]
+
+    env = {
+        "PATH": f"{fake_bin(tmp_path, vllm=FAKE_BENCH)}:/usr/bin:/bin",
+        "ARGV_LOG": str(tmp_path / "bench.json"),
+        "FAKE_RESULT": json.dumps(result),
+        "FAKE_RC": str(bench_rc),
+    }
+    done = subprocess.run(here(c["command"] + c["args"]), env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == rc, done.stdout + done.stderr
+    assert message in done.stdout + done.stderr
+    assert json.loads((tmp_path / "bench.json").read_text()) == here(checks.benchmark_argv(spec))[1:]
+    if rc == 0:
+        assert f"< {spec.ttft_p99_ms:g}" in done.stdout  # the thresholds the stack config gave
+
+
+def test_the_benchmark_gives_up_on_an_endpoint_that_never_answers(tmp_path, capsys):
+    argv = [
+        "--health-url", "http://127.0.0.1:9/health", "--timeout-s", "0", "--result", str(tmp_path / "r.json"),
+        "--ttft-p99-ms", "250", "--tpot-p99-ms", "40", "--requests", "1", "--", "false",
+    ]  # fmt: skip
+    assert benchmark.main(argv) == 1
+    assert "did not become healthy" in capsys.readouterr().err
