@@ -32,6 +32,9 @@ EC2_GPU_NAME = {
     "A100-80GB": "A100",
     "L40S": "L40S",
     "A10G": "A10G",
+    "L4": "L4",
+    "RTX-PRO-6000-Server": "RTX PRO Server 6000",
+    "B300": "B300",
 }
 
 
