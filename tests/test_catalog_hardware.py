@@ -2,7 +2,11 @@
 
 EC2 figures are checked against the DescribeInstanceTypes data that ships inside
 moto (read straight from the package, no server); instance names against
-botocore's EC2 service model; GPU memory against what EC2 reports per GPU.
+botocore's EC2 service model; GPU memory against what EC2 reports per GPU; the
+choice of types against botocore's enum, moto's GPU data and the EKS user guide's
+NVIDIA AMI table (`infra.catalog.eks.NVIDIA_AMI_INSTANCE_FAMILIES`).
+
+Every catalog type is in moto's data, so every EC2 figure is checked.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import botocore.session
 import pytest
 from moto.utilities.utils import load_resource
 
+from infra.catalog import eks
 from infra.catalog.gpus import GPUS, get_gpu
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
@@ -22,6 +27,17 @@ GiB = 2**30
 MiB = 2**20
 
 EC2 = load_resource("ec2/resources/instance_types.json")
+ENUM = set(botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum)
+
+# Families in the EKS user guide's AMI table that botocore 1.44.8 has no instance type for yet.
+NOT_YET_IN_BOTOCORE = {"p6e-gb300"}
+
+
+def _family(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+NVIDIA_AMI_FAMILIES = {f for families in eks.NVIDIA_AMI_INSTANCE_FAMILIES.values() for f in families}
 
 # The name EC2 gives each catalog GPU in GpuInfo.Gpus[].Name.
 EC2_GPU_NAME = {
@@ -90,10 +106,32 @@ def test_instance_figures_match_ec2(itype, field):
 
 
 def test_instance_names_are_botocore_enum_members():
-    enum = set(
-        botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum
-    )
-    assert set(INSTANCE_TYPES) - enum == set()
+    assert set(INSTANCE_TYPES) - ENUM == set()
+
+
+@pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
+def test_catalog_types_run_on_the_x86_nvidia_amis(itype):
+    assert EC2[itype]["ProcessorInfo"]["SupportedArchitectures"] == ["x86_64"]
+    for ami_type in eks.gpu_ami_types("x86_64"):
+        assert eks.ami_supports(ami_type, itype), (ami_type, itype)
+
+
+def test_ami_table_names_real_families_and_known_ami_types():
+    enum_families = {_family(n) for n in ENUM}
+    assert set(eks.NVIDIA_AMI_INSTANCE_FAMILIES) == set(eks.GPU_AMI_TYPES)
+    for ami_type, families in eks.NVIDIA_AMI_INSTANCE_FAMILIES.items():
+        arch = eks.GPU_AMI_TYPES[ami_type]
+        for family in families:
+            if family in NOT_YET_IN_BOTOCORE:
+                assert family not in enum_families, f"{family} is in botocore now: drop it from NOT_YET_IN_BOTOCORE"
+                continue
+            assert family in enum_families, (ami_type, family)
+            archs = {
+                a for n, d in EC2.items() if _family(n) == family for a in d["ProcessorInfo"]["SupportedArchitectures"]
+            }
+            assert archs <= {arch}, (ami_type, family, archs)
+    assert not eks.ami_supports("AL2023_x86_64_NVIDIA", "g7.48xlarge")
+    assert eks.ami_supports("AL2023_x86_64_NVIDIA", "p6-b300.48xlarge")
 
 
 @pytest.mark.parametrize("name", list(GPUS))
