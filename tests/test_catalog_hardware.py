@@ -6,7 +6,11 @@ botocore's EC2 service model; GPU memory against what EC2 reports per GPU; the
 choice of types against botocore's enum, moto's GPU data and the EKS user guide's
 NVIDIA AMI table (`infra.catalog.eks.NVIDIA_AMI_INSTANCE_FAMILIES`).
 
-Every catalog type is in moto's data, so every EC2 figure is checked.
+Every catalog type is in moto's data, so every EC2 figure is checked. botocore
+lists a few GPU types moto 5.2.5 has no data for; they are in DOC_ONLY below with
+the per-GPU memory from AWS's documentation, and none of them is in the catalog
+(a test says so): a type added without moto data would need its figures checked
+against a second recorded source instead.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from moto.utilities.utils import load_resource
 
 from infra.catalog import eks
 from infra.catalog.gpus import GPUS, get_gpu
-from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
+from infra.catalog.instances import EXCLUDED_INSTANCE_TYPES, INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
 
 GiB = 2**30
@@ -28,6 +32,23 @@ MiB = 2**20
 
 EC2 = load_resource("ec2/resources/instance_types.json")
 ENUM = set(botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum)
+
+# The catalog's size rule: at least 24 GB per GPU. EC2 gives NVIDIA's 24 GB parts (A10G, L4)
+# 22888 MiB, 23.9998e9 bytes: the rule in EC2's terms is at least that many MiB.
+MIN_GPU_MIB = 22_888
+MIN_GPU_GB = 24
+
+# botocore instance types of an NVIDIA-AMI family that moto 5.2.5's DescribeInstanceTypes data
+# lacks, so nothing here can check them against EC2's own figures: GPU memory per GPU in GB from
+# AWS's documentation (EC2 User Guide, accelerated computing instance specifications; P6e-GB200
+# UltraServer pages: 4 x GB200 with 186 GB HBM3e each, as MLCommons system descriptions also give).
+DOC_ONLY = {
+    "p3.2xlarge": 16,  # V100 16 GB
+    "p3.8xlarge": 16,
+    "p3.16xlarge": 16,
+    "p6e-gb200.36xlarge": 186,  # GB200, arm64 (Grace)
+}
+
 
 # Families in the EKS user guide's AMI table that botocore 1.44.8 has no instance type for yet.
 NOT_YET_IN_BOTOCORE = {"p6e-gb300"}
@@ -107,6 +128,42 @@ def test_instance_figures_match_ec2(itype, field):
 
 def test_instance_names_are_botocore_enum_members():
     assert set(INSTANCE_TYPES) - ENUM == set()
+
+
+def _qualifies_in_ec2_data(name: str) -> bool:
+    """An NVIDIA GPU type with whole GPUs of at least 24 GB each, by moto's EC2 data."""
+    gpus = (EC2[name].get("GpuInfo") or {}).get("Gpus", [])
+    return any(
+        g["Manufacturer"] == "NVIDIA" and g["Count"] >= 1 and g["MemoryInfo"]["SizeInMiB"] >= MIN_GPU_MIB
+        for g in gpus
+    )
+
+
+def test_every_qualifying_enum_type_is_in_the_catalog_or_excluded_with_a_reason():
+    in_moto = {n for n in ENUM if n in EC2 and _family(n) in NVIDIA_AMI_FAMILIES and _qualifies_in_ec2_data(n)}
+    documented = {n for n, gb in DOC_ONLY.items() if gb >= MIN_GPU_GB}
+    qualifying = in_moto | documented
+    covered = set(INSTANCE_TYPES) | set(EXCLUDED_INSTANCE_TYPES)
+    assert qualifying - covered == set(), "add these to the catalog or to EXCLUDED_INSTANCE_TYPES"
+    assert covered - qualifying == set(), "these do not meet the catalog's rules"
+
+
+def test_enum_types_moto_cannot_check_are_the_documented_ones():
+    # A new botocore GPU type of an NVIDIA-AMI family without moto data must be looked up in
+    # AWS's documentation and recorded in DOC_ONLY: nothing else can tell whether it qualifies.
+    unchecked = {n for n in ENUM if _family(n) in NVIDIA_AMI_FAMILIES and n not in EC2}
+    assert unchecked == set(DOC_ONLY)
+
+
+def test_no_catalog_type_is_documentation_only():
+    # moto checks every EC2 figure of every catalog type (test_instance_figures_match_ec2).
+    assert set(INSTANCE_TYPES) & set(DOC_ONLY) == set()
+    assert all(n in EC2 for n in INSTANCE_TYPES)
+
+
+def test_excluded_types_are_not_in_the_catalog_and_say_why():
+    assert set(EXCLUDED_INSTANCE_TYPES) & set(INSTANCE_TYPES) == set()
+    assert all(reason.strip() for reason in EXCLUDED_INSTANCE_TYPES.values())
 
 
 @pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
