@@ -191,6 +191,20 @@ def test_ami_table_names_real_families_and_known_ami_types():
     assert eks.ami_supports("AL2023_x86_64_NVIDIA", "p6-b300.48xlarge")
 
 
+@pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
+def test_first_efa_card_matches_the_cards_ec2_reports(itype):
+    cards = sorted(EC2[itype]["NetworkInfo"]["NetworkCards"], key=lambda c: c["NetworkCardIndex"])
+    efa_cards = [c["NetworkCardIndex"] for c in cards if "efa-only" in c.get("InterfaceTypes", [])]
+    it = INSTANCE_TYPES[itype]
+    if not efa_cards:
+        assert it.max_efa_interfaces == 0 and it.first_efa_card == 0
+        return
+    assert efa_cards[0] == it.first_efa_card
+    # Contiguous up to the last card, and one EFA device per EFA-capable card.
+    assert efa_cards == list(range(it.first_efa_card, it.network_cards))
+    assert len(efa_cards) == it.max_efa_interfaces
+
+
 @pytest.mark.parametrize("name", list(GPUS))
 def test_visible_memory_below_marketing(name):
     gpu = GPUS[name]

@@ -29,6 +29,12 @@ MiB = 2**20
 GB = 10**9
 
 
+_EC2 = (
+    "EC2 DescribeInstanceTypes (identical in moto 5.2.5 ec2/resources/instance_types.json.gz, "
+    "checked by tests/test_catalog_hardware.py)"
+)
+
+
 @dataclass(frozen=True)
 class InstanceType:
     name: str
@@ -42,16 +48,15 @@ class InstanceType:
     local_nvme_bytes: int  # InstanceStorageInfo.TotalSizeInGB * 10**9
     gpu_memory_mib_ec2: int  # GpuInfo.Gpus[].MemoryInfo.SizeInMiB, per GPU
     price_usd_per_hour: float
-    price_region: str
     price_date: str  # ISO date of the price list the figure was read from
     price_source: str
-    source: str
+    price_region: str = "us-east-1"  # every price here is a us-east-1 rate
+    source: str = _EC2  # every type's hardware figures are EC2's (module doc)
+    # NetworkInfo.NetworkCards: the lowest card index that takes EFA interfaces; the cards from
+    # it to the last all do. 0 on every type but p6-b300.48xlarge, whose card 0 is ENA-only.
+    first_efa_card: int = 0
 
 
-_EC2 = (
-    "EC2 DescribeInstanceTypes (identical in moto 5.2.5 ec2/resources/instance_types.json.gz, "
-    "checked by tests/test_catalog_hardware.py)"
-)
 # One public price list read for most rows; the file that quotes it says it was checked entry
 # by entry against AWS's offer file and that P4/P5 rows carry the June 2025 cut.
 _PRICE_LIST = (
@@ -108,10 +113,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=8_000 * GB,  # 8 x 1000 GB
             gpu_memory_mib_ec2=40_960,
             price_usd_per_hour=21.957642,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="p4de.24xlarge",
@@ -125,10 +128,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=8_000 * GB,
             gpu_memory_mib_ec2=81_920,
             price_usd_per_hour=27.44705,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="p5.48xlarge",
@@ -142,10 +143,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=30_400 * GB,  # 8 x 3800 GB
             gpu_memory_mib_ec2=81_920,
             price_usd_per_hour=55.04,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST + "; $98.32 before the June 2025 cut",
-            source=_EC2,
         ),
         InstanceType(
             name="p5.4xlarge",
@@ -159,10 +158,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,
             gpu_memory_mib_ec2=81_920,
             price_usd_per_hour=6.88,
-            price_region="us-east-1",
             price_date=_PRICE_FEED_DATE,
             price_source=_PRICE_FEED,
-            source=_EC2,
         ),
         InstanceType(
             name="p5e.48xlarge",
@@ -177,14 +174,12 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             gpu_memory_mib_ec2=144_384,
             # No on-demand row exists to read: p5e is sold through Capacity Blocks.
             price_usd_per_hour=63.296,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=(
                 "ASSUMPTION: p5e.48xlarge has no us-east-1 on-demand listing in the AWS Price List "
                 "(Capacity Blocks only; noted by several public pricing tables); the p5en.48xlarge "
                 "rate (same 8 x H200) is used as a stand-in"
             ),
-            source=_EC2,
         ),
         InstanceType(
             name="p5en.48xlarge",
@@ -198,12 +193,10 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=30_400 * GB,
             gpu_memory_mib_ec2=144_384,
             price_usd_per_hour=63.296,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=(
                 _PRICE_LIST + "; also `dstack offer` output in dstack PR #4110 (us-east-1 $63.296)"
             ),
-            source=_EC2,
         ),
         InstanceType(
             name="p6-b200.48xlarge",
@@ -217,14 +210,12 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=30_400 * GB,
             gpu_memory_mib_ec2=183_359,
             price_usd_per_hour=113.9328,
-            price_region="us-east-1",
             price_date="2026-12-02",
             price_source=(
                 "Public pricing notes quoting AWS's p6 page and DoiT's us-east-1 p6-b200.48xlarge "
                 "page ($113.9328/h), and a us-east-2 rate table verified against Cost Explorer "
                 "(same $113.9328); read 2026-12-02"
             ),
-            source=_EC2,
         ),
         InstanceType(
             name="p6-b300.48xlarge",
@@ -233,17 +224,16 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             vcpus=192,
             memory_bytes=4_194_304 * MiB,  # 4096 GiB
             # Card 0 takes ENA interfaces only (EC2 InterfaceTypes ['interface']); the 16 EFA
-            # devices go on cards 1-16, unlike every other type here.
+            # devices go on cards 1-16, unlike every other type here (first_efa_card below).
             network_cards=17,
             max_efa_interfaces=16,
             network_bandwidth_gbps=6400,
             local_nvme_bytes=30_400 * GB,  # 8 x 3800 GB
             gpu_memory_mib_ec2=275_040,
             price_usd_per_hour=142.416,
-            price_region="us-east-1",
             price_date=_PRICE_FEED_DATE,
             price_source=_PRICE_FEED,
-            source=_EC2,
+            first_efa_card=1,
         ),
         InstanceType(
             name="g7e.2xlarge",
@@ -257,10 +247,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_900 * GB,
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=3.36312,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g7e.4xlarge",
@@ -274,10 +262,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_900 * GB,
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=3.99816,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g7e.8xlarge",
@@ -291,10 +277,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_900 * GB,
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=5.26824,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g7e.12xlarge",
@@ -308,10 +292,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=8.28608,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g7e.24xlarge",
@@ -325,10 +307,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=7_600 * GB,  # 2 x 3800 GB
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=16.57216,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g7e.48xlarge",
@@ -342,10 +322,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=15_200 * GB,  # 4 x 3800 GB
             gpu_memory_mib_ec2=98_304,
             price_usd_per_hour=33.14432,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.xlarge",
@@ -359,10 +337,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=250 * GB,
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=1.861,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.2xlarge",
@@ -376,10 +352,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=450 * GB,
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=2.24208,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.4xlarge",
@@ -393,10 +367,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=600 * GB,
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=3.00424,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.8xlarge",
@@ -410,10 +382,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=900 * GB,  # 2 x 450 GB
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=4.52856,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.12xlarge",
@@ -427,10 +397,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,  # 2 x 1900 GB
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=10.49264,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.16xlarge",
@@ -444,10 +412,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_900 * GB,  # 2 x 950 GB
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=7.57719,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.24xlarge",
@@ -461,10 +427,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,  # 2 x 1900 GB
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=15.06559,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6e.48xlarge",
@@ -478,10 +442,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=7_600 * GB,  # 4 x 1900 GB
             gpu_memory_mib_ec2=45_776,
             price_usd_per_hour=30.13118,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.xlarge",
@@ -495,10 +457,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=250 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=0.8048,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.2xlarge",
@@ -512,10 +472,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=450 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=0.9776,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.4xlarge",
@@ -529,10 +487,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=600 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=1.3232,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.8xlarge",
@@ -546,10 +502,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=900 * GB,  # 2 x 450 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=2.0144,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.12xlarge",
@@ -563,10 +517,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_760 * GB,  # 4 x 940 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=4.6016,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.16xlarge",
@@ -580,10 +532,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_880 * GB,  # 2 x 940 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=3.3968,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.24xlarge",
@@ -597,10 +547,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_760 * GB,  # 4 x 940 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=6.6752,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g6.48xlarge",
@@ -614,10 +562,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=7_520 * GB,  # 8 x 940 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=13.3504,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="gr6.4xlarge",
@@ -631,10 +577,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=600 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=1.5392,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="gr6.8xlarge",
@@ -648,10 +592,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=900 * GB,  # 2 x 450 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=2.4464,
-            price_region="us-east-1",
             price_date=_VANTAGE_DATE,
             price_source=_VANTAGE,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.xlarge",
@@ -665,10 +607,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=250 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=1.006,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.2xlarge",
@@ -682,10 +622,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=450 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=1.212,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.4xlarge",
@@ -699,10 +637,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=600 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=1.624,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.8xlarge",
@@ -716,10 +652,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=900 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=2.448,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.12xlarge",
@@ -733,10 +667,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=5.672,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.16xlarge",
@@ -750,10 +682,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=1_900 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=4.096,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.24xlarge",
@@ -767,10 +697,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=3_800 * GB,
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=8.144,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
         InstanceType(
             name="g5.48xlarge",
@@ -784,10 +712,8 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             local_nvme_bytes=7_600 * GB,  # 2 x 3800 GB
             gpu_memory_mib_ec2=22_888,
             price_usd_per_hour=16.288,
-            price_region="us-east-1",
             price_date=_PRICE_LIST_DATE,
             price_source=_PRICE_LIST,
-            source=_EC2,
         ),
     ]
 }
