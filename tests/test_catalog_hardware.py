@@ -2,7 +2,15 @@
 
 EC2 figures are checked against the DescribeInstanceTypes data that ships inside
 moto (read straight from the package, no server); instance names against
-botocore's EC2 service model; GPU memory against what EC2 reports per GPU.
+botocore's EC2 service model; GPU memory against what EC2 reports per GPU; the
+choice of types against botocore's enum, moto's GPU data and the EKS user guide's
+NVIDIA AMI table (`infra.catalog.eks.NVIDIA_AMI_INSTANCE_FAMILIES`).
+
+Every catalog type is in moto's data, so every EC2 figure is checked. botocore
+lists a few GPU types moto 5.2.5 has no data for; they are in DOC_ONLY below with
+the per-GPU memory from AWS's documentation, and none of them is in the catalog
+(a test says so): a type added without moto data would need its figures checked
+against a second recorded source instead.
 """
 
 from __future__ import annotations
@@ -14,14 +22,43 @@ import botocore.session
 import pytest
 from moto.utilities.utils import load_resource
 
+from infra.catalog import eks
 from infra.catalog.gpus import GPUS, get_gpu
-from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
+from infra.catalog.instances import EXCLUDED_INSTANCE_TYPES, INSTANCE_TYPES, get_instance_type
 from infra.errors import UserError
 
 GiB = 2**30
 MiB = 2**20
 
 EC2 = load_resource("ec2/resources/instance_types.json")
+ENUM = set(botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum)
+
+# The catalog's size rule: at least 24 GB per GPU. EC2 gives NVIDIA's 24 GB parts (A10G, L4)
+# 22888 MiB, 23.9998e9 bytes: the rule in EC2's terms is at least that many MiB.
+MIN_GPU_MIB = 22_888
+MIN_GPU_GB = 24
+
+# botocore instance types of an NVIDIA-AMI family that moto 5.2.5's DescribeInstanceTypes data
+# lacks, so nothing here can check them against EC2's own figures: GPU memory per GPU in GB from
+# AWS's documentation (EC2 User Guide, accelerated computing instance specifications; P6e-GB200
+# UltraServer pages: 4 x GB200 with 186 GB HBM3e each, as MLCommons system descriptions also give).
+DOC_ONLY = {
+    "p3.2xlarge": 16,  # V100 16 GB
+    "p3.8xlarge": 16,
+    "p3.16xlarge": 16,
+    "p6e-gb200.36xlarge": 186,  # GB200, arm64 (Grace)
+}
+
+
+# Families in the EKS user guide's AMI table that botocore 1.44.8 has no instance type for yet.
+NOT_YET_IN_BOTOCORE = {"p6e-gb300"}
+
+
+def _family(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+NVIDIA_AMI_FAMILIES = {f for families in eks.NVIDIA_AMI_INSTANCE_FAMILIES.values() for f in families}
 
 # The name EC2 gives each catalog GPU in GpuInfo.Gpus[].Name.
 EC2_GPU_NAME = {
@@ -32,6 +69,9 @@ EC2_GPU_NAME = {
     "A100-80GB": "A100",
     "L40S": "L40S",
     "A10G": "A10G",
+    "L4": "L4",
+    "RTX-PRO-6000-Server": "RTX PRO Server 6000",
+    "B300": "B300",
 }
 
 
@@ -87,10 +127,82 @@ def test_instance_figures_match_ec2(itype, field):
 
 
 def test_instance_names_are_botocore_enum_members():
-    enum = set(
-        botocore.session.get_session().get_service_model("ec2").shape_for("InstanceType").enum
+    assert set(INSTANCE_TYPES) - ENUM == set()
+
+
+def _qualifies_in_ec2_data(name: str) -> bool:
+    """An NVIDIA GPU type with whole GPUs of at least 24 GB each, by moto's EC2 data."""
+    gpus = (EC2[name].get("GpuInfo") or {}).get("Gpus", [])
+    return any(
+        g["Manufacturer"] == "NVIDIA" and g["Count"] >= 1 and g["MemoryInfo"]["SizeInMiB"] >= MIN_GPU_MIB
+        for g in gpus
     )
-    assert set(INSTANCE_TYPES) - enum == set()
+
+
+def test_every_qualifying_enum_type_is_in_the_catalog_or_excluded_with_a_reason():
+    in_moto = {n for n in ENUM if n in EC2 and _family(n) in NVIDIA_AMI_FAMILIES and _qualifies_in_ec2_data(n)}
+    documented = {n for n, gb in DOC_ONLY.items() if gb >= MIN_GPU_GB}
+    qualifying = in_moto | documented
+    covered = set(INSTANCE_TYPES) | set(EXCLUDED_INSTANCE_TYPES)
+    assert qualifying - covered == set(), "add these to the catalog or to EXCLUDED_INSTANCE_TYPES"
+    assert covered - qualifying == set(), "these do not meet the catalog's rules"
+
+
+def test_enum_types_moto_cannot_check_are_the_documented_ones():
+    # A new botocore GPU type of an NVIDIA-AMI family without moto data must be looked up in
+    # AWS's documentation and recorded in DOC_ONLY: nothing else can tell whether it qualifies.
+    unchecked = {n for n in ENUM if _family(n) in NVIDIA_AMI_FAMILIES and n not in EC2}
+    assert unchecked == set(DOC_ONLY)
+
+
+def test_no_catalog_type_is_documentation_only():
+    # moto checks every EC2 figure of every catalog type (test_instance_figures_match_ec2).
+    assert set(INSTANCE_TYPES) & set(DOC_ONLY) == set()
+    assert all(n in EC2 for n in INSTANCE_TYPES)
+
+
+def test_excluded_types_are_not_in_the_catalog_and_say_why():
+    assert set(EXCLUDED_INSTANCE_TYPES) & set(INSTANCE_TYPES) == set()
+    assert all(reason.strip() for reason in EXCLUDED_INSTANCE_TYPES.values())
+
+
+@pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
+def test_catalog_types_run_on_the_x86_nvidia_amis(itype):
+    assert EC2[itype]["ProcessorInfo"]["SupportedArchitectures"] == ["x86_64"]
+    for ami_type in eks.gpu_ami_types("x86_64"):
+        assert eks.ami_supports(ami_type, itype), (ami_type, itype)
+
+
+def test_ami_table_names_real_families_and_known_ami_types():
+    enum_families = {_family(n) for n in ENUM}
+    assert set(eks.NVIDIA_AMI_INSTANCE_FAMILIES) == set(eks.GPU_AMI_TYPES)
+    for ami_type, families in eks.NVIDIA_AMI_INSTANCE_FAMILIES.items():
+        arch = eks.GPU_AMI_TYPES[ami_type]
+        for family in families:
+            if family in NOT_YET_IN_BOTOCORE:
+                assert family not in enum_families, f"{family} is in botocore now: drop it from NOT_YET_IN_BOTOCORE"
+                continue
+            assert family in enum_families, (ami_type, family)
+            archs = {
+                a for n, d in EC2.items() if _family(n) == family for a in d["ProcessorInfo"]["SupportedArchitectures"]
+            }
+            assert archs <= {arch}, (ami_type, family, archs)
+    assert not eks.ami_supports("AL2023_x86_64_NVIDIA", "g7.48xlarge")
+    assert eks.ami_supports("AL2023_x86_64_NVIDIA", "p6-b300.48xlarge")
+
+
+@pytest.mark.parametrize("itype", list(INSTANCE_TYPES))
+def test_first_efa_card_matches_the_cards_ec2_reports(itype):
+    cards = sorted(EC2[itype]["NetworkInfo"]["NetworkCards"], key=lambda c: c["NetworkCardIndex"])
+    efa_cards = [c["NetworkCardIndex"] for c in cards if "efa-only" in c.get("InterfaceTypes", [])]
+    it = INSTANCE_TYPES[itype]
+    if not efa_cards:
+        assert it.max_efa_interfaces == 0 and it.first_efa_card == 0
+        return
+    assert efa_cards[0] == it.first_efa_card
+    # Contiguous up to the last card, and one EFA device per EFA-capable card.
+    assert efa_cards == list(range(it.first_efa_card, it.network_cards))
+    assert len(efa_cards) == it.max_efa_interfaces
 
 
 @pytest.mark.parametrize("name", list(GPUS))

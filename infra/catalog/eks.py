@@ -28,10 +28,30 @@ GPU_AMI_TYPES: dict[str, str] = {
 }
 DEFAULT_GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 
+# EC2 instance families (the part of the type name before the dot) each NVIDIA AMI type
+# supports: Amazon EKS User Guide, "Use EKS-optimized accelerated AMIs for GPU instances",
+# table of supported GPU instance types per EKS AMI variant (read 2026-12-03). Not in it:
+# g7 (RTX PRO 4500), g5g on x86_64, the Grace families on x86_64.
+_X86_NVIDIA_FAMILIES = (
+    "p6-b300", "p6-b200", "p5", "p5e", "p5en", "p4d", "p4de", "p3", "p3dn",
+    "g7e", "gr6", "g6", "g6e", "g6f", "gr6f", "g5", "g4dn",
+)
+NVIDIA_AMI_INSTANCE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "AL2023_x86_64_NVIDIA": _X86_NVIDIA_FAMILIES,
+    "AL2023_ARM_64_NVIDIA": ("p6e-gb200", "p6e-gb300", "g5g"),
+    "BOTTLEROCKET_x86_64_NVIDIA": _X86_NVIDIA_FAMILIES,
+    "BOTTLEROCKET_ARM_64_NVIDIA": ("g5g",),
+}
+
 
 def gpu_ami_types(architecture: str) -> tuple[str, ...]:
     """The GPU AMI types for instances of one CPU architecture (`x86_64`, `arm64`)."""
     return tuple(name for name, arch in GPU_AMI_TYPES.items() if arch == architecture)
+
+
+def ami_supports(ami_type: str, instance_type: str) -> bool:
+    """Whether the EKS user guide lists `instance_type`'s family for the NVIDIA AMI `ami_type`."""
+    return instance_type.split(".", 1)[0] in NVIDIA_AMI_INSTANCE_FAMILIES.get(ami_type, ())
 
 
 def ami_family(ami_type: str) -> str:

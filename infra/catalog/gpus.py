@@ -28,7 +28,7 @@ class GPU:
     name: str
     marketing_memory_gb: int  # NVIDIA's "GB"; for HBM parts this is really GiB (80 GB = 81920 MiB)
     visible_memory_bytes: int
-    hbm_bandwidth_bytes_per_s: float  # device memory bandwidth (GDDR6 on L40S/A10G)
+    hbm_bandwidth_bytes_per_s: float  # device memory bandwidth (GDDR6 on L40S/A10G/L4, GDDR7 on RTX PRO)
     bf16_dense_tflops: float
     fp8_dense_tflops: float | None
     fp4_dense_tflops: float | None
@@ -62,7 +62,7 @@ GPUS: dict[str, GPU] = {
             compute_capability="9.0",
             source=(
                 "visible memory: vLLM logs on H100 80GB HBM3 report total memory 79.18-79.19 GiB "
-                "(/work/shared/FACTS.md; vLLM PR #10511 shows 79.22 GiB); torch device-property "
+                "(FACTS.md; vLLM PR #10511 shows 79.22 GiB); torch device-property "
                 "dumps of 'NVIDIA H100 80GB HBM3' show total_memory=81089-81090MB. "
                 "Bandwidth 3.35 TB/s and compute: " + _H100_H200_DATASHEET + "."
             ),
@@ -190,6 +190,81 @@ GPUS: dict[str, GPU] = {
                 "24 GB GDDR6 at 600 GB/s: Baseten 'NVIDIA A10 vs A10G for ML model inference'. "
                 "ASSUMPTION: BF16 70 TFLOPS dense; NVIDIA publishes no A10G datasheet (the A10's is "
                 "125 TFLOPS; the AWS variant's tensor rate is lower). PCIe only."
+            ),
+        ),
+        GPU(
+            name="L4",
+            marketing_memory_gb=24,
+            # ASSUMPTION: 22,587 MiB (22.06 GiB), no published torch figure found. EC2 reports
+            # 22,888 MiB for both L4 and A10G (24 GB GDDR6 parts); the A10G's torch total is 301 MiB
+            # below that, and the same reserve is taken here.
+            visible_memory_bytes=22_587 * MiB,
+            hbm_bandwidth_bytes_per_s=300 * GB,
+            bf16_dense_tflops=121.0,
+            fp8_dense_tflops=242.5,
+            fp4_dense_tflops=None,
+            nvlink_bandwidth_bytes_per_s=None,
+            supports_fp8=True,
+            supports_fp4=False,
+            compute_capability="8.9",
+            source=(
+                "visible memory: ASSUMPTION, EC2 GpuInfo 22888 MiB less the 301 MiB the A10G's torch "
+                "total (22587MB) sits below the same EC2 figure. NVIDIA L4 Tensor Core GPU datasheet: "
+                "24 GB GDDR6, 300 GB/s, BF16 242 and FP8 485 TFLOPS with sparsity (halved for dense), "
+                "PCIe Gen4 x16 only (no NVLink); compute capability 8.9 (Ada)."
+            ),
+        ),
+        GPU(
+            name="RTX-PRO-6000-Server",
+            # RTX PRO 6000 Blackwell Server Edition (EC2 GpuInfo name "RTX PRO Server 6000").
+            marketing_memory_gb=96,
+            visible_memory_bytes=97_250 * MiB,  # 94.97 GiB
+            # 512-bit GDDR7 at 28 Gbps.
+            hbm_bandwidth_bytes_per_s=1.792 * TB,
+            bf16_dense_tflops=500.0,
+            fp8_dense_tflops=1000.0,
+            fp4_dense_tflops=2000.0,
+            nvlink_bandwidth_bytes_per_s=None,
+            supports_fp8=True,
+            supports_fp4=True,
+            compute_capability="12.0",
+            source=(
+                "visible memory: torch 2.7.1 dump \"_CudaDeviceProperties(name='NVIDIA RTX PRO 6000 "
+                "Blackwell Server Edition', major=12, minor=0, total_memory=97250MB)\" (public repo "
+                "notes); a vLLM 0.20 benchmark reports 95.0 GiB each; nvidia-smi shows 97887 MiB, EC2 "
+                "98304 MiB. NVIDIA RTX PRO 6000 Blackwell: 96 GB GDDR7 (512-bit, 28 Gbps: 1,792 GB/s), "
+                "4,000 AI TOPS (FP4 with sparsity), PCIe Gen5 x16 only (no NVLink). Dense compute: "
+                "ASSUMPTION, FP4 2,000 from the sparse peak, FP8 and BF16 (FP32 accumulate, full rate "
+                "on RTX PRO parts) each half the next: 1,000 and 500 TFLOPS; NVIDIA's aiconfigurator "
+                "system file for the Server Edition uses 1,871 / 936 / 468 TFLOPS, scaled to the "
+                "2,430 MHz clock it observed."
+            ),
+        ),
+        GPU(
+            name="B300",
+            # NVIDIA's 288 GB is decimal: EC2's 275040 MiB is 288.4e9 bytes (268.6 GiB).
+            marketing_memory_gb=288,
+            # ASSUMPTION: 274,312 MiB (267.88 GiB), no published torch figure found: EC2's 275040 MiB
+            # (what nvidia-smi shows too) less the 728 MiB the B200's torch total sits below its
+            # EC2 figure (183359 -> 182631 MiB).
+            visible_memory_bytes=274_312 * MiB,
+            hbm_bandwidth_bytes_per_s=8.0 * TB,
+            bf16_dense_tflops=2250.0,
+            fp8_dense_tflops=4500.0,
+            fp4_dense_tflops=13500.0,
+            nvlink_bandwidth_bytes_per_s=1800 * GB,
+            supports_fp8=True,
+            supports_fp4=True,
+            compute_capability="10.3",
+            source=(
+                "visible memory: ASSUMPTION, EC2 GpuInfo 275040 MiB (nvidia-smi on p6-b300 shows "
+                "275040MiB too) less the B200's 728 MiB EC2-to-torch gap. Device 'NVIDIA B300 SXM6 "
+                "AC', compute capability 10.3 (sm_103, torch and vLLM logs on B300). NVIDIA HGX B300 "
+                "specification, per 8 GPUs: FP4 144 | 108 PFLOPS (sparse | dense), FP8 72 and BF16 36 "
+                "PFLOPS with sparsity, i.e. dense per GPU FP4 13.5, FP8 4.5, BF16 2.25 PFLOPS; 288 GB "
+                "HBM3e at up to 8 TB/s per GPU; NVLink 5 1.8 TB/s per GPU. Other published dense FP4 "
+                "figures range 13.1-15 PFLOPS; NVIDIA's aiconfigurator (a fork's b300_sxm.yaml) uses "
+                "7.75 TB/s and BF16 2,250 / FP8 4,500 / FP4 14,000 TFLOPS."
             ),
         ),
     ]
