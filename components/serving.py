@@ -49,9 +49,14 @@ class ServingArgs:
     # the weights' claim and staging Job.
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
     # The serving image when it is only known as an Output (e.g. the stack's ECR
-    # repository URL and tag); None: `spec.image`. Names and metadata never depend
-    # on it, so a preview shows every object; only the pod specs wait for it.
+    # repository URL and tag); None: `spec.image`. One of the two names it. Names
+    # and metadata never depend on it, so a preview shows every object; only the
+    # pod specs wait for it.
     image: Optional[pulumi.Input[str]] = None
+
+    def __post_init__(self) -> None:
+        if (self.image is None) == (self.spec.image is None):
+            raise ValueError("ServingArgs: give the serving image once, as spec.image or as image")
 
 
 def _timeout(seconds: int) -> str:

@@ -41,11 +41,6 @@ def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:
     return cfg.gpu.root_volume_gib or deployment.nodes.root_volume_gib
 
 
-def image_tag(cfg: StackConfig) -> str:
-    """Tag of the serving image `bin/build-image` pushes: the vLLM and Ray releases it holds."""
-    return f"{cfg.serving.vllm_version}-ray{cfg.serving.ray_version}"
-
-
 @dataclass
 class Stack:
     provider: aws.Provider
@@ -141,7 +136,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         force_delete=not life.production,  # ephemeral stacks take their images with them
         opts=pulumi.ResourceOptions(provider=provider),
     )
-    image = cfg.serving.image or pulumi.Output.concat(repository.repository_url, ":", image_tag(cfg))
+    # The one reference to the serving image: the stack's own, or the repository's at the config's tag.
+    image = cfg.serving.image or pulumi.Output.concat(repository.repository_url, ":", cfg.serving.image_tag)
 
     kube = pulumi.ResourceOptions(providers={"kubernetes": cluster.k8s_provider})
     both = pulumi.ResourceOptions(providers={"aws": provider, "kubernetes": cluster.k8s_provider})
@@ -157,7 +153,6 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.serving.namespace),
         opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )
-    doc = plan.to_json_dict()
     st = cfg.storage
     storage = ModelStorage(
         f"{name}-weights",
@@ -184,9 +179,9 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         f"{name}-serving",
         ServingArgs(
             spec=ServingSpec(
-                plan=doc,
+                deployment=deployment,
                 namespace=cfg.serving.namespace,
-                image=cfg.serving.image or f"{name}/vllm:{image_tag(cfg)}",
+                image=None,  # the Serving component fills in `image` below
                 ray_version=cfg.serving.ray_version,
                 pvc_name=storage.pvc_name,
                 model_path=storage.model_path,

@@ -51,17 +51,8 @@ def test_one_interface_per_efa_device_ec2_reports(name: str) -> None:
     assert len(interfaces) == moto_efa_count(name) + 1
 
 
-# Known defect, kept visible: on p6-b300.48xlarge network card 0 carries no EFA (EC2 reports its
-# InterfaceTypes as ['interface']; the 16 EFA devices belong on cards 1-16 of 17), but
-# efa_interfaces deals them out from card 0, so EC2 would refuse the launch template.
-EFA_CARD_0_DEFECT = pytest.mark.xfail(
-    strict=True, reason="infra/aws/gpu_nodes.py efa_interfaces puts an efa-only interface on card 0"
-)
 
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=EFA_CARD_0_DEFECT) if n == "p6-b300.48xlarge" else n for n in GPU_TYPES]
-)
+@pytest.mark.parametrize("name", GPU_TYPES)
 def test_interfaces_fit_the_cards_ec2_reports(name: str) -> None:
     info = network_info(name)
     cards = {c["NetworkCardIndex"]: c for c in info["NetworkCards"]}

@@ -44,14 +44,18 @@ MAX_INLINE_PROGRAM_LINES = 20
 
 
 @lru_cache(maxsize=None)
-def _plan_json(stack: str) -> str:
-    return json.dumps(make_plan(load_stack_file(stack, REPO).plan_request()).to_json_dict())
+def _plan(stack: str):
+    return make_plan(load_stack_file(stack, REPO).plan_request())
+
+
+def _deployment(stack: str):
+    return _plan(stack).deployment()
 
 
 def spec_of(stack: str = "prod", **overrides) -> ServingSpec:
     checks_config = load_stack_file(stack, REPO).checks
     base = dict(
-        plan=json.loads(_plan_json(stack)), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
+        deployment=_deployment(stack), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", ttft_p99_ms=checks_config.ttft_p99_ms, tpot_p99_ms=checks_config.tpot_p99_ms,
     )  # fmt: skip
     return ServingSpec(**{**base, **overrides})
@@ -199,7 +203,7 @@ def _ray_env(tmp_path: Path, nodes: int, gpus_per_node: int) -> dict[str, str]:
 @pytest.mark.parametrize("stack", ["prod", "test"])
 def test_the_head_starts_ray_without_block_waits_for_every_gpu_and_execs_vllm(stack, tmp_path):
     spec = spec_of(stack)
-    plan = spec.plan
+    plan = _plan(stack).to_json_dict()  # the plan's JSON edge, checked against what the pod runs
     head = raycluster.raycluster(spec)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     bin_dir = fake_bin(tmp_path, ray=FAKE_RAY_CLI, vllm=RECORDER)
     env = {
@@ -298,7 +302,7 @@ def test_the_efa_check_job_runs_fi_info_the_all_reduce_and_its_verdict(tmp_path,
     master = f"{job['metadata']['name']}-0.{svc['metadata']['name']}.{spec.namespace}.svc.cluster.local"
     assert json.loads((tmp_path / "torchrun.json").read_text()) == [
         "--nnodes", str(job["spec"]["completions"]),
-        "--nproc-per-node", str(spec.plan["pod"]["gpus"]),
+        "--nproc-per-node", str(_plan("prod").to_json_dict()["pod"]["gpus"]),
         "--node-rank", "1",
         "--master-addr", master,
         "--master-port", str(svc["spec"]["ports"][0]["port"]),

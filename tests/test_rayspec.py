@@ -52,8 +52,21 @@ QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTP
 # --- Plans and specs --------------------------------------------------------------
 
 
+# The plan's JSON (what the assertions compare with) -> the same plan's typed figures
+# (what the builders take): the two edges of one Plan, checked against each other.
+_DEPLOYMENTS: dict[str, object] = {}
+
+
+def _key(plan_json: dict) -> str:
+    return json.dumps(plan_json, sort_keys=True)
+
+
 def plan_for(config_root: Path, stack: str) -> dict:
-    return make_plan(load_stack_file(stack, config_root).plan_request()).to_json_dict()
+    plan = make_plan(load_stack_file(stack, config_root).plan_request())
+    doc = plan.to_json_dict()
+    if plan.feasible:
+        _DEPLOYMENTS[_key(doc)] = plan.deployment()
+    return doc
 
 
 @lru_cache(maxsize=None)
@@ -73,7 +86,7 @@ def thresholds(stack: str = "prod") -> dict:
 
 
 def make_spec(plan: dict, **overrides) -> ServingSpec:
-    base = dict(plan=plan, namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights", **thresholds())
+    base = dict(deployment=_DEPLOYMENTS[_key(plan)], namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights", **thresholds())
     base.update(overrides)
     return ServingSpec(**base)
 
@@ -682,9 +695,12 @@ def test_bad_settings_are_refused_with_the_reason():
         make_spec(plan, monitoring="scrape")
     with pytest.raises(UserError, match="DNS-1035"):
         make_spec(plan, name="VLLM")
-    infeasible = {**plan, "feasible": False, "errors": ["weights do not fit"]}
-    with pytest.raises(UserError, match="weights do not fit"):
-        make_spec(infeasible)
+    # A plan that does not fit has no deployment to hand to the serving layer.
+    cfg = load_stack_file("prod", REPO)
+    small = make_plan(cfg.plan_request().replace(instance_type="g6e.xlarge", nodes=1, tp=None, pp=None))
+    assert not small.feasible
+    with pytest.raises(UserError, match="does not fit"):
+        small.deployment()
 
 
 # --- A changed stack file changes every dependent figure -----------------------------------
@@ -785,7 +801,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     cfg = load_stack_file("test")
     tags = default_tags(project="gpu-serving", stack="eph-1", owner="ci", production=False, expires_at="2026-12-31T23:00:00Z")
     spec = ServingSpec(
-        plan=make_plan(cfg.plan_request()).to_json_dict(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
+        deployment=make_plan(cfg.plan_request()).deployment(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
         ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
     )  # fmt: skip

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pulumi
+import pytest
 
 from components.serving import TYPE, Serving, ServingArgs
 from infra.k8s import checks, exposure, raycluster, serving_spec
@@ -31,14 +32,14 @@ DEP = "test:index:Prerequisite"
 
 
 @lru_cache(maxsize=None)
-def _plan_json(stack: str) -> str:
-    return json.dumps(make_plan(load_stack_file(stack, REPO).plan_request()).to_json_dict())
+def _deployment(stack: str):
+    return make_plan(load_stack_file(stack, REPO).plan_request()).deployment()
 
 
 def spec(stack: str = "prod", **overrides) -> ServingSpec:
     checks_config = load_stack_file(stack, REPO).checks  # the owner of the benchmark's thresholds
     base = dict(
-        plan=json.loads(_plan_json(stack)),
+        deployment=_deployment(stack),
         namespace="gpu-serving",
         image="123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0",
         ray_version="2.60.0",
@@ -195,7 +196,7 @@ def test_image_known_only_as_an_output():
     """The stack's ECR image URL is an Output: the pod specs take it, names and metadata do not wait for it."""
     import dataclasses
 
-    s = spec(image="", efa_check=True, benchmark=True)
+    s = spec(image=None, efa_check=True, benchmark=True)
     ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0"
     rec, _ = run(s, image=ecr)
     with_image = dataclasses.replace(s, image=ecr)
@@ -205,3 +206,11 @@ def test_image_known_only_as_an_output():
     assert jobs["vllm-benchmark"].inputs["spec"] == checks.benchmark_job(with_image)["spec"]
     images = {c["image"] for t in [rec.one(RC).inputs["spec"]["headGroupSpec"]["template"]] for c in t["spec"]["containers"] + t["spec"]["initContainers"]}
     assert images == {ecr}
+
+
+def test_the_image_is_given_exactly_once():
+    """One source for the serving image: the spec's string or the component's Output, never both or neither."""
+    with pytest.raises(ValueError, match="once"):
+        ServingArgs(spec=spec(image=None))
+    with pytest.raises(ValueError, match="once"):
+        ServingArgs(spec=spec(), image=pulumi.Output.from_input("other:1"))

@@ -12,6 +12,10 @@ We follow the layout AWS currently recommends, on purpose:
     card 0 / device 1       "efa-only"   card 0's EFA device
     card i / device 0       "efa-only"   one EFA device on every other card, i = 1 .. N-1
 
+On p6-b300.48xlarge card 0 takes no EFA (EC2 lists only `interface` for it), so
+its 16 EFA devices go on cards 1 .. 16 and card 0 holds the primary ENI alone
+(`InstanceType.first_efa_card`).
+
 Sources: Amazon EKS User Guide, "Manage EFA devices on Amazon EKS", section "EKS
 managed node groups and self-managed nodes" (launch template example for
 p6-b200.48xlarge: 1 ENA interface + 8 EFA-only interfaces), and the Amazon EC2
@@ -94,11 +98,13 @@ def efa_interfaces(itype: InstanceType, security_group_ids: Sequence[Any]) -> li
             "delete_on_termination": True,
         }
 
-    # The primary ENI first; then the EFA devices, card 0 first, dealt out one per card.
+    # The primary ENI first; then the EFA devices, dealt out one per card over the cards
+    # that take EFA (card 0 on most types; p6-b300's card 0 is ENA-only: itype.first_efa_card).
     result = [nic(0, 0, INTERFACE)]
     next_device = [1] + [0] * (cards - 1)  # card 0's device 0 is the primary ENI
+    first = itype.first_efa_card
     for k in range(efa_count):
-        card = k % cards
+        card = first + k % (cards - first)
         result.append(nic(card, next_device[card], EFA_ONLY))
         next_device[card] += 1
     return result

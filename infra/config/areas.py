@@ -385,6 +385,11 @@ class ServingConfig(_Area):
             )
         return self
 
+    @property
+    def image_tag(self) -> str:
+        """Tag of the serving image `bin/build-image` pushes to the stack's repository: the vLLM and Ray it holds."""
+        return f"{self.vllm_version}-ray{self.ray_version}"
+
 
 UsdPerMonth = Annotated[float, Field(ge=0)]
 

@@ -142,14 +142,14 @@ def node_selector(spec: ServingSpec) -> dict[str, str]:
 
 def gpu_pod_resources(spec: ServingSpec) -> dict:
     """All of a node's GPUs and EFA interfaces, CPU and memory from the plan; requests = limits."""
-    pod = spec.plan["pod"]
+    pod = spec.deployment.pod
     amounts = {
-        "cpu": str(int(pod["cpu"])),
-        "memory": quantity(pod["memory_bytes"]),
-        "nvidia.com/gpu": str(int(pod["gpus"])),
+        "cpu": str(pod.cpu),
+        "memory": quantity(pod.memory_bytes),
+        "nvidia.com/gpu": str(pod.gpus),
     }
-    if int(pod["efa_interfaces"]) > 0:
-        amounts["vpc.amazonaws.com/efa"] = str(int(pod["efa_interfaces"]))
+    if pod.efa_interfaces > 0:
+        amounts["vpc.amazonaws.com/efa"] = str(pod.efa_interfaces)
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
@@ -158,7 +158,7 @@ WEIGHTS_VOLUME = "weights"
 
 
 def shm_volume(spec: ServingSpec) -> dict:
-    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.plan["pod"]["shm_bytes"])}}
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.deployment.pod.shm_bytes)}}
 
 
 def weights_volume(spec: ServingSpec) -> dict:

@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from infra.errors import UserError
 from infra.k8s.scripts import stage_weights
+from infra.planning.contract import Deployment
 
 GiB = 2**30
 MiB = 2**20
@@ -93,19 +94,22 @@ MAX_NAME = 40  # leaves room for the suffixes below within 63 characters
 
 @dataclass(frozen=True)
 class ServingSpec:
-    """Everything the serving objects need: the plan plus the stack's settings.
+    """Everything the serving objects need: the plan's figures plus the stack's settings.
 
-    `plan` is `Plan.to_json_dict()`. `image` is the pinned serving image (vLLM
-    with Ray, and the EFA userspace); `ray_version` is the Ray inside it (KubeRay
-    picks its probes by it). `pvc_name` is the weights claim
+    `deployment` is `Plan.deployment()` (infra/planning/contract.py): only a plan
+    that fits and names a checkpoint has one. `image` is the pinned serving image
+    (vLLM with Ray, and the EFA userspace); None when only the Serving component
+    knows it (an Output: the stack's ECR repository), which fills it in before
+    any pod spec is built. `ray_version` is the Ray inside it (KubeRay picks its
+    probes by it). `pvc_name` is the weights claim
     (components/storage.py), mounted read-only at `mount_path`. The benchmark's
     thresholds have no default here: the stack config (`gpu-serving:checks`)
     owns them.
     """
 
-    plan: Mapping[str, Any]
+    deployment: Deployment
     namespace: str
-    image: str
+    image: Optional[str]
     ray_version: str
     pvc_name: str
     ttft_p99_ms: float  # p99 time to first token must stay below this, ms
@@ -130,11 +134,6 @@ class ServingSpec:
     load_balancer_tags: Mapping[str, str] = field(default_factory=dict)  # the stack's tags, for an internal NLB
 
     def __post_init__(self) -> None:
-        p = self.plan
-        if not p.get("feasible"):
-            raise UserError("the plan does not fit, so there is nothing to serve: " + "; ".join(p.get("errors") or ["infeasible"]))
-        if not p["model"].get("checkpoint"):
-            raise UserError(f"no published checkpoint of {p['model']['name']} is known: the serving layer needs weights to load")
         if not _DNS1035.match(self.name) or len(self.name) > MAX_NAME:
             raise UserError(f"serving name {self.name!r} must be a DNS-1035 label of at most {MAX_NAME} characters")
         if not _DNS1123.match(self.namespace) or len(self.namespace) > 63:
@@ -145,8 +144,6 @@ class ServingSpec:
             raise UserError(f"monitoring {self.monitoring!r} is not one of {', '.join(MONITORING_KINDS)}")
         if not self.mount_path.startswith("/"):
             raise UserError(f"mount path {self.mount_path!r} must be absolute")
-        if p["pod"]["gpus"] != p["layout"]["gpus_per_node"]:
-            raise UserError("the plan's pod does not take all of the node's GPUs; the serving layer runs one pod per node")
         for label, value in (
             ("nccl bus bandwidth floor", self.nccl_busbw_floor_gbps),
             ("TTFT p99 threshold", self.ttft_p99_ms),
@@ -168,16 +165,16 @@ class ServingSpec:
                     f"the EFA check runs an all-reduce across {EFA_CHECK_NODES} GPU nodes; this stack has {self.nodes}"
                 )
             if self.efa_interfaces < 1:
-                raise UserError(f"the EFA check needs EFA; {p['instance']['type']} has no EFA interface")
+                raise UserError(f"the EFA check needs EFA; {self.instance_type} has no EFA interface")
 
     # --- Figures from the plan ----------------------------------------------------
     @property
     def nodes(self) -> int:
-        return int(self.plan["layout"]["nodes"])
+        return self.deployment.nodes.count
 
     @property
     def gpus_per_node(self) -> int:
-        return int(self.plan["pod"]["gpus"])
+        return self.deployment.nodes.gpus_per_node
 
     @property
     def total_gpus(self) -> int:
@@ -185,15 +182,15 @@ class ServingSpec:
 
     @property
     def efa_interfaces(self) -> int:
-        return int(self.plan["pod"]["efa_interfaces"])
+        return self.deployment.pod.efa_interfaces
 
     @property
     def instance_type(self) -> str:
-        return str(self.plan["instance"]["type"])
+        return self.deployment.nodes.instance_type
 
     @property
     def served_model_name(self) -> str:
-        return str(self.plan["model"]["checkpoint"])
+        return self.deployment.serve.checkpoint
 
     @property
     def model_dir(self) -> str:
@@ -205,11 +202,11 @@ class ServingSpec:
 
     @property
     def vllm_args(self) -> list[str]:
-        return [str(a) for a in self.plan["vllm_args"]]
+        return list(self.deployment.serve.vllm_args)
 
     @property
     def ray_start_params(self) -> dict[str, str]:
-        return {str(k): str(v) for k, v in self.plan["ray_start_params"].items()}
+        return dict(self.deployment.ray_start_params)
 
     @property
     def service_name(self) -> str:
@@ -229,7 +226,7 @@ class ServingSpec:
 
 def startup_budget_s(spec: ServingSpec) -> int:
     """Seconds the head may take from container start to a healthy engine."""
-    cold = float(spec.plan["storage"]["estimated_cold_start_s"])
+    cold = spec.deployment.storage.estimated_cold_start_s
     return math.ceil(cold * COLD_START_MARGIN) + RAY_JOIN_TIMEOUT_S
 
 
