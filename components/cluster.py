@@ -55,7 +55,8 @@ SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_CAPACITY_TYPE = "ON_DEMAND"
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 
-# vpc-cni: `efa-only` network interfaces need VPC CNI >= 1.18.4 (FACTS.md).
+# vpc-cni: `efa-only` network interfaces need VPC CNI >= 1.18.4 (EKS User Guide,
+# "Manage EFA devices on Amazon EKS": efa-only interfaces).
 # v1.21.1-eksbuild.7 is the version the EKS user guide lists as the latest for
 # Kubernetes 1.29 to 1.35 ("Amazon VPC CNI versions" table in
 # https://docs.amazonaws.cn/eks/latest/userguide/managing-vpc-cni.md); the

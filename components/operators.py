@@ -6,7 +6,7 @@ One `Operators` component (`gpu-serving:k8s:Operators`) creates:
   DaemonSets mount host paths and run privileged) and `kuberay`; the EFA device
   plugin goes into `kube-system`, where AWS's examples install it;
 - one `helm.v3.Release` per chart, chart, version and repository pinned in
-  `infra/k8s/helm_values.py` (CHARTS, from ../shared/FACTS.md), values from the pure
+  `infra/k8s/helm_values.py` (CHARTS; sources in tests/fixtures/charts.yaml), values from the pure
   functions there:
   - gpu-operator (driver and toolkit off on the EKS NVIDIA AMI, DCGM exporter
     on, MOFED injection off, operands tolerate the GPU taint);
@@ -74,7 +74,7 @@ class ReleaseOptions:
     skip_await: bool = False
     # atomic purges a failed install (and rolls back a failed upgrade). Off: a release
     # that times out then leaves nothing behind but Helm's opaque "context deadline
-    # exceeded" (FACTS.md, teardown failures); kept, its pods and events say why
+    # exceeded" (pulumi-kubernetes issue tracker); kept, its pods and events say why
     # (kubectl describe), and the next `pulumi up` upgrades the failed release in place.
     atomic: bool = False
     # Same reason: resources a failed upgrade created stay for inspection; the next

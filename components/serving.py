@@ -22,7 +22,7 @@ Ordering on destroy: the RayCluster `depends_on` the operator releases (KubeRay,
 GPU operator, EFA device plugin) and the weights' storage, so Pulumi deletes it
 first, while KubeRay still runs and can tear its pods and services down; an
 operator removed before its custom resources leaves finalizers and stuck
-namespaces behind (../shared/FACTS.md, "Common teardown failures"). The same
+namespaces behind (issue trackers of pulumi-eks, pulumi-kubernetes and KubeRay). The same
 edges order creation: no RayCluster before KubeRay and the device plugins are
 installed and the weights are staged.
 """

@@ -3,7 +3,7 @@
 The recorder returns plain data once the program has finished (inputs and the
 resource options the engine saw); every test asserts on that data. AWS enum
 values are checked against botocore's EKS service model; add-on names, which
-botocore does not list, against tests/fixtures/eks_addons.yaml (from FACTS.md).
+botocore does not list, against tests/fixtures/eks_addons.yaml (its sources inside).
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def test_defaults_would_not_have_done_it(chart_defaults):
     assert gpu["dcgmExporter"]["serviceMonitor"]["enabled"] is True  # would need the Prometheus operator
     assert gpu["devicePlugin"]["env"] == []
     efa = chart_defaults(EFA_DEVICE_PLUGIN)
-    assert efa["tolerations"] == []  # FACTS.md: the EFA plugin's default tolerations are empty
+    assert efa["tolerations"] == []  # the chart's values.yaml: no default tolerations
     assert chart_defaults(KUBERAY_OPERATOR)["nodeSelector"] == {}
 
 
@@ -310,7 +310,7 @@ def test_instance_without_efa_needs_no_plugin():
 
 
 def _known_charts(fixture_file) -> dict[str, tuple[str, str]]:
-    """chart -> (repository, version) from tests/fixtures/charts.yaml (FACTS.md's "Helm charts" table)."""
+    """chart -> (repository, version) from tests/fixtures/charts.yaml (each entry with its source)."""
     doc = yaml.safe_load(fixture_file("charts.yaml").read_text())
     return {c["chart"]: (c["repository"], c["version"]) for c in doc["charts"]}
 

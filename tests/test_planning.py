@@ -23,7 +23,7 @@ TB = 1e12
 @pytest.mark.parametrize(
     "layers, pp, expected",
     [
-        # ../shared/FACTS.md: DeepSeek-V3, 61 layers, PP4 -> 15, 15, 16, 15.
+        # vllm/distributed/utils.py get_pp_indices: DeepSeek-V3, 61 layers, PP4 -> 15, 15, 16, 15.
         (61, 4, [15, 15, 16, 15]),
         # vLLM tests/distributed/test_utils.py::test_get_pp_indices style cases:
         # the remainder goes to the stages before the last, nearest the end first.

@@ -57,6 +57,7 @@ def spec_of(stack: str = "prod", **overrides) -> ServingSpec:
     base = dict(
         deployment=_deployment(stack), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", ttft_p99_ms=checks_config.ttft_p99_ms, tpot_p99_ms=checks_config.tpot_p99_ms,
+        nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
     )  # fmt: skip
     return ServingSpec(**{**base, **overrides})
 

@@ -82,7 +82,7 @@ def stack_plan(stack: str) -> dict:
 def thresholds(stack: str = "prod") -> dict:
     """The benchmark's thresholds, from the stack config that owns them."""
     checks = load_stack_file(stack, REPO).checks
-    return {"ttft_p99_ms": checks.ttft_p99_ms, "tpot_p99_ms": checks.tpot_p99_ms}
+    return {"ttft_p99_ms": checks.ttft_p99_ms, "tpot_p99_ms": checks.tpot_p99_ms, "nccl_busbw_floor_gbps": checks.nccl_bus_bandwidth_floor_gbps}
 
 
 def make_spec(plan: dict, **overrides) -> ServingSpec:
@@ -804,6 +804,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
         deployment=make_plan(cfg.plan_request()).deployment(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
         ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
+        nccl_busbw_floor_gbps=cfg.checks.nccl_bus_bandwidth_floor_gbps,
     )  # fmt: skip
     annotation = service(spec)["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"]
     assert dict(pair.split("=", 1) for pair in annotation.split(",")) == tags

@@ -46,6 +46,7 @@ def spec(stack: str = "prod", **overrides) -> ServingSpec:
         pvc_name="model-weights",
         ttft_p99_ms=checks_config.ttft_p99_ms,
         tpot_p99_ms=checks_config.tpot_p99_ms,
+        nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
     )
     base.update(overrides)
     return ServingSpec(**base)

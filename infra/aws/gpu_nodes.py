@@ -37,7 +37,7 @@ Why this one and not the alternatives:
 Cost of the choice: the template declares N + 1 interfaces (33 on p5.48xlarge),
 N of them EFA, and the cluster's VPC CNI must know `efa-only` interfaces (it
 must not try to give them IPs): VPC CNI >= 1.18.4, as recorded in
-../shared/FACTS.md (the cluster component pins the add-on version).
+the EKS User Guide, "Manage EFA devices on Amazon EKS" (the cluster component pins the add-on version).
 
 Per EC2 (moto 5.2.5's instance_types data) every GPU type in the catalog has
 exactly one EFA per network card (p4d/p4de 4/4, p5/p5e 32/32, p5en 16/16,

@@ -62,7 +62,7 @@ GPUS: dict[str, GPU] = {
             compute_capability="9.0",
             source=(
                 "visible memory: vLLM logs on H100 80GB HBM3 report total memory 79.18-79.19 GiB "
-                "(FACTS.md; vLLM PR #10511 shows 79.22 GiB); torch device-property "
+                "(vLLM start-up logs print 79.18-79.19 GiB; vLLM PR #10511 shows 79.22 GiB); torch device-property "
                 "dumps of 'NVIDIA H100 80GB HBM3' show total_memory=81089-81090MB. "
                 "Bandwidth 3.35 TB/s and compute: " + _H100_H200_DATASHEET + "."
             ),

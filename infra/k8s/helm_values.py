@@ -3,12 +3,12 @@
 Pure functions (no Pulumi, no Kubernetes calls): `components/operators.py` turns
 them into `helm.v3.Release` resources, and `tests/test_operators.py` checks every
 key path they set against the chart's own default values in
-`../shared/upstream/<chart>-<version>/values.yaml`, so a misspelt key cannot
-silently do nothing. The product never reads `../shared` at run time: what it
+`tests/fixtures/upstream/<chart>-<version>/values.yaml`, so a misspelt key cannot
+silently do nothing. The product never reads the fixtures at run time: what it
 needs from a chart (the EFA plugin's supported-instance list) is copied here as
 data, with its source.
 
-Three charts, versions pinned (../shared/FACTS.md, "Helm charts"):
+Three charts, versions pinned (tests/fixtures/charts.yaml names each chart's source):
 
 - NVIDIA GPU operator: the device plugin (`nvidia.com/gpu`), GPU feature
   discovery, DCGM exporter and validators on the GPU nodes. The EKS AL2023
@@ -46,12 +46,12 @@ class Chart:
 
     @property
     def upstream_folder(self) -> str:
-        """The folder in ../shared/upstream holding this chart's defaults (tests only)."""
+        """The folder in tests/fixtures/upstream holding this chart's defaults (tests only)."""
         return f"{self.chart}-{self.version}"
 
 
-# Repository, chart and version: ../shared/FACTS.md, "Helm charts" (the tests compare
-# them with that table and with the folders and Chart.yaml files in ../shared/upstream).
+# Repository, chart and version (the tests compare them with tests/fixtures/charts.yaml
+# and with the Chart.yaml files copied from each chart into tests/fixtures/upstream).
 GPU_OPERATOR = Chart("gpu-operator", "gpu-operator", "v26.7.0", "https://helm.ngc.nvidia.com/nvidia", "gpu-operator")
 # kube-system, where AWS's examples install it (aws-ia/terraform-aws-eks-blueprints
 # patterns/targeted-odcr/helm.tf, clowdhaus/aws-eks-efa-test helm.tf): a node-level
@@ -147,9 +147,9 @@ def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
     Prometheus operator's CRDs in the cluster; off otherwise).
     """
     return {
-        # The EKS AL2023 NVIDIA AMI ships the NVIDIA driver (FACTS.md, "EKS"; EKS
-        # User Guide, "Use EKS-optimized accelerated AMIs"): a driver container
-        # would fight the host's kernel modules. FACTS.md, "Helm charts".
+        # The EKS AL2023 NVIDIA AMI ships the NVIDIA driver (EKS User Guide,
+        # "Use EKS-optimized accelerated AMIs"): a driver container would fight
+        # the host's kernel modules.
         "driver": {"enabled": False},
         # ... and the NVIDIA container toolkit, with containerd already set up for
         # it: the toolkit DaemonSet would rewrite the host's containerd config.
@@ -165,7 +165,7 @@ def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
             # set already. With it on, every GPU container gets all
             # /dev/infiniband/uverbs* devices, which belong to the EFA device
             # plugin, and NCCL sees NICs it was not allocated
-            # (NVIDIA/k8s-device-plugin#1692; FACTS.md, "Helm charts"). Set
+            # (NVIDIA/k8s-device-plugin#1692). Set
             # explicitly, so no default can turn it on.
             "env": [{"name": "MOFED_ENABLED", "value": "false"}],
         },
@@ -227,7 +227,7 @@ def efa_device_plugin_values(itype: InstanceType) -> dict[str, Any]:
         raise UserError(f"instance type {itype.name} has no EFA interfaces: no EFA device plugin is needed")
     check_efa_supported(itype)
     return {
-        # The chart's default is no tolerations (FACTS.md): without this the
+        # The chart's default is no tolerations (its values.yaml): without this the
         # plugin never runs on the tainted GPU nodes and no pod can request
         # vpc.amazonaws.com/efa. (The chart adds CriticalAddonsOnly itself.)
         "tolerations": gpu_tolerations(),

@@ -102,7 +102,7 @@ class ServingSpec:
     knows it (an Output: the stack's ECR repository), which fills it in before
     any pod spec is built. `ray_version` is the Ray inside it (KubeRay picks its
     probes by it). `pvc_name` is the weights claim
-    (components/storage.py), mounted read-only at `mount_path`. The benchmark's
+    (components/storage.py), mounted read-only at `mount_path`. The checks'
     thresholds have no default here: the stack config (`gpu-serving:checks`)
     owns them.
     """
@@ -114,6 +114,7 @@ class ServingSpec:
     pvc_name: str
     ttft_p99_ms: float  # p99 time to first token must stay below this, ms
     tpot_p99_ms: float  # p99 time per output token must stay below this, ms
+    nccl_busbw_floor_gbps: float  # EFA check: GB/s (gigabytes per second, the unit nccl-tests prints busbw in)
     name: str = "vllm"
     mount_path: str = "/models"
     # Where the staging Job put the checkpoint and its marker (infra.staging.model_path /
@@ -124,7 +125,6 @@ class ServingSpec:
     monitoring: str = "annotations"  # "podmonitor" | "annotations"
     monitor_labels: Mapping[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
     efa_check: bool = False
-    nccl_busbw_floor_gbps: float = 100.0  # GB/s (gigabytes per second, the unit nccl-tests prints busbw in)
     benchmark: bool = False
     benchmark_prompts: int = 200
     benchmark_input_len: int = 1024
