@@ -69,9 +69,8 @@ Environment (every Ray container)
   variables (vLLM docs, "Environment Variables": do not name a service `vllm`).
   The API Service is `<name>-api` as well.
 
-The serving image must carry the EFA userspace (libfabric >= 1.18) and the
-aws-ofi-nccl plugin (>= 1.7) on its library path; without them NCCL silently
-falls back to TCP sockets. The EFA check Job fails in exactly that case.
+What the serving image must carry for EFA, and the check that catches its
+absence: infra/k8s/checks.py.
 """
 
 from __future__ import annotations
