@@ -23,6 +23,7 @@ from infra.catalog.arch import LayerSpec, ModelArch, ParamGroup, Role
 from infra.catalog.families import PARSERS
 from infra.catalog.families.common import LINEAR_ROLES, format_label
 from infra.catalog.formats import FOUR_BIT_FORMATS, get_format
+from infra.catalog.quant import group_bytes
 from infra.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
@@ -44,6 +45,9 @@ class CatalogEntry:
     # the aiconfigurator-core 0.12.0 package (model_configs/), which is where
     # their existence was checked.
     variants: dict[str, str] = field(default_factory=dict)
+    # ModelOpt checkpoints keep their quantization block in hf_quant_config.json, next to a
+    # config.json without one; the bundled copy of that file, if any (in model_configs/).
+    quant_file: str | None = None
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -85,6 +89,11 @@ CATALOG: dict[str, CatalogEntry] = {
         "qwen3-235b-a22b.json", "Qwen/Qwen3-235B-A22B", 235_000_000_000, 22_000_000_000,
         "model card huggingface.co/Qwen/Qwen3-235B-A22B: 235B total, 22B activated",
         {"fp8": "Qwen/Qwen3-235B-A22B-FP8", "nvfp4": "nvidia/Qwen3-235B-A22B-NVFP4"},
+    ),
+    "qwen3-235b-a22b-fp8": CatalogEntry(
+        "qwen3-235b-a22b-fp8.json", "Qwen/Qwen3-235B-A22B-FP8", 235_000_000_000, 22_000_000_000,
+        "model card huggingface.co/Qwen/Qwen3-235B-A22B-FP8: 235B total, 22B activated (the FP8 "
+        "checkpoint of qwen3-235b-a22b: fine-grained FP8, block size 128)",
     ),
     "qwen3-30b-a3b": CatalogEntry(
         "qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B", 30_500_000_000, 3_300_000_000,
@@ -137,8 +146,13 @@ def load_model(name_or_path: str) -> ModelArch:
     key = str(name_or_path).strip()
     name = key if key in CATALOG else by_repo.get(key.lower())
     if name is not None:
-        path = CONFIG_DIR / CATALOG[name].file
-        return parse_config(_read_json(path), name, f"{CATALOG[name].hf_repo} config.json (bundled copy)")
+        entry = CATALOG[name]
+        cfg = _read_json(CONFIG_DIR / entry.file)
+        source = f"{entry.hf_repo} config.json (bundled copy)"
+        if entry.quant_file:
+            cfg = with_hf_quant_config(cfg, _read_json(CONFIG_DIR / entry.quant_file))
+            source += " + hf_quant_config.json"
+        return parse_config(cfg, name, source)
 
     path = Path(key).expanduser()
     if path.is_dir():
@@ -146,7 +160,12 @@ def load_model(name_or_path: str) -> ModelArch:
             raise UserError(f"directory {str(path)!r} has no config.json; point at a model directory or a config.json")
         path = path / "config.json"
     if path.is_file():
-        return parse_config(_read_json(path), str(path), str(path))
+        cfg, source = _read_json(path), str(path)
+        quant = path.parent / HF_QUANT_CONFIG
+        if quant.is_file() and not _quant_block(cfg):
+            cfg = with_hf_quant_config(cfg, _read_json(quant))
+            source += f" + {quant.name}"
+        return parse_config(cfg, str(path), source)
     if path.suffix == ".json" or "/" in key or key.startswith("."):
         raise UserError(
             f"model config {key!r} not found: no such file or directory "
@@ -156,6 +175,23 @@ def load_model(name_or_path: str) -> ModelArch:
         f"unknown model {key!r}; known catalog names: {', '.join(sorted(CATALOG))}; "
         "or give the path of a config.json or of a model directory holding one"
     )
+
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+
+
+def _quant_block(cfg: dict) -> dict | None:
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return cfg.get("quantization_config") or text.get("quantization_config")
+
+
+def with_hf_quant_config(cfg: dict, hf_quant: dict) -> dict:
+    """The config with a ModelOpt hf_quant_config.json as its quantization_config, as vLLM
+    reads that file when config.json has none (ModelOptQuantConfigBase.get_config_filenames).
+    A config.json's own block wins."""
+    if _quant_block(cfg):
+        return cfg
+    return {**cfg, "quantization_config": {"quant_method": "modelopt", **hf_quant}}
 
 
 def _read_json(path: Path) -> dict:
@@ -175,6 +211,9 @@ def _read_json(path: Path) -> dict:
 def parse_config(cfg: dict, name: str, source: str) -> ModelArch:
     """Dispatch on the text model's `model_type` (`text_config` when the config has one)."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    if text is not cfg and cfg.get("quantization_config") and not text.get("quantization_config"):
+        # A multimodal config may keep the quantization block at its top level.
+        text = {**text, "quantization_config": cfg["quantization_config"]}
     model_type = text.get("model_type") or cfg.get("model_type")
     parser = PARSERS.get(model_type)
     if parser is None:
@@ -225,9 +264,16 @@ def params_active(arch: ModelArch, include_embedding: bool = True) -> int:
     return total
 
 
+def _group_bytes(g: ParamGroup) -> Fraction:
+    if g.scheme is not None:
+        return Fraction(group_bytes(g.scheme, g.shapes))  # the whole model, unpadded
+    return g.count * Fraction(get_format(g.fmt).bytes_per_param)
+
+
 def weight_bytes(arch: ModelArch, include_mtp: bool = False) -> int:
-    """Bytes of the stored weights: sum of count x bytes per parameter (scales included)."""
-    return int(sum(g.count * Fraction(get_format(g.fmt).bytes_per_param) for g in _all_groups(arch, include_mtp)))
+    """Bytes of the stored weights: sum of count x bytes per parameter (scales included);
+    quantised groups as vLLM lays them out for the whole model (infra.catalog.quant)."""
+    return int(sum(_group_bytes(g) for g in _all_groups(arch, include_mtp)))
 
 
 def with_weight_format(arch: ModelArch, fmt: str) -> ModelArch:
