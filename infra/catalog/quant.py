@@ -13,8 +13,9 @@ scales, zero points, global scales, shape tensors), so a rank's figure is what
 vLLM allocates for it. Each scheme names the function it follows.
 
 Only the parameters vLLM creates are counted: kernels that repack weights after
-loading (Marlin, swizzled scale layouts) are left out, except the MXFP4 MoE
-padding that vLLM chooses before `create_weights` (`mxfp4_moe_alignment`).
+loading (Marlin repacking, swizzled scale layouts) are left out, except for
+gpt-oss's MXFP4 MoE: the padding vLLM chooses before `create_weights` for the
+GPU's kernel (`mxfp4_moe_backend`) and the Triton kernels' Hopper layout.
 """
 
 from __future__ import annotations
@@ -200,32 +201,61 @@ def experts_bytes(s: Scheme, experts: int, hidden: int, inter: int, *, bias: boo
     raise ValueError(f"no FusedMoE layout for scheme {s.kind!r}")
 
 
-def mxfp4_moe_alignment(compute_capability: float | None) -> tuple[int, int, int]:
-    """(hidden multiple, intermediate-per-rank multiple, expert-bias bytes) of gpt-oss's
-    MXFP4 MoE on a GPU of this compute capability.
+def mxfp4_moe_backend(compute_capability: float | None) -> str:
+    """The MXFP4 MoE backend vLLM picks for gpt-oss on a GPU of this compute capability:
+    "trtllm", "triton", "marlin", or "none" when the GPU is not known.
 
-    vLLM's GptOssMxfp4MoEMethod.maybe_roundup_sizes (quantization/mxfp4.py) rounds the
-    hidden size and the intermediate size per partition up before create_weights, by
-    fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size for the
-    backend select_mxfp4_moe_backend picks: the first of _get_priority_backends_for_gpt_oss
-    whose kernels run on the device.
-    - SM100 family (B200): FLASHINFER_TRTLLM_MXFP4_BF16 (TrtLlmMxfp4Experts, family 100):
-      hidden to 256, intermediate to 128.
-    - SM90 (H100, H200): TRITON (OAITritonExperts, 9.0 <= cc < 13): intermediate to 64,
-      hidden unchanged; the Triton path converts the expert biases to fp32
-      (convert_gpt_oss_weight_to_mxfp4_moe_kernel_format).
-    - SM110 / SM12x: TRITON is moved after MARLIN; below SM90 (A100, A10G, L40S) neither
-      TRITON nor the FlashInfer / CUTLASS MXFP4 kernels run: MARLIN, hidden to 256,
-      intermediate to 128.
-    None (GPU unknown): the checkpoint's own sizes.
+    fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend takes the first backend of
+    _get_priority_backends_for_gpt_oss whose kernels run on the device:
+    FLASHINFER_TRTLLM_MXFP4_BF16 on the SM100 family (TrtLlmMxfp4Experts, B200); TRITON
+    on 9.0 <= cc < 13 (OAITritonExperts, H100 / H200; on SM110 and SM12x it is moved after
+    MARLIN); below SM90 (A100, A10G, L40S) neither TRITON nor the FlashInfer / CUTLASS
+    MXFP4 kernels run, and MARLIN is the first that does.
     """
     if compute_capability is None:
-        return 1, 1, 2
+        return "none"
     if 10.0 <= compute_capability < 11.0:
-        return 256, 128, 2
+        return "trtllm"
     if 9.0 <= compute_capability < 10.0:
-        return 1, 64, 4
-    return 256, 128, 2
+        return "triton"
+    return "marlin"
+
+
+# (hidden multiple, intermediate-per-rank multiple) per backend: fused_moe/oracle/mxfp4.py
+# mxfp4_round_up_hidden_size_and_intermediate_size, which GptOssMxfp4MoEMethod.maybe_roundup_sizes
+# (quantization/mxfp4.py) applies before create_weights: TRTLLM hidden 256 / intermediate 128,
+# MARLIN 256 / 128, TRITON (its `else` branch) intermediate 64 and hidden unchanged.
+MXFP4_MOE_ALIGNMENT = {"none": (1, 1), "trtllm": (256, 128), "marlin": (256, 128), "triton": (1, 64)}
+
+
+def _triton_hopper_expert_bytes(hidden: int, inter: int) -> int:
+    """One expert's MXFP4 weights and scales after the OAI Triton kernels' Hopper swizzle.
+
+    convert_gpt_oss_weight_to_mxfp4_moe_kernel_format (TRITON) runs
+    quantization/utils/mxfp4_utils.py _swizzle_mxfp4, which on SM90 pads the scale groups
+    to a multiple of 4, and store_params_in_triton keeps the swizzled tensors as the
+    parameters. The layouts are triton_kernels' HopperMXValueLayout (values: the packed
+    dimension to 64 bytes, the other to 256) and HopperMXScaleLayout (rows to
+    2 x num_warps(8) x 2 x 8 = 256). ASSUMPTION: the triton_kernels package, which vLLM
+    prefers over its vendored copy (import_utils.import_triton_kernels), pads values so;
+    the copy vendored in vLLM 0.34 pads them only to 16 x 32 bytes (for gpt-oss-120b
+    about 3 GiB less on one GPU). A vLLM 0.14.1 H100 log ("Model loading took 64.38 GiB",
+    TP 1, Triton backend) agrees with this layout within 0.2%.
+    """
+    h, i = hidden, inter
+    values = round_up(h // 2, 64) * round_up(2 * i, 256) + round_up(i // 2, 64) * round_up(h, 256)
+    scales = round_up(2 * i, 256) * round_up(h // 32, 4) + round_up(h, 256) * round_up(i // 32, 4)
+    return values + scales
+
+
+def _gpt_oss_experts_bytes(s: Scheme, experts: int, hidden: int, inter: int, backend: str) -> int:
+    """gpt-oss's MXFP4 FusedMoE on one rank, padded for `backend` (see mxfp4_moe_backend)."""
+    h_align, i_align = MXFP4_MOE_ALIGNMENT[backend]
+    h, i = round_up(hidden, h_align), round_up(inter, i_align)
+    if backend != "triton":
+        return experts_bytes(s, experts, h, i, bias=True, bias_bytes=2)
+    # The TRITON conversion also turns the expert biases into fp32.
+    return experts * (_triton_hopper_expert_bytes(h, i) + FP32 * (2 * i + h))
 
 
 def group_bytes(
@@ -242,7 +272,7 @@ def group_bytes(
     Routed experts: with expert parallel a rank holds experts / expert_shards whole
     experts, without it every expert with inter / TP of its intermediate size
     (FusedMoE). gpt-oss MXFP4 experts are padded for the GPU's MoE kernel
-    (`mxfp4_moe_alignment`); with `compute_capability` None they are not.
+    (`mxfp4_moe_backend`); with `compute_capability` None they are not.
     """
     from infra.catalog.arch import Experts, Linear
 
@@ -256,11 +286,10 @@ def group_bytes(
                 experts, inter = shape.experts // expert_shards, shape.inter
             else:
                 experts, inter = shape.experts, shape.inter // tp
-            hidden, bias_bytes = shape.hidden, 2
             if s.kind == "gpt_oss_mxfp4":
-                h_align, i_align, bias_bytes = mxfp4_moe_alignment(compute_capability)
-                hidden, inter = round_up(hidden, h_align), round_up(inter, i_align)
-            total += experts_bytes(s, experts, hidden, inter, bias=shape.bias, bias_bytes=bias_bytes)
+                total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter, mxfp4_moe_backend(compute_capability))
+            else:
+                total += experts_bytes(s, experts, shape.hidden, inter, bias=shape.bias)
         else:
             raise TypeError(f"unknown parameter shape {shape!r}")
     return total
