@@ -85,6 +85,11 @@ CATALOG: dict[str, CatalogEntry] = {
         "model card huggingface.co/moonshotai/Kimi-K2-Instruct: 1T total, 32B activated "
         "(Kimi K2 technical report: 1.04T total)",
     ),
+    "kimi-k2.5": CatalogEntry(
+        "kimi-k2.5.json", "moonshotai/Kimi-K2.5", 1_000_000_000_000, 32_000_000_000,
+        "model card huggingface.co/moonshotai/Kimi-K2.5: 1T total, 32B activated (Kimi K2 "
+        "architecture; routed experts INT4 W4A16 group 32, compressed-tensors)",
+    ),
     "qwen3-235b-a22b": CatalogEntry(
         "qwen3-235b-a22b.json", "Qwen/Qwen3-235B-A22B", 235_000_000_000, 22_000_000_000,
         "model card huggingface.co/Qwen/Qwen3-235B-A22B: 235B total, 22B activated",
@@ -95,10 +100,28 @@ CATALOG: dict[str, CatalogEntry] = {
         "model card huggingface.co/Qwen/Qwen3-235B-A22B-FP8: 235B total, 22B activated (the FP8 "
         "checkpoint of qwen3-235b-a22b: fine-grained FP8, block size 128)",
     ),
+    "qwen3-235b-a22b-nvfp4": CatalogEntry(
+        "qwen3-235b-a22b-nvfp4.json", "nvidia/Qwen3-235B-A22B-NVFP4", 235_000_000_000, 22_000_000_000,
+        "NVIDIA's ModelOpt NVFP4 checkpoint of Qwen/Qwen3-235B-A22B (its model card: 235B total, "
+        "22B activated); quantization in hf_quant_config.json (quant_algo NVFP4, group 16)",
+        quant_file="qwen3-235b-a22b-nvfp4.hf_quant_config.json",
+    ),
     "qwen3-30b-a3b": CatalogEntry(
         "qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B", 30_500_000_000, 3_300_000_000,
         "model card huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B total, 3.3B activated",
         {"fp8": "Qwen/Qwen3-30B-A3B-FP8"},
+    ),
+    "qwen3-30b-a3b-gptq-int4": CatalogEntry(
+        "qwen3-30b-a3b-gptq-int4.json", "Qwen/Qwen3-30B-A3B-GPTQ-Int4", 30_500_000_000, 3_300_000_000,
+        "Qwen's GPTQ INT4 checkpoint of Qwen3-30B-A3B (base model card: 30.5B total, 3.3B activated). "
+        "RECONSTRUCTED config: Qwen/Qwen3-30B-A3B's config.json plus the AutoGPTQ quantization_config "
+        "Qwen states for its GPTQ releases (QwenLM/Qwen issue #717) at 4 bits",
+    ),
+    "qwen3-32b-awq": CatalogEntry(
+        "qwen3-32b-awq.json", "Qwen/Qwen3-32B-AWQ", 32_800_000_000, None,
+        "Qwen's AWQ INT4 checkpoint of Qwen3-32B (base model card: 32.8B parameters). RECONSTRUCTED "
+        "config: Qwen/Qwen3-32B's config.json plus AutoAWQ's default quantization_config "
+        "(AwqConfig.to_transformers_dict: 4 bits, group 128, zero point, GEMM)",
     ),
     "llama-3.1-405b": CatalogEntry(
         "llama-3.1-405b.json", "meta-llama/Meta-Llama-3.1-405B", 405_000_000_000, None,
