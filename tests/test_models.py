@@ -378,6 +378,25 @@ def test_bundled_configs_equal_reference_files(fixture_file):
         assert json.loads((CONFIG_DIR / entry.file).read_text()) == json.loads(reference.read_text()), name
 
 
+def test_bundled_quant_configs_equal_reference_files(fixture_file):
+    """ModelOpt checkpoints' hf_quant_config.json, bundled next to their config.json."""
+    entries = {name: e for name, e in CATALOG.items() if e.quant_file}
+    assert entries
+    for name, entry in entries.items():
+        reference = fixture_file("models", entry.hf_repo.replace("/", "--"), "hf_quant_config.json")
+        assert json.loads((CONFIG_DIR / entry.quant_file).read_text()) == json.loads(reference.read_text()), name
+
+
+def test_quantised_checkpoints_have_their_own_entries():
+    # The published FP8 checkpoint named by qwen3-235b-a22b's fp8 variant is a catalog model of
+    # its own, read from its config.json (quantization_config: fp8, 128 x 128 blocks).
+    assert CATALOG["qwen3-235b-a22b"].variants["fp8"] == CATALOG["qwen3-235b-a22b-fp8"].hf_repo
+    assert CATALOG["qwen3-235b-a22b"].variants["nvfp4"] == CATALOG["qwen3-235b-a22b-nvfp4"].hf_repo
+    arch = load_model("qwen3-235b-a22b-fp8")
+    assert params_total(arch) == params_total(load_model("qwen3-235b-a22b"))
+    assert_published(params_total(arch), "235B", "Qwen3-235B-A22B-FP8 model card")
+
+
 def test_every_catalog_model_loads():
     for name in CATALOG:
         arch = load_model(name)

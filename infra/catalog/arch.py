@@ -36,11 +36,58 @@ class Role(str, Enum):
 
 
 @dataclass(frozen=True)
+class Linear:
+    """The shape of one linear layer as vLLM builds it.
+
+    `outputs` are the fused parts (q, k, v of a QKVParallelLinear; gate, up of a
+    MergedColumnParallelLinear) as (units, width): a column-parallel layer keeps
+    max(1, units // TP) units of each part on a rank, so K/V heads fewer than TP
+    are replicated as QKVParallelLinear does; a plain output of N is (N, 1).
+    `split`: "column" (outputs over TP), "row" (inputs over TP) or "replicated".
+    """
+
+    outputs: tuple[tuple[int, int], ...]
+    inputs: int
+    split: str
+
+    @property
+    def count(self) -> int:
+        return sum(units * width for units, width in self.outputs) * self.inputs
+
+    def per_rank(self, tp: int) -> tuple[tuple[int, ...], int]:
+        """(output partition sizes, input size) on one rank."""
+        if self.split == "column":
+            return tuple(max(1, units // tp) * width for units, width in self.outputs), self.inputs
+        parts = tuple(units * width for units, width in self.outputs)
+        return parts, (self.inputs // tp if self.split == "row" else self.inputs)
+
+
+@dataclass(frozen=True)
+class Experts:
+    """One FusedMoE: `experts` x (w13 gate/up 2 x inter by hidden, w2 hidden by inter),
+    with per-expert biases when `bias` (gpt-oss)."""
+
+    experts: int
+    hidden: int
+    inter: int
+    bias: bool = False
+
+    @property
+    def count(self) -> int:
+        return self.experts * (3 * self.hidden * self.inter + (2 * self.inter + self.hidden if self.bias else 0))
+
+
+@dataclass(frozen=True)
 class ParamGroup:
     role: Role
     shard: Shard
     count: int  # number of parameters
     fmt: str  # key of infra.catalog.formats.FORMATS, as stored in the checkpoint
+    # A quantised group carries the vLLM scheme (infra.catalog.quant.Scheme) and the
+    # shapes it is made of: its bytes per rank are those of the parameters vLLM
+    # creates for these shapes (scales, zero points, padding), not count x bytes.
+    scheme: object | None = None
+    shapes: tuple[Linear | Experts, ...] = ()
 
 
 class CacheDtype(str, Enum):

@@ -4,6 +4,13 @@ The cost includes the quantisation scales that travel with the weights, so
 `count x bytes_per_param` is what a checkpoint (and vLLM's copy of it in GPU
 memory) takes. Each figure names where it comes from.
 
+These per-parameter costs serve the `--weight-format` override and the layers
+of the DeepSeek / Kimi families. A checkpoint whose quantization_config the
+parsers read into a vLLM scheme (infra.catalog.quant) is costed instead from the
+parameters vLLM creates for each layer's shape: scales per block, channel,
+group or shard, zero points, kernel padding. The format names below then only
+label those layers.
+
 `hardware_min_cc` is the lowest CUDA compute capability whose tensor cores
 compute in the format natively. It is informative only: vLLM also has
 weight-only kernels (Marlin) that run FP8 / FP4 / INT4 weights on older GPUs
@@ -82,6 +89,17 @@ FORMATS: dict[str, WeightFormat] = {
             source=(
                 "INT4 weight-only (GPTQ / AWQ / compressed-tensors W4A16). Assumes group size "
                 "128 with one bf16 scale per group; AWQ adds a zero point per group, not counted."
+            ),
+        ),
+        WeightFormat(
+            name="int8",
+            # One int8 byte per weight plus one fp32 scale per output channel (~4/K), ignored.
+            bytes_per_param=Fraction(1),
+            hardware_min_cc=7.5,
+            source=(
+                "INT8 weights (compressed-tensors W8A8 int8, 8-bit GPTQ / AWQ): one byte per weight; "
+                "the per-channel fp32 scale (4 bytes per input row) is left out of this figure. "
+                "INT8 tensor cores from Turing (sm75)."
             ),
         ),
         WeightFormat(

@@ -23,6 +23,7 @@ from infra.catalog.arch import LayerSpec, ModelArch, ParamGroup, Role
 from infra.catalog.families import PARSERS
 from infra.catalog.families.common import LINEAR_ROLES, format_label
 from infra.catalog.formats import FOUR_BIT_FORMATS, get_format
+from infra.catalog.quant import group_bytes
 from infra.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
@@ -44,6 +45,9 @@ class CatalogEntry:
     # the aiconfigurator-core 0.12.0 package (model_configs/), which is where
     # their existence was checked.
     variants: dict[str, str] = field(default_factory=dict)
+    # ModelOpt checkpoints keep their quantization block in hf_quant_config.json, next to a
+    # config.json without one; the bundled copy of that file, if any (in model_configs/).
+    quant_file: str | None = None
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -81,15 +85,43 @@ CATALOG: dict[str, CatalogEntry] = {
         "model card huggingface.co/moonshotai/Kimi-K2-Instruct: 1T total, 32B activated "
         "(Kimi K2 technical report: 1.04T total)",
     ),
+    "kimi-k2.5": CatalogEntry(
+        "kimi-k2.5.json", "moonshotai/Kimi-K2.5", 1_000_000_000_000, 32_000_000_000,
+        "model card huggingface.co/moonshotai/Kimi-K2.5: 1T total, 32B activated (Kimi K2 "
+        "architecture; routed experts INT4 W4A16 group 32, compressed-tensors)",
+    ),
     "qwen3-235b-a22b": CatalogEntry(
         "qwen3-235b-a22b.json", "Qwen/Qwen3-235B-A22B", 235_000_000_000, 22_000_000_000,
         "model card huggingface.co/Qwen/Qwen3-235B-A22B: 235B total, 22B activated",
         {"fp8": "Qwen/Qwen3-235B-A22B-FP8", "nvfp4": "nvidia/Qwen3-235B-A22B-NVFP4"},
     ),
+    "qwen3-235b-a22b-fp8": CatalogEntry(
+        "qwen3-235b-a22b-fp8.json", "Qwen/Qwen3-235B-A22B-FP8", 235_000_000_000, 22_000_000_000,
+        "model card huggingface.co/Qwen/Qwen3-235B-A22B-FP8: 235B total, 22B activated (the FP8 "
+        "checkpoint of qwen3-235b-a22b: fine-grained FP8, block size 128)",
+    ),
+    "qwen3-235b-a22b-nvfp4": CatalogEntry(
+        "qwen3-235b-a22b-nvfp4.json", "nvidia/Qwen3-235B-A22B-NVFP4", 235_000_000_000, 22_000_000_000,
+        "NVIDIA's ModelOpt NVFP4 checkpoint of Qwen/Qwen3-235B-A22B (its model card: 235B total, "
+        "22B activated); quantization in hf_quant_config.json (quant_algo NVFP4, group 16)",
+        quant_file="qwen3-235b-a22b-nvfp4.hf_quant_config.json",
+    ),
     "qwen3-30b-a3b": CatalogEntry(
         "qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B", 30_500_000_000, 3_300_000_000,
         "model card huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B total, 3.3B activated",
         {"fp8": "Qwen/Qwen3-30B-A3B-FP8"},
+    ),
+    "qwen3-30b-a3b-gptq-int4": CatalogEntry(
+        "qwen3-30b-a3b-gptq-int4.json", "Qwen/Qwen3-30B-A3B-GPTQ-Int4", 30_500_000_000, 3_300_000_000,
+        "Qwen's GPTQ INT4 checkpoint of Qwen3-30B-A3B (base model card: 30.5B total, 3.3B activated). "
+        "RECONSTRUCTED config: Qwen/Qwen3-30B-A3B's config.json plus the AutoGPTQ quantization_config "
+        "Qwen states for its GPTQ releases (QwenLM/Qwen issue #717) at 4 bits",
+    ),
+    "qwen3-32b-awq": CatalogEntry(
+        "qwen3-32b-awq.json", "Qwen/Qwen3-32B-AWQ", 32_800_000_000, None,
+        "Qwen's AWQ INT4 checkpoint of Qwen3-32B (base model card: 32.8B parameters). RECONSTRUCTED "
+        "config: Qwen/Qwen3-32B's config.json plus AutoAWQ's default quantization_config "
+        "(AwqConfig.to_transformers_dict: 4 bits, group 128, zero point, GEMM)",
     ),
     "llama-3.1-405b": CatalogEntry(
         "llama-3.1-405b.json", "meta-llama/Meta-Llama-3.1-405B", 405_000_000_000, None,
@@ -137,8 +169,13 @@ def load_model(name_or_path: str) -> ModelArch:
     key = str(name_or_path).strip()
     name = key if key in CATALOG else by_repo.get(key.lower())
     if name is not None:
-        path = CONFIG_DIR / CATALOG[name].file
-        return parse_config(_read_json(path), name, f"{CATALOG[name].hf_repo} config.json (bundled copy)")
+        entry = CATALOG[name]
+        cfg = _read_json(CONFIG_DIR / entry.file)
+        source = f"{entry.hf_repo} config.json (bundled copy)"
+        if entry.quant_file:
+            cfg = with_hf_quant_config(cfg, _read_json(CONFIG_DIR / entry.quant_file))
+            source += " + hf_quant_config.json"
+        return parse_config(cfg, name, source)
 
     path = Path(key).expanduser()
     if path.is_dir():
@@ -146,7 +183,12 @@ def load_model(name_or_path: str) -> ModelArch:
             raise UserError(f"directory {str(path)!r} has no config.json; point at a model directory or a config.json")
         path = path / "config.json"
     if path.is_file():
-        return parse_config(_read_json(path), str(path), str(path))
+        cfg, source = _read_json(path), str(path)
+        quant = path.parent / HF_QUANT_CONFIG
+        if quant.is_file() and not _quant_block(cfg):
+            cfg = with_hf_quant_config(cfg, _read_json(quant))
+            source += f" + {quant.name}"
+        return parse_config(cfg, str(path), source)
     if path.suffix == ".json" or "/" in key or key.startswith("."):
         raise UserError(
             f"model config {key!r} not found: no such file or directory "
@@ -156,6 +198,23 @@ def load_model(name_or_path: str) -> ModelArch:
         f"unknown model {key!r}; known catalog names: {', '.join(sorted(CATALOG))}; "
         "or give the path of a config.json or of a model directory holding one"
     )
+
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+
+
+def _quant_block(cfg: dict) -> dict | None:
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return cfg.get("quantization_config") or text.get("quantization_config")
+
+
+def with_hf_quant_config(cfg: dict, hf_quant: dict) -> dict:
+    """The config with a ModelOpt hf_quant_config.json as its quantization_config, as vLLM
+    reads that file when config.json has none (ModelOptQuantConfigBase.get_config_filenames).
+    A config.json's own block wins."""
+    if _quant_block(cfg):
+        return cfg
+    return {**cfg, "quantization_config": {"quant_method": "modelopt", **hf_quant}}
 
 
 def _read_json(path: Path) -> dict:
@@ -175,6 +234,9 @@ def _read_json(path: Path) -> dict:
 def parse_config(cfg: dict, name: str, source: str) -> ModelArch:
     """Dispatch on the text model's `model_type` (`text_config` when the config has one)."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    if text is not cfg and cfg.get("quantization_config") and not text.get("quantization_config"):
+        # A multimodal config may keep the quantization block at its top level.
+        text = {**text, "quantization_config": cfg["quantization_config"]}
     model_type = text.get("model_type") or cfg.get("model_type")
     parser = PARSERS.get(model_type)
     if parser is None:
@@ -225,9 +287,16 @@ def params_active(arch: ModelArch, include_embedding: bool = True) -> int:
     return total
 
 
+def _group_bytes(g: ParamGroup) -> Fraction:
+    if g.scheme is not None:
+        return Fraction(group_bytes(g.scheme, g.shapes))  # the whole model, unpadded
+    return g.count * Fraction(get_format(g.fmt).bytes_per_param)
+
+
 def weight_bytes(arch: ModelArch, include_mtp: bool = False) -> int:
-    """Bytes of the stored weights: sum of count x bytes per parameter (scales included)."""
-    return int(sum(g.count * Fraction(get_format(g.fmt).bytes_per_param) for g in _all_groups(arch, include_mtp)))
+    """Bytes of the stored weights: sum of count x bytes per parameter (scales included);
+    quantised groups as vLLM lays them out for the whole model (infra.catalog.quant)."""
+    return int(sum(_group_bytes(g) for g in _all_groups(arch, include_mtp)))
 
 
 def with_weight_format(arch: ModelArch, fmt: str) -> ModelArch:

@@ -159,15 +159,33 @@ def total_weight_bytes(arch: ModelArch) -> int:
     return cache["weights"]
 
 
-def stage_figures(arch: ModelArch, pp: int, tp: int, kv_bytes: int, seq_len: int) -> list[StageFigures]:
+def stage_figures(
+    arch: ModelArch,
+    pp: int,
+    tp: int,
+    kv_bytes: int,
+    seq_len: int,
+    *,
+    expert_parallel: bool = False,
+    compute_capability: float | None = None,
+) -> list[StageFigures]:
+    """`expert_parallel` and the GPU's `compute_capability` only change quantised
+    experts that vLLM pads for the GPU's MoE kernel (gpt-oss MXFP4)."""
     cache = _model_cache(arch)
-    key = (pp, tp, kv_bytes, seq_len)
+    if "quantised" not in cache:
+        cache["quantised"] = any(g.scheme is not None for layer in arch.layers for g in layer.params)
+    if not cache["quantised"]:
+        expert_parallel, compute_capability = False, None  # the same figures either way
+    key = (pp, tp, kv_bytes, seq_len, expert_parallel, compute_capability)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
         cache[key] = [
             StageFigures(
                 layers=layers,
-                weights=memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp),
+                weights=memory.stage_weight_bytes(
+                    arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp,
+                    expert_parallel=expert_parallel, compute_capability=compute_capability,
+                ),
                 kv_per_token=memory.bytes_per_token(layers, tp, kv_bytes),
                 kv_per_sequence=memory.bytes_per_sequence(layers, tp, kv_bytes, seq_len),
             )
@@ -191,7 +209,10 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
         gpus_per_node=itype.gpu_count,
     )
     stages = []
-    figures = stage_figures(arch, layout.pp, layout.tp, kv_bytes, knobs.max_model_len)
+    figures = stage_figures(
+        arch, layout.pp, layout.tp, kv_bytes, knobs.max_model_len,
+        expert_parallel=layout.expert_parallel, compute_capability=float(gpu.compute_capability),
+    )
     for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(
             arch,

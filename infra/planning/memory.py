@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Shard
 from infra.catalog.formats import get_format
+from infra.catalog.quant import group_bytes
 
 GiB = 2**30
 MiB = 2**20
@@ -107,7 +108,30 @@ def stage_layers(arch: ModelArch, pp: int) -> list[tuple[LayerSpec, ...]]:
 # --- Weights -----------------------------------------------------------------
 
 
-def group_bytes_per_rank(group: ParamGroup, tp: int, expert_shards: int) -> float:
+def group_bytes_per_rank(
+    group: ParamGroup,
+    tp: int,
+    expert_shards: int,
+    *,
+    expert_parallel: bool = False,
+    compute_capability: float | None = None,
+) -> float:
+    """Bytes of one parameter group on one rank.
+
+    A quantised group (one with a vLLM scheme and shapes) costs what vLLM creates
+    for its shapes on the rank (infra.catalog.quant.group_bytes): scales per block
+    or group, zero points, and for gpt-oss's MXFP4 experts the padding of the MoE
+    kernel, which depends on the GPU (`compute_capability`, e.g. 9.0) and on
+    whether experts are split by expert (`expert_parallel`) or by intermediate size.
+    Any other group costs count x bytes per parameter, split by its shard.
+    """
+    if group.scheme is not None:
+        return float(
+            group_bytes(
+                group.scheme, group.shapes, tp=tp, expert_shards=expert_shards,
+                expert_parallel=expert_parallel, compute_capability=compute_capability,
+            )
+        )
     total = group.count * float(get_format(group.fmt).bytes_per_param)
     if group.shard in (Shard.TP, Shard.VOCAB):
         return total / tp
@@ -117,7 +141,15 @@ def group_bytes_per_rank(group: ParamGroup, tp: int, expert_shards: int) -> floa
 
 
 def stage_weight_bytes(
-    arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, last: bool, tp: int, expert_shards: int
+    arch: ModelArch,
+    layers: tuple[LayerSpec, ...],
+    *,
+    first: bool,
+    last: bool,
+    tp: int,
+    expert_shards: int,
+    expert_parallel: bool = False,
+    compute_capability: float | None = None,
 ) -> int:
     """Weights held by one rank of a stage: its layers, plus the embedding on the
     first stage and the LM head and final norm on the last."""
@@ -127,7 +159,14 @@ def stage_weight_bytes(
     if last:
         groups.append(arch.lm_head)
         groups.extend(arch.final)
-    return int(sum(group_bytes_per_rank(g, tp, expert_shards) for g in groups))
+    return int(
+        sum(
+            group_bytes_per_rank(
+                g, tp, expert_shards, expert_parallel=expert_parallel, compute_capability=compute_capability
+            )
+            for g in groups
+        )
+    )
 
 
 # --- KV cache ------------------------------------------------------------------

@@ -6,12 +6,33 @@ the vLLM class); the family modules put them together per `model_type`.
 
 from __future__ import annotations
 
-from infra.catalog.arch import CacheSpec, LayerSpec, ParamGroup, Role, Shard
+from infra.catalog.arch import CacheSpec, Experts, LayerSpec, Linear, ParamGroup, Role, Shard
+from infra.catalog.quant import QuantConfig, Scheme, parse_quant_config
 
 
 def group(role: Role, shard: Shard, count: int, fmt: str) -> ParamGroup:
     """`count` parameters of one role, stored in `fmt`, sharded by `shard`."""
     return ParamGroup(role=role, shard=shard, count=int(count), fmt=fmt)
+
+
+def quant_config(c: dict) -> QuantConfig | None:
+    """The config's quantization_config, with scales kept in the model dtype (params_dtype)."""
+    return parse_quant_config(c, param_bytes=4 if model_dtype(c) == "fp32" else 2)
+
+
+def linear_group(role: Role, shape: Linear, scheme: Scheme | None, fmt: str = "bf16") -> ParamGroup:
+    """One linear layer: in `fmt` when not quantised, else carrying its scheme and shape."""
+    shard = Shard.REPLICATED if shape.split == "replicated" else Shard.TP
+    if scheme is None:
+        return group(role, shard, shape.count, fmt)
+    return ParamGroup(role=role, shard=shard, count=shape.count, fmt=scheme.fmt, scheme=scheme, shapes=(shape,))
+
+
+def experts_group(shape: Experts, scheme: Scheme) -> ParamGroup:
+    """The routed experts of one FusedMoE, quantised by `scheme`."""
+    return ParamGroup(
+        role=Role.ROUTED_EXPERT, shard=Shard.EXPERT, count=shape.count, fmt=scheme.fmt, scheme=scheme, shapes=(shape,)
+    )
 
 
 def norms(*sizes: int, fmt: str = "bf16") -> ParamGroup:
@@ -85,18 +106,26 @@ def moe_params(
     router_fmt: str = "bf16",
     router_bias: str | None = None,
     expert_hidden: int | None = None,
+    expert_scheme: Scheme | None = None,
+    expert_bias: bool = False,
+    router_scheme: Scheme | None = None,
 ) -> list[ParamGroup]:
     """Router + routed experts (FusedMoE: w13 and w2 per expert) + optional shared experts.
 
     `router_bias`: None, "bf16" (a Linear bias, gpt-oss) or "fp32"
     (e_score_correction_bias of noaux_tc routing). `expert_hidden`: the width
     the routed experts work in when it differs from hidden_size (latent MoE).
+    `expert_scheme`: the quantisation of the routed experts (then costed from
+    their shape; `expert_bias` adds gpt-oss's per-expert biases to them);
+    `router_scheme`: of the router gate, a ReplicatedLinear.
     """
     width = expert_hidden or hidden
-    groups = [
-        group(Role.OTHER, Shard.REPLICATED, hidden * num_experts, router_fmt),
-        group(Role.ROUTED_EXPERT, Shard.EXPERT, num_experts * 3 * width * expert_inter, expert_fmt),
-    ]
+    router = linear_group(Role.OTHER, Linear(((num_experts, 1),), hidden, "replicated"), router_scheme, router_fmt)
+    if expert_scheme is not None:
+        routed = experts_group(Experts(num_experts, width, expert_inter, bias=expert_bias), expert_scheme)
+    else:
+        routed = group(Role.ROUTED_EXPERT, Shard.EXPERT, num_experts * 3 * width * expert_inter, expert_fmt)
+    groups = [router, routed]
     if router_bias:
         groups.append(group(Role.OTHER, Shard.REPLICATED, num_experts, router_bias))
     if shared_inter:

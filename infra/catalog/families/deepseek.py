@@ -17,18 +17,43 @@ from infra.catalog.families.common import (
     model_dtype,
     moe_params,
     norms,
+    quant_config,
 )
+from infra.catalog.quant import QuantConfig, Scheme
 from infra.errors import UserError
 
 
-def _deepseek_moe(c: dict, expert_fmt: str, other_fmt: str) -> list[ParamGroup]:
+def _deepseek_moe(c: dict, expert_fmt: str, other_fmt: str, expert_scheme: Scheme | None = None) -> list[ParamGroup]:
     """DeepseekV2MoE: router (bf16 weight, fp32 e_score_correction_bias), routed and shared experts."""
     return moe_params(
         c["hidden_size"], expert_count(c), c["moe_intermediate_size"], expert_fmt,
         shared_inter=c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0),
         shared_fmt=other_fmt,
         router_bias="fp32" if c.get("topk_method") == "noaux_tc" else None,
+        expert_scheme=expert_scheme,
     )
+
+
+def _routed_experts_only(c: dict, name: str) -> QuantConfig:
+    """A quantization_config other than block FP8 (e.g. Kimi-K2.5's compressed-tensors
+    W4A16): the planner supports it when it converts the routed experts only, which the
+    config's ignore list must show for attention, shared experts and the dense MLP."""
+    quant = quant_config(c)
+    first = c.get("first_k_dense_replace", 0)
+    moe_layer = f"model.layers.{max(first, 1 if expert_count(c) else 0)}"
+    probes = {
+        "attention": [f"{moe_layer}.self_attn.kv_a_proj_with_mqa"],
+        "shared experts": [f"{moe_layer}.mlp.shared_experts.gate_proj", f"{moe_layer}.mlp.shared_experts.up_proj"],
+        "dense MLP": ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"],
+    }
+    converted = [what for what, names in probes.items() if quant.linear(names) is not None]
+    if converted or quant.lm_head() is not None:
+        raise UserError(
+            f"model {name!r}: its {quant.method} quantization_config converts "
+            f"{', '.join(converted) or 'the LM head'} as well as the routed experts; the planner supports "
+            "block FP8 or quantised routed experts only for this family"
+        )
+    return quant
 
 
 def _is_moe_layer(c: dict, i: int) -> bool:
@@ -61,11 +86,15 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
 
     FP8 block-scaled linear layers (quantization_config fmt e4m3, 128x128
     blocks); embedding, lm_head, norms and the router gate bf16; the router's
-    e_score_correction_bias fp32.
+    e_score_correction_bias fp32. Another quantization_config (Kimi-K2.5's
+    compressed-tensors W4A16) may convert the routed experts only, which are then
+    costed from vLLM's parameter shapes (infra.catalog.quant).
     """
     hidden = c["hidden_size"]
-    fp8 = (c.get("quantization_config") or {}).get("quant_method") == "fp8"
+    method = (c.get("quantization_config") or {}).get("quant_method")
+    fp8 = method == "fp8"
     fmt = "fp8" if fp8 else "bf16"
+    quant = _routed_experts_only(c, name) if method and not fp8 else None
     sparse = c["model_type"] == "deepseek_v32"
     n = c["num_hidden_layers"]
 
@@ -77,7 +106,11 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
             params += idx_params
             caches.append(idx_cache)
         moe = _is_moe_layer(c, i)
-        params += _deepseek_moe(c, fmt, fmt) if moe else dense_mlp(hidden, c["intermediate_size"], fmt)
+        if moe:
+            scheme = quant.experts(f"model.layers.{i}.mlp.experts") if quant else None
+            params += _deepseek_moe(c, fmt, fmt, scheme)
+        else:
+            params += dense_mlp(hidden, c["intermediate_size"], fmt)
         return make_layer(i, "mla+indexer" if sparse else "mla", params, caches, moe)
 
     layers = tuple(block(i) for i in range(n))
