@@ -47,11 +47,14 @@ def test_more_nodes_never_lowers_capacity(req):
     assert larger.feasible
     big, small = larger.evaluation, smaller.evaluation
     windowed = any(g.first.spec in ("sliding", "sliding_mla") for g in big.kv.groups)
-    if windowed and big.layout.pp > small.layout.pp:
+    if windowed and (big.layout.pp, big.layout.dp) != (small.layout.pp, small.layout.dp):
         # vLLM charges each request of a sliding-window group (PP + 1) x max-num-batched-tokens
-        # in-flight tokens (config/vllm.py max_in_flight_tokens): a deeper pipeline can admit a
-        # little less, but its pool never holds fewer blocks.
-        assert big.num_blocks * big.layout.dp >= small.num_blocks * small.layout.dp
+        # in-flight tokens (config/vllm.py max_in_flight_tokens), and every node is used: one more
+        # node means a deeper pipeline (more reserved per request) or more replicas (the weights
+        # once more), either of which can admit fewer sequences: at most in the ratio of the
+        # in-flight tokens charged, and 5% more.
+        growth = small.admission.sliding_tokens / big.admission.sliding_tokens
+        assert big.max_concurrency >= 0.95 * min(1.0, growth) * small.max_concurrency
         return
     assert big.max_concurrency >= small.max_concurrency
 

@@ -354,8 +354,8 @@ def _batch_note(base: Evaluation, chosen: Evaluation) -> str:
     return (
         f"{' and '.join(what)}: each sliding-window and compressor-state group reserves window - 1 + "
         f"{adm_c.sliding_tokens:,} in-flight tokens per request instead of {adm_b.sliding_tokens:,} "
-        f"(max_concurrent_batches x max-num-batched-tokens), {chosen.request_blocks:,} blocks per request instead of "
-        f"{base.request_blocks:,} when it takes blocks of {chosen.constrained.kv_bytes_per_block:,} B; "
+        f"(max_concurrent_batches x max-num-batched-tokens): {chosen.request_blocks:,} blocks per request instead of "
+        f"{base.request_blocks:,} (blocks of {chosen.constrained.kv_bytes_per_block:,} B on stage {chosen.constrained.stage}); "
         f"max concurrency at max-model-len {c.max_model_len:,}: {chosen.max_concurrency:,.2f} instead of {before}"
     )
 
