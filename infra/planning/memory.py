@@ -189,7 +189,10 @@ def bytes_per_token(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int) -> in
 
 
 def bytes_per_sequence(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int, seq_len: int) -> int:
-    """Cache bytes one sequence of `seq_len` tokens holds on one rank."""
+    """Cache bytes one sequence of `seq_len` tokens holds on one rank, entry by entry.
+
+    What vLLM charges a request is another matter (whole blocks of a shared pool,
+    per-group reservations): infra/planning/kv_cache.py."""
     total = 0
     for layer in layers:
         for spec in layer.caches:

@@ -297,7 +297,9 @@ def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs) -> list[tupl
     asyncs = [knobs.async_scheduling]
     if req.async_scheduling is None and knobs.async_scheduling and knobs.release.at_least("0.26"):
         asyncs.append(False)  # before 0.26 the reservation does not depend on it
-    options = [(m, a) for m in mnbts for a in asyncs if m >= min(knobs.max_num_seqs, req.max_num_seqs or 1)]
+    # config/scheduler.py: max-num-batched-tokens must be at least a pinned max-num-seqs (a derived
+    # one is capped at it).
+    options = [(m, a) for m in mnbts for a in asyncs if m >= (req.max_num_seqs or 1)]
     return [o for o in options if o != (knobs.max_num_batched_tokens, knobs.async_scheduling)]
 
 

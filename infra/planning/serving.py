@@ -193,6 +193,11 @@ def vllm_args(
     with json.loads into SpeculativeConfig, e.g. {"method": "mtp",
     "num_speculative_tokens": 1}). `async_scheduling`: set only to override the
     release's default (--async-scheduling / --no-async-scheduling).
+
+    vLLM 0.34's extensible KV cache stays on (no --no-enable-extensible-kv-cache):
+    it sizes the cache from memory measured after the real CUDA-graph capture,
+    which the planner models (memory.kv_budget_bytes), rather than from the
+    capture estimate that over-states some layouts.
     """
     args = [
         "--tensor-parallel-size", str(tp),
