@@ -173,10 +173,10 @@ def _program_files() -> set[Path]:
 
 
 def _third_party(path: Path) -> list[tuple[int, str]]:
-    local = {p.stem for p in path.parent.glob("*.py")}  # a script's siblings (the policy pack runs from policies/)
+    local = {p.stem for p in path.parent.glob("*.py")}  # siblings: the policy pack runs from policies/, tests share helpers
     return [(line, m) for line, m in _imports(path)
             if (top := m.partition(".")[0]) not in sys.stdlib_module_names and top not in PROJECT_PACKAGES
-            and not (path.parent.name == "policies" and top in local)]  # fmt: skip
+            and not (path.parent.name in ("policies", "tests") and top in local)]  # fmt: skip
 
 
 def _file_for(path: Path, program: set[Path]) -> str:

@@ -94,6 +94,7 @@ class CacheDtype(str, Enum):
     KV = "kv"  # follows --kv-cache-dtype (model dtype by default)
     FP8 = "fp8"  # always one byte per element (e.g. the sparse indexer's keys)
     FP32 = "fp32"  # recurrent states of linear attention
+    MODEL = "model"  # the model's dtype whatever --kv-cache-dtype says (vLLM's mamba_cache_dtype "auto")
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,16 @@ class CacheSpec:
 
     Fixed per-sequence state (linear attention): `per_sequence=True`, the
     elements do not depend on the sequence length.
+
+    How vLLM pages it (v1/kv_cache_interface.py): `vllm_spec` names the spec
+    class the layer registers ("" = the default for `kind`, see VLLM_SPEC),
+    `block_size` a block size the layer fixes itself (None = the engine's),
+    `page_alignment` the `alignment` vLLM rounds the page up to, and
+    `conv_rows` the rows of a convolution state that `elements_per_entry`
+    covers (each speculative token adds one more row).
     """
 
-    kind: str  # "gqa" | "mla" | "sliding" | "compressed" | "indexer" | "linear_state"
+    kind: str  # "gqa" | "mla" | "sliding" | "compressed" | "indexer" | "compressor_state" | "linear_state"
     elements_per_entry: int  # per head when sharded_heads > 0, else per entry
     sharded_heads: int = 0
     dtype: CacheDtype = CacheDtype.KV
@@ -120,6 +128,30 @@ class CacheSpec:
     per_sequence: bool = False
     extra_bytes_per_entry: int = 0  # e.g. per-entry quantisation scales
     note: str = ""
+    vllm_spec: str = ""  # "full" | "mla" | "sliding" | "sliding_mla" | "mamba"; "" = VLLM_SPEC[kind]
+    block_size: int | None = None
+    page_alignment: int | None = None
+    conv_rows: int = 0
+
+    @property
+    def spec_class(self) -> str:
+        return self.vllm_spec or VLLM_SPEC[self.kind]
+
+    @property
+    def label(self) -> str:
+        """The cache's name in the plan: full, sliding_window, compressed, indexer, compressor_state, linear_state."""
+        return CACHE_LABEL.get(self.kind, self.kind)
+
+
+# vLLM spec class per cache kind (v1/kv_cache_interface.py): GQA layers register a
+# FullAttentionSpec, MLA latents / compressed / indexer caches an MLAAttentionSpec,
+# sliding windows a SlidingWindowSpec, DeepSeek-V4 compressor states a
+# SlidingWindowMLASpec, linear-attention states one MambaSpec per layer.
+VLLM_SPEC = {
+    "gqa": "full", "mla": "mla", "sliding": "sliding", "compressed": "mla", "indexer": "mla",
+    "compressor_state": "sliding_mla", "linear_state": "mamba",
+}
+CACHE_LABEL = {"gqa": "full", "mla": "full", "sliding": "sliding_window"}
 
 
 @dataclass(frozen=True)

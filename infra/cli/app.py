@@ -1,7 +1,7 @@
 """`python -m infra`: offline tools that need no cloud account.
 
     python -m infra plan --stack prod
-    python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--json] [--chart budget.png]
+    python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--vllm-version 0.34.0] [--json] [--chart budget.png]
     python -m infra synth --stack prod [--out prod.json]
     python -m infra diff base.json head.json
     python -m infra check --stack prod [--json]
@@ -24,7 +24,8 @@ from rich.table import Table
 
 from infra.errors import UserError
 from infra.planning import Plan, PlanRequest, make_plan
-from infra.planning.request import KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
+from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_METHODS, WEIGHT_FORMAT_CHOICES
+from infra.planning.vllm_release import supported_range
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline tools of the GPU serving stack.")
 
@@ -92,10 +93,11 @@ def render(plan: Plan, console: Console) -> None:
             ("activation peak", lambda s: _gib(s.activation_bytes)),
             ("communication buffers", lambda s: _gib(s.comm_buffer_bytes)),
             ("CUDA overhead", lambda s: _gib(s.cuda_overhead_bytes)),
+            ("  of which CUDA graphs", lambda s: _gib(s.cudagraph_bytes)),
             ("KV cache", lambda s: _gib(s.kv_cache_bytes)),
             ("headroom", lambda s: _gib(s.headroom_bytes)),
-            ("KV bytes per token", lambda s: f"{s.kv_bytes_per_token:,}"),
-            ("KV tokens", lambda s: f"{s.kv_tokens:,}"),
+            ("KV bytes per block", lambda s: f"{s.kv_bytes_per_block:,}"),
+            ("KV blocks", lambda s: f"{s.num_blocks:,}"),
             ("sequences at max-model-len", lambda s: f"{s.max_sequences:,.2f}"),
         ]
         for label, fn in rows:
@@ -103,12 +105,26 @@ def render(plan: Plan, console: Console) -> None:
         t.caption = f"most constrained: stage {data['per_rank']['stage']}"
         console.print(t)
 
-        t = _facts("KV cache capacity")
+        v = data["vllm"]
+        t = _facts(f"KV cache capacity (vLLM {v['version']})")
         t.add_row("dtype", kv["dtype"])
+        t.add_row("blocks (minimum over stages)", f"{kv['num_blocks']:,} of {kv['bytes_per_block']:,} B (block size {kv['block_size']})")
+        t.add_row("blocks per request", f"{kv['blocks_per_request']:,} ({_gib(kv['bytes_per_request'])} on the constrained rank)")
+        t.add_row("concurrent sequences", f"{kv['max_concurrency']:,.2f} at max-model-len {kv['max_model_len']:,}")
         t.add_row("tokens (all replicas)", f"{kv['tokens']:,}")
-        t.add_row("bytes per token (constrained rank)", f"{kv['bytes_per_token']:,}")
-        t.add_row("concurrent sequences", f"{kv['max_concurrency']:,} at max-model-len {kv['max_model_len']:,}")
-        t.add_row("block size", str(kv["block_size"]))
+        t.add_row("batching", f"--max-num-batched-tokens {v['max_num_batched_tokens']:,}, async scheduling "
+                  f"{'on' if v['async_scheduling'] else 'off'}: sliding windows hold {v['sliding_window_in_flight_tokens']:,} in-flight tokens")
+        t.add_row("CUDA graphs", v["cudagraph_accounting"])
+        console.print(t)
+
+        t = _table(f"KV cache groups (one block pool; stage {data['per_rank']['stage']}, the constrained rank)",
+                   "kind", "layers", "on rank", "block", "page B", "block B", "per request")
+        t.columns[0].no_wrap = True
+        for g in kv["groups"]:
+            pages = " ".join(f"{p:,}" for p in g["layer_page_bytes"])
+            t.add_row(escape(g["kind"]), str(g["layers"]), str(g["layers_on_rank"]), str(g["block_size"]), pages,
+                      f"{g['page_bytes']:,}", f"{g['blocks_per_request']:,}")
+        t.caption = f"max concurrency = {kv['num_blocks']:,} blocks / {kv['blocks_per_request']:,} per request"
         console.print(t)
 
     t = _facts("Serving arguments")
@@ -143,6 +159,8 @@ def render(plan: Plan, console: Console) -> None:
         )
     console.print(t)
 
+    for n in data["vllm"]["notes"]:
+        console.print(f"[cyan]chosen:[/cyan] {escape(n)}")
     for e in data["errors"]:
         console.print(f"[red]error:[/red] {escape(e)}")
     for w in data["warnings"]:
@@ -165,9 +183,15 @@ def plan(
     nodes: Optional[int] = typer.Option(None),
     tp: Optional[int] = typer.Option(None, help="Tensor parallel size (default: searched)."),
     pp: Optional[int] = typer.Option(None, help="Pipeline parallel size (default: searched)."),
+    dp: Optional[int] = typer.Option(None, help="Data parallel size, model replicas (default: searched)."),
+    expert_parallel: Optional[bool] = typer.Option(None, "--expert-parallel/--no-expert-parallel", help="Expert parallel for MoE models (default: searched)."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="Default: searched (vLLM's unless a smaller chunk admits markedly more)."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Default: what the KV cache admits at a typical context."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help=f"vLLM release whose accounting to follow ({supported_range()})."),
+    speculative_method: Optional[str] = typer.Option(None, "--speculative-method", help=f"Speculative decoding: {', '.join(SPECULATIVE_METHODS)} (the model's MTP layers)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="Tokens drafted per step (default 1 with a method)."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help=f"One of: {', '.join(KV_CACHE_DTYPES)}."),
     weight_format: Optional[str] = typer.Option(None, "--weight-format", help=f"One of: {', '.join(WEIGHT_FORMAT_CHOICES)} (default: the checkpoint's own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
@@ -184,10 +208,12 @@ def plan(
                 raise UserError("give --stack NAME, or --model, --instance-type and --nodes")
             req = PlanRequest(model=model, instance_type=instance_type, nodes=nodes)
         overrides = {
-            "model": model, "instance_type": instance_type, "nodes": nodes, "tp": tp, "pp": pp,
-            "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
-            "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
-            "weight_format": weight_format,
+            "model": model, "instance_type": instance_type, "nodes": nodes, "tp": tp, "pp": pp, "dp": dp,
+            "expert_parallel": expert_parallel, "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization, "max_num_batched_tokens": max_num_batched_tokens,
+            "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype, "weight_format": weight_format,
+            "vllm_version": vllm_version, "speculative_method": speculative_method,
+            "num_speculative_tokens": num_speculative_tokens,
         }  # fmt: skip
         req = req.replace(**{k: v for k, v in overrides.items() if v is not None})
         if chart is not None and chart.suffix.lower() not in (".png", ".svg"):

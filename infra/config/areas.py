@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, gpu_ami_types
+from infra.errors import UserError
 from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
+from infra.planning.vllm_release import release, supported_range
 
 PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of its config keys
 
@@ -283,6 +285,18 @@ class LifecycleConfig(_Area):
         return self
 
 
+class SpeculativeConfig(_Area):
+    """`gpu-serving:serving.speculative`: speculative decoding (vLLM `--speculative-config`)."""
+
+    method: Literal["mtp"] = Field(
+        default="mtp",
+        description="Drafter: `mtp`, the model's own multi-token-prediction layers (the model must have them).",
+    )
+    num_speculative_tokens: int = Field(
+        default=1, ge=1, le=16, description="Tokens drafted per step (`num_speculative_tokens`)."
+    )
+
+
 class ServingConfig(_Area):
     """`gpu-serving:serving`: vLLM's knobs; null lets the planner decide."""
 
@@ -323,6 +337,16 @@ class ServingConfig(_Area):
         default=None,
         description="`--kv-cache-dtype`; null = the model's own (`auto`), FP8 only if that does not fit.",
     )
+    async_scheduling: Optional[StrictBool] = Field(
+        default=None,
+        description="`--async-scheduling`; null = vLLM's default, off only where that admits at least 10% more sequences "
+        "(sliding-window and state groups reserve PP + 1 in-flight batches with it; the plan says why).",
+    )
+    speculative: Optional[SpeculativeConfig] = Field(
+        default=None,
+        description="Speculative decoding with the model's MTP layers (`--speculative-config`); null = none. "
+        "The draft weights, its KV cache and its CUDA graphs count in the plan.",
+    )
     objective: Objective = Field(
         default="max-kv",
         description="Layout search goal: `max-kv` (most KV cache on the given nodes) "
@@ -343,8 +367,9 @@ class ServingConfig(_Area):
     vllm_version: str = Field(
         default="0.34.0",
         pattern=r"^\d+\.\d+\.\d+$",
-        description="vLLM release of the serving image (`images/vllm/Dockerfile` builds on `vllm/vllm-openai:v<version>`).",
-        json_schema_extra={"allowed": "a release such as 0.34.0"},
+        description="vLLM release of the serving image (`images/vllm/Dockerfile` builds on `vllm/vllm-openai:v<version>`); "
+        "the planner follows that release's memory accounting.",
+        json_schema_extra={"allowed": f"a release from {supported_range()}, such as 0.34.0"},
     )
     ray_version: str = Field(
         default="2.60.0",
@@ -374,6 +399,15 @@ class ServingConfig(_Area):
         default="annotations",
         description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",
     )
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _supported_release(cls, v: str) -> str:
+        try:
+            release(v)
+        except UserError as err:
+            raise PydanticCustomError("unsupported_vllm", "{reason}", {"reason": str(err)}) from None
+        return v
 
     @model_validator(mode="after")
     def _min_cost_needs_target(self) -> "ServingConfig":

@@ -19,12 +19,14 @@ Placement rules (why):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
-from infra.planning import memory
+from infra.planning import cudagraph, kv_cache, kv_specs, memory
+from infra.planning.kv_cache import Admission, Group, LayerKV
 from infra.planning.memory import GiB, RankBudget
+from infra.planning.vllm_release import Release
 
 
 @dataclass(frozen=True)
@@ -43,44 +45,79 @@ class Layout:
 
 @dataclass(frozen=True)
 class Knobs:
-    """Serving knobs that change the memory budget."""
+    """Serving knobs that change the memory budget, and the vLLM release that counts it."""
 
     gpu_memory_utilization: float
     max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
-    block_size: int
+    release: Release
+    async_scheduling: bool
+    num_speculative_tokens: int = 0  # MTP speculative decoding when > 0
+
+    def replace(self, **changes) -> "Knobs":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM groups and pages the model's KV cache for one TP x PP layout."""
+
+    groups: tuple[Group, ...]  # the model's groups (get_global_kv_cache_groups)
+    stage_groups: tuple[tuple[tuple[LayerKV, ...], ...], ...]  # each group's layers on each stage
+    bytes_per_block: tuple[int, ...]  # per stage
+    block_size: int  # cache_config.block_size
+    block_outermost: bool
 
 
 @dataclass
 class Evaluation:
     layout: Layout
     stages: list[RankBudget]
+    knobs: Knobs | None = None
+    kv: KVLayout | None = None
+    admission: Admission | None = None
+    request_blocks: int = 0  # blocks one request at max-model-len takes from the pool (all groups)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # why the knobs are what they are
 
     @property
     def feasible(self) -> bool:
         return not self.errors
 
     @property
+    def num_blocks(self) -> int:
+        """Blocks of the engine's pool: the minimum over all ranks (get_kv_cache_configs)."""
+        return min((s.num_blocks for s in self.stages), default=0)
+
+    @property
     def constrained(self) -> RankBudget:
-        """The stage whose rank holds the fewest sequences: it caps the whole engine."""
-        return min(self.stages, key=lambda s: (s.max_sequences, s.kv_cache_bytes))
+        """The stage whose rank holds the fewest blocks: it caps the whole engine."""
+        return min(self.stages, key=lambda s: (s.num_blocks, s.kv_cache_bytes))
+
+
+    @property
+    def max_concurrency_per_replica(self) -> float:
+        """vLLM's 'Maximum concurrency for max-model-len tokens per request'."""
+        need = self.request_blocks
+        return self.num_blocks / need if need and self.stages else 0.0
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.max_concurrency_per_replica * self.layout.dp
 
     @property
     def sequences_per_replica(self) -> int:
-        best = self.constrained.max_sequences
-        return int(best) if best != float("inf") else 0
-
-    @property
-    def max_concurrency(self) -> int:
-        return self.sequences_per_replica * self.layout.dp
+        return int(self.max_concurrency_per_replica)
 
     @property
     def kv_tokens_per_replica(self) -> int:
-        # The engine allocates the same number of blocks on every stage: the minimum.
-        return min(s.kv_tokens for s in self.stages)
+        """vLLM's 'GPU KV cache size' of one engine."""
+        if not self.kv or not self.stages:
+            return 0
+        return kv_cache.kv_tokens(self.num_blocks, list(self.kv.groups), self.admission, release=self.knobs.release,
+                                  need=self.request_blocks)  # fmt: skip
 
     @property
     def kv_tokens(self) -> int:
@@ -126,13 +163,14 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
 
 @dataclass(frozen=True)
 class StageFigures:
-    """What one rank of a pipeline stage holds, independent of the GPU and knobs
-    other than TP, the KV element size and max-model-len."""
+    """What one rank of a pipeline stage holds, independent of the GPU and of the
+    knobs other than TP and the KV element size."""
 
     layers: tuple
     weights: int
     kv_per_token: int
-    kv_per_sequence: int
+    graph_layers: int  # layers whose CUDA graphs the rank captures (the MTP layers on the last stage)
+    mla_graph_layers: int
 
 
 # The search evaluates the same stages for every instance type and node count:
@@ -159,12 +197,27 @@ def total_weight_bytes(arch: ModelArch) -> int:
     return cache["weights"]
 
 
+def _is_mla_layer(layer) -> bool:
+    return any(c.spec_class in ("mla", "sliding_mla") for c in layer.caches)
+
+
+def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_parallel: bool = False, compute_capability: float | None = None) -> int:
+    """The MTP draft layers' weights on one rank of the last stage: vLLM loads them with
+    the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
+    DeviceMemoryProfiler); embedding and LM head are shared with the target."""
+    groups = [g for layer in arch.mtp_layers for g in layer.params]
+    return int(sum(
+        memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=compute_capability)
+        for g in groups
+    ))
+
+
 def stage_figures(
     arch: ModelArch,
     pp: int,
     tp: int,
     kv_bytes: int,
-    seq_len: int,
+    speculative: bool,
     *,
     expert_parallel: bool = False,
     compute_capability: float | None = None,
@@ -176,68 +229,136 @@ def stage_figures(
         cache["quantised"] = any(g.scheme is not None for layer in arch.layers for g in layer.params)
     if not cache["quantised"]:
         expert_parallel, compute_capability = False, None  # the same figures either way
-    key = (pp, tp, kv_bytes, seq_len, expert_parallel, compute_capability)
+    quant = dict(expert_parallel=expert_parallel, compute_capability=compute_capability)
+    key = ("stages", pp, tp, kv_bytes, speculative, expert_parallel, compute_capability)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
-        cache[key] = [
-            StageFigures(
-                layers=layers,
-                weights=memory.stage_weight_bytes(
-                    arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp,
-                    expert_parallel=expert_parallel, compute_capability=compute_capability,
-                ),
-                kv_per_token=memory.bytes_per_token(layers, tp, kv_bytes),
-                kv_per_sequence=memory.bytes_per_sequence(layers, tp, kv_bytes, seq_len),
+        wkey = ("weights", pp, tp, speculative, expert_parallel, compute_capability)  # not the KV dtype
+        if wkey not in cache:
+            cache[wkey] = [
+                memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp, **quant)
+                + (mtp_weight_bytes(arch, tp, **quant) if speculative and i == len(groups) - 1 else 0)
+                for i, layers in enumerate(groups)
+            ]
+        out = []
+        for i, layers in enumerate(groups):
+            last = i == len(groups) - 1
+            weights = cache[wkey][i]
+            graph = list(layers) + (list(arch.mtp_layers) if last and speculative else [])
+            out.append(
+                StageFigures(
+                    layers=layers,
+                    weights=weights,
+                    kv_per_token=memory.bytes_per_token(layers, tp, kv_bytes),
+                    graph_layers=len(graph),
+                    mla_graph_layers=sum(1 for layer in graph if _is_mla_layer(layer)),
+                )
             )
-            for i, layers in enumerate(groups)
-        ]
+        cache[key] = out
     return cache[key]
 
 
+def kv_layout(arch: ModelArch, *, release: Release, pp: int, tp: int, kv_bytes: int, max_model_len: int,
+              num_speculative_tokens: int) -> KVLayout:
+    """Groups, and bytes per block on each stage (cached per model and layout)."""
+    cache = _model_cache(arch)
+    key = ("kv", release.minor, pp, tp, kv_bytes, max_model_len, num_speculative_tokens)
+    if key not in cache:
+        outermost = kv_specs.block_outermost(arch)
+        # The groups do not depend on PP, nor on max-model-len unless a Mamba block spans it.
+        gkey = ("groups", release.minor, tp, kv_bytes, num_speculative_tokens,
+                max_model_len if kv_specs.is_hybrid(arch) else None)  # fmt: skip
+        if gkey not in cache:
+            settings = kv_specs.KVSettings(
+                release=release, tp=tp, kv_bytes=kv_bytes, model_dtype=arch.model_dtype, max_model_len=max_model_len,
+                num_speculative_tokens=num_speculative_tokens,
+            )  # fmt: skip
+            specs, plan = kv_specs.model_specs(arch, settings)
+            cache[gkey] = (kv_cache.kv_cache_groups(specs, release=release, block_outermost=outermost), plan)
+        groups, plan = cache[gkey]
+        stage_groups, per_block = [], []
+        n = len(arch.layers)
+        start = 0
+        counts = memory.split_layers(n, pp)
+        for i, count in enumerate(counts):
+            ids = set(range(start, start + count))
+            if i == pp - 1:
+                ids |= {layer.index for layer in arch.mtp_layers}  # the drafter runs on the last stage
+            start += count
+            projected = kv_cache.project(groups, ids)
+            stage_groups.append(tuple(projected))
+            per_block.append(kv_cache.bytes_per_block(projected, block_outermost=outermost))
+        cache[key] = KVLayout(tuple(groups), tuple(stage_groups), tuple(per_block), plan.block_size, outermost)
+    return cache[key]
+
+
+def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
+    """What a request is charged: the sliding-window in-flight tokens of this release."""
+    r = knobs.release
+    cache = _model_cache(arch)
+    key = ("mrv2", r.minor)
+    if key not in cache:
+        cache[key] = r.model_runner_v2(
+            arch.model_type, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
+            quantized=arch.weight_format not in ("", "bf16"),
+        )  # fmt: skip
+    mrv2 = cache[key]
+    tokens = r.sliding_window_tokens(layout.pp, knobs.max_num_batched_tokens, async_scheduling=knobs.async_scheduling, mrv2=mrv2)
+    return Admission(max_model_len=knobs.max_model_len, sliding_tokens=tokens)
+
+
 def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, knobs: Knobs) -> Evaluation:
-    """The per-rank memory budget of every pipeline stage of one layout."""
+    """The per-rank memory budget of every pipeline stage of one layout, and the KV
+    blocks, reservations and concurrency vLLM derives from it."""
     errors = layout_errors(arch, itype, nodes, layout)
     if errors:
-        return Evaluation(layout, [], errors)
-    gpu = itype.gpu
+        return Evaluation(layout, [], knobs, errors=errors)
+    gpu, r = itype.gpu, knobs.release
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
     comm = memory.comm_buffer_bytes(
-        tp=layout.tp,
-        pp=layout.pp,
-        expert_parallel=layout.expert_parallel,
-        ep_size=layout.ep,
-        gpus_per_node=itype.gpu_count,
-    )
+        tp=layout.tp, pp=layout.pp, expert_parallel=layout.expert_parallel, ep_size=layout.ep, gpus_per_node=itype.gpu_count,
+    )  # fmt: skip
+    spec_tokens = knobs.num_speculative_tokens
+    kvl = kv_layout(arch, release=r, pp=layout.pp, tp=layout.tp, kv_bytes=kv_bytes, max_model_len=knobs.max_model_len,
+                    num_speculative_tokens=spec_tokens)  # fmt: skip
+    graphs = cudagraph.graph_count(
+        r, max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
+        decode_query_len=1 + spec_tokens, sm100=gpu.compute_capability.startswith("10"),
+        ceiling=cudagraph.model_ceiling(r, arch.model_type),
+    )  # fmt: skip
+    adm = admission(arch, layout, knobs)
+    groups = list(kvl.groups)
+    need = kv_cache.request_blocks(groups, adm, release=r)
+
+    def tokens_for(blocks: int) -> int:
+        return kv_cache.kv_tokens(blocks, groups, adm, release=r, need=need)
+
     stages = []
     figures = stage_figures(
-        arch, layout.pp, layout.tp, kv_bytes, knobs.max_model_len,
+        arch, layout.pp, layout.tp, kv_bytes, bool(spec_tokens),
         expert_parallel=layout.expert_parallel, compute_capability=float(gpu.compute_capability),
     )
     for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(
-            arch,
-            fig.layers,
-            last=i == len(figures) - 1,
-            tp=layout.tp,
-            max_num_batched_tokens=knobs.max_num_batched_tokens,
-            max_num_seqs=knobs.max_num_seqs,
+            arch, fig.layers, last=i == len(figures) - 1, tp=layout.tp,
+            max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,
+        )  # fmt: skip
+        pool = cudagraph.graph_bytes(layers=fig.graph_layers, mla_layers=fig.mla_graph_layers, graphs=graphs, estimate=False)
+        estimate = (
+            cudagraph.graph_bytes(layers=fig.graph_layers, mla_layers=fig.mla_graph_layers, graphs=graphs, estimate=True)
+            if r.cudagraph_estimate
+            else 0
         )
         stages.append(
             memory.rank_budget(
-                stage=i,
-                layers=fig.layers,
-                visible=gpu.visible_memory_bytes,
-                utilization=knobs.gpu_memory_utilization,
-                weights=fig.weights,
-                activation=activation,
-                comm=comm,
-                kv_bytes_per_token=fig.kv_per_token,
-                kv_bytes_per_sequence=fig.kv_per_sequence,
-                block_size=knobs.block_size,
-                distributed=layout.tp * layout.pp > 1,
-            )
+                release=r, stage=i, layers=len(fig.layers), visible=gpu.visible_memory_bytes,
+                utilization=knobs.gpu_memory_utilization, weights=fig.weights, activation=activation, comm=comm,
+                cudagraph=pool, cudagraph_estimate=estimate, kv_bytes_per_token=fig.kv_per_token,
+                kv_bytes_per_block=kvl.bytes_per_block[i], distributed=layout.tp * layout.pp > 1,
+                request_blocks=need, tokens_for=tokens_for,
+            )  # fmt: skip
         )
-    ev = Evaluation(layout, stages)
+    ev = Evaluation(layout, stages, knobs, kvl, adm, request_blocks=need)
     ev.errors.extend(memory_errors(arch, itype, nodes, ev, knobs))
     return ev
 
@@ -257,7 +378,9 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
     gpu = itype.gpu
     util = knobs.gpu_memory_utilization
     context = memory.cuda_context_bytes(ev.layout.tp * ev.layout.pp > 1)
-    if gpu.visible_memory_bytes - int(util * gpu.visible_memory_bytes) < context:
+    if not knobs.release.extensible_kv_cache and gpu.visible_memory_bytes - int(util * gpu.visible_memory_bytes) < context:
+        # Up to 0.33 vLLM refuses to start when free memory is below the request
+        # (v1/worker/gpu_worker.py init_device); 0.34's extensible cache caps it instead.
         errors.append(
             f"gpu-memory-utilization {util:.2f} leaves {_gib((1 - util) * gpu.visible_memory_bytes)} per GPU, "
             f"less than the CUDA context and NCCL communicators ({_gib(context)}) that exist before vLLM starts: "
@@ -276,12 +399,18 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
         )
         return errors
     tight = ev.constrained
-    if tight.kv_cache_bytes <= 0 or tight.max_sequences < 1:
+    need = ev.request_blocks
+    # kv_cache_planning.py get_kv_cache_configs / _check_enough_kv_cache_memory: one request at
+    # max-model-len must fit in the blocks left after the null block.
+    if tight.kv_cache_bytes <= 0 or tight.num_blocks - 1 < need:
+        per_request = need * tight.kv_bytes_per_block
         errors.append(
             f"no room for one sequence of max-model-len {knobs.max_model_len:,} tokens on stage {tight.stage}: "
-            f"it needs {_gib(tight.kv_bytes_per_sequence)} of KV cache per GPU, and "
+            f"vLLM reserves {need:,} blocks of {tight.kv_bytes_per_block:,} B ({_gib(per_request)}) per request there, and "
             f"{_gib(tight.usable_bytes)} usable - {_gib(tight.weights_bytes)} weights - "
             f"{_gib(tight.activation_bytes)} activations - {_gib(tight.comm_buffer_bytes)} communication buffers "
-            f"- {_gib(memory.NON_TORCH_BASE_BYTES)} non-torch leaves {_gib(tight.kv_cache_bytes)}"
+            f"- {_gib(memory.NON_TORCH_BASE_BYTES)} non-torch"
+            + (f" - {_gib(tight.cudagraph_estimate_bytes or tight.cudagraph_bytes)} CUDA graphs" if knobs.release.at_least("0.20") else "")
+            + f" leaves {_gib(tight.kv_cache_bytes)}"
         )
     return errors

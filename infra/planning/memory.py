@@ -1,25 +1,34 @@
 """Per-GPU memory math, following how vLLM accounts memory.
 
-vLLM (v0.10-0.11, `gpu_worker.determine_available_memory`) profiles one forward
-pass at max-num-batched-tokens and then gives the KV cache
+vLLM profiles one forward pass at max-num-batched-tokens and gives the KV cache
+what is left of its share of the GPU (`v1/worker/gpu_worker.py
+determine_available_memory`):
 
-    KV = gpu_memory_utilization x total - weights - torch activation peak
-         - non-torch increase (NCCL buffers, cuBLAS workspaces, ...)
+    KV = ceil(gpu_memory_utilization x total) - weights - torch activation peak
+         - non-torch increase (NCCL buffers, cuBLAS workspaces, ...) [- CUDA graphs]
 
-The CUDA context is allocated before vLLM's baseline snapshot and CUDA-graph
-memory is not subtracted (unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set),
-so both must fit in the headroom (1 - utilization) x total. Every function here is
-pure; all byte figures are per rank (one GPU).
+The CUDA context and NCCL communicators exist before vLLM's baseline snapshot
+and are not counted: they, and whatever vLLM leaves uncounted, must fit in the
+headroom (1 - utilization) x total. Whether CUDA graphs come out of the KV
+budget depends on the release (`vllm_release.py`, `cudagraph.py`): not up to
+0.19, an estimate from 0.20, the measured pool with 0.34's extensible KV cache,
+which also caps the budget at the free memory less a margin
+(`v1/worker/extensible_kv_cache.py measure_kv_cache_bytes`). Every function
+here is pure; all byte figures are per rank (one GPU).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Shard
 from infra.catalog.formats import get_format
 from infra.catalog.quant import group_bytes
+
+if TYPE_CHECKING:
+    from infra.planning.vllm_release import Release
 
 GiB = 2**30
 MiB = 2**20
@@ -35,11 +44,13 @@ MiB = 2**20
 CUDA_CONTEXT_BYTES = int(0.55 * GiB)
 CUDA_CONTEXT_DISTRIBUTED_BYTES = int(1.55 * GiB)
 
-# CUDA-graph pool after capture: vLLM logs "Graph capturing finished ... took
-# 0.4-1 GiB" for dense and MoE models on H100 (../shared/FACTS.md). Not counted by
-# vLLM's profiler unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set; we
-# reserve the upper end in the headroom.
-CUDA_GRAPH_BYTES = 1 * GiB
+# CUDA-graph memory: infra/planning/cudagraph.py (a model fitted on published logs).
+
+# vLLM 0.34's extensible KV cache keeps max(1 GiB, 0.75 x transient peak) free
+# below the device's free memory (v1/worker/extensible_kv_cache.py
+# KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION; ROCm uses 3 GiB).
+EXTENSIBLE_MARGIN_FLOOR_BYTES = 1 * GiB
+EXTENSIBLE_MARGIN_FRACTION = 0.75
 
 # Non-torch memory the profiler counts on a single GPU (cuBLAS workspaces,
 # torch.compile): 0.24-0.27 GiB in vLLM 0.19 logs on H100 at TP1.
@@ -188,17 +199,17 @@ def kv_element_bytes(kv_cache_dtype: str, model_dtype: str) -> int:
     return size if size is not None else MODEL_DTYPE_BYTES.get(model_dtype, 2)
 
 
-def _element_bytes(spec: CacheSpec, kv_bytes: int) -> int:
-    return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4}[spec.dtype]
+def _element_bytes(spec: CacheSpec, kv_bytes: int, model_bytes: int = 2) -> int:
+    return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4, CacheDtype.MODEL: model_bytes}[spec.dtype]
 
 
-def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int) -> int:
+def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_bytes: int = 2) -> int:
     """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank."""
     elements = spec.elements_per_entry
     if spec.sharded_heads:
         # KV heads are split over TP and replicated when TP exceeds their count.
         elements *= max(1, spec.sharded_heads // tp)
-    return elements * _element_bytes(spec, kv_bytes) + spec.extra_bytes_per_entry
+    return elements * _element_bytes(spec, kv_bytes, model_bytes) + spec.extra_bytes_per_entry
 
 
 def bytes_per_token(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int) -> int:
@@ -217,7 +228,10 @@ def bytes_per_token(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int) -> in
 
 
 def bytes_per_sequence(layers: tuple[LayerSpec, ...], tp: int, kv_bytes: int, seq_len: int) -> int:
-    """Cache bytes one sequence of `seq_len` tokens holds on one rank."""
+    """Cache bytes one sequence of `seq_len` tokens holds on one rank, entry by entry.
+
+    What vLLM charges a request is another matter (whole blocks of a shared pool,
+    per-group reservations): infra/planning/kv_cache.py."""
     total = 0
     for layer in layers:
         for spec in layer.caches:
@@ -290,8 +304,9 @@ def cuda_context_bytes(distributed: bool) -> int:
 
 @dataclass(frozen=True)
 class RankBudget:
-    """Where the memory of one GPU of one pipeline stage goes. The fields add up
-    to `gpu_visible_bytes` exactly; a negative headroom means it does not fit."""
+    """Where the memory of one GPU of one pipeline stage goes. The lines weights,
+    activation, KV cache, communication, CUDA overhead and headroom add up to
+    `gpu_visible_bytes` exactly; a negative headroom means it does not fit."""
 
     stage: int
     layers: int
@@ -302,43 +317,79 @@ class RankBudget:
     comm_buffer_bytes: int
     cuda_overhead_bytes: int  # non-torch base + CUDA context + CUDA graphs
     headroom_bytes: int
-    usable_bytes: int  # utilization x visible: what vLLM lets itself use
-    kv_bytes_per_token: int
-    kv_bytes_per_sequence: int  # at max-model-len
-    kv_tokens: int  # KV cache capacity in tokens (at the marginal cost per token)
-    max_sequences: float  # sequences of max-model-len the KV cache holds
+    usable_bytes: int  # what vLLM requests: ceil(utilization x visible)
+    cudagraph_bytes: int  # the captured graph pool (part of cuda_overhead_bytes)
+    cudagraph_estimate_bytes: int  # what vLLM took out of the KV budget for graphs (0: nothing)
+    kv_bytes_per_token: int  # marginal bytes of one more token of context
+    kv_bytes_per_block: int  # one block of vLLM's shared pool on this rank (the widest group)
+    num_blocks: int  # blocks this rank's KV cache holds (the engine takes the minimum)
+    kv_tokens: int  # vLLM's "GPU KV cache size" if this rank were the binding one
+    max_sequences: float  # vLLM's max concurrency if this rank were the binding one
 
+
+def kv_budget_bytes(
+    *,
+    release: "Release",
+    visible: int,
+    requested: int,
+    weights: int,
+    activation: int,
+    comm: int,
+    cudagraph: int,
+    cudagraph_estimate: int,
+    context: int,
+) -> int:
+    """Bytes vLLM gives the KV cache on one rank.
+
+    Up to 0.33 (`gpu_worker.py determine_available_memory`): requested - non-KV -
+    the CUDA-graph estimate (0 before 0.20). 0.34, extensible KV cache
+    (`extensible_kv_cache.py measure_kv_cache_bytes`, after warm-up and capture):
+    min(requested - non_kv_used, free + committed - margin) - transient peak, with
+    non_kv_used the weights, buffers and graph pool, and free + committed = the
+    memory free at start (visible - context) - non_kv_used.
+    """
+    resident = weights + comm + NON_TORCH_BASE_BYTES
+    if release.extensible_kv_cache:
+        margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+        cap = min(requested, visible - context - margin)
+        return cap - resident - cudagraph - activation
+    return requested - resident - activation - cudagraph_estimate
 
 
 def rank_budget(
     *,
+    release: "Release",
     stage: int,
-    layers: tuple[LayerSpec, ...],
+    layers: int,
     visible: int,
     utilization: float,
     weights: int,
     activation: int,
     comm: int,
+    cudagraph: int,
+    cudagraph_estimate: int,
     kv_bytes_per_token: int,
-    kv_bytes_per_sequence: int,
-    block_size: int,
+    kv_bytes_per_block: int,
     distributed: bool,
+    request_blocks: int = 0,
+    tokens_for=None,
 ) -> RankBudget:
-    usable = int(utilization * visible)
-    overhead_counted = NON_TORCH_BASE_BYTES  # counted by vLLM as non-torch
-    kv = usable - weights - activation - comm - overhead_counted
-    cuda_overhead = overhead_counted + cuda_context_bytes(distributed) + CUDA_GRAPH_BYTES
+    """`request_blocks`: blocks one request at max-model-len takes (vLLM's max
+    concurrency is num_blocks / request_blocks); `tokens_for(num_blocks)`: vLLM's
+    'GPU KV cache size' for that many blocks."""
+    # v1/worker/utils.py request_memory: math.ceil(total_memory x utilization).
+    requested = math.ceil(utilization * visible)
+    context = cuda_context_bytes(distributed)
+    kv = kv_budget_bytes(
+        release=release, visible=visible, requested=requested, weights=weights, activation=activation, comm=comm,
+        cudagraph=cudagraph, cudagraph_estimate=cudagraph_estimate, context=context,
+    )  # fmt: skip
+    cuda_overhead = NON_TORCH_BASE_BYTES + context + cudagraph
     headroom = visible - (weights + activation + kv + comm + cuda_overhead)
-    kv_avail = max(kv, 0)
-    if kv_bytes_per_token > 0:
-        # vLLM allocates whole blocks of `block_size` tokens.
-        tokens = (kv_avail // kv_bytes_per_token) // block_size * block_size
-    else:
-        tokens = 0
-    sequences = kv_avail / kv_bytes_per_sequence if kv_bytes_per_sequence else math.inf
+    blocks = max(kv, 0) // kv_bytes_per_block if kv_bytes_per_block else 0
     return RankBudget(
         stage=stage,
-        layers=len(layers),
+        layers=layers,
         gpu_visible_bytes=visible,
         weights_bytes=weights,
         activation_bytes=activation,
@@ -346,9 +397,12 @@ def rank_budget(
         comm_buffer_bytes=comm,
         cuda_overhead_bytes=cuda_overhead,
         headroom_bytes=headroom,
-        usable_bytes=usable,
+        usable_bytes=requested,
+        cudagraph_bytes=cudagraph,
+        cudagraph_estimate_bytes=cudagraph_estimate,
         kv_bytes_per_token=kv_bytes_per_token,
-        kv_bytes_per_sequence=kv_bytes_per_sequence,
-        kv_tokens=int(tokens),
-        max_sequences=sequences,
+        kv_bytes_per_block=kv_bytes_per_block,
+        num_blocks=blocks,
+        kv_tokens=tokens_for(blocks) if tokens_for else 0,
+        max_sequences=blocks / request_blocks if request_blocks else 0.0,
     )

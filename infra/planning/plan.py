@@ -16,12 +16,19 @@ from infra.catalog.models import (
     with_weight_format,
 )
 from infra.errors import UserError
-from infra.planning import memory, serving
+from infra.planning import kv_cache, memory, serving
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
-from infra.planning.memory import KV_DTYPE_BYTES, RankBudget
-from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES, PlanRequest
+from infra.planning.memory import KV_DTYPE_BYTES, GiB, RankBudget
+from infra.planning.request import (
+    GPU_MEMORY_UTILIZATION_RANGE,
+    KV_CACHE_DTYPES,
+    SPECULATIVE_METHODS,
+    WEIGHT_FORMAT_CHOICES,
+    PlanRequest,
+)
+from infra.planning.vllm_release import Release, release
 
 MAX_SEARCH_NODES = 16  # cheapest-hardware search: node counts tried per instance type
 
@@ -43,6 +50,8 @@ class Plan:
     cost: CostLines
     warnings: list[str] = field(default_factory=list)
     alternatives: list[Evaluation] = field(default_factory=list)  # other layouts considered, best first
+    max_num_seqs: int = 0  # the --max-num-seqs the plan passes
+    speculative: dict | None = None  # the --speculative-config the plan passes
 
     @property
     def layout(self) -> Layout:
@@ -63,6 +72,39 @@ class Plan:
     @property
     def constrained(self) -> RankBudget | None:
         return self.evaluation.constrained if self.stages else None
+
+    def _kv_json(self) -> dict:
+        ev, tight = self.evaluation, self.constrained
+        out = {
+            "dtype": self.layout.kv_cache_dtype,
+            "tokens": ev.kv_tokens if self.stages else 0,
+            "tokens_per_replica": ev.kv_tokens_per_replica if self.stages else 0,
+            "bytes_per_token": tight.kv_bytes_per_token if tight else 0,
+            "max_concurrency": ev.max_concurrency if self.stages else 0.0,
+            "max_concurrency_per_replica": ev.max_concurrency_per_replica if self.stages else 0.0,
+            "max_model_len": self.knobs.max_model_len,
+            "block_size": ev.kv.block_size if ev.kv else 0,
+            "num_blocks": ev.num_blocks if self.stages else 0,
+            "bytes_per_block": tight.kv_bytes_per_block if tight else 0,
+            "blocks_per_request": ev.request_blocks if self.stages else 0,
+            "bytes_per_request": ev.request_blocks * tight.kv_bytes_per_block if tight else 0,
+            "groups": [],
+        }
+        if ev.kv and tight is not None:
+            on_rank = ev.kv.stage_groups[tight.stage]
+            for group, layers in zip(ev.kv.groups, on_rank):
+                out["groups"].append(
+                    {
+                        "kind": group.kind,
+                        "layers": len(group.layers),
+                        "layers_on_rank": len(layers),
+                        "block_size": group.block_size,
+                        "page_bytes": sum(layer.page_bytes for layer in layers),
+                        "layer_page_bytes": list(group.page_sizes),
+                        "blocks_per_request": kv_cache.blocks_per_request(group.first, ev.admission),
+                    }
+                )
+        return out
 
     def deployment(self) -> Deployment:
         """The typed figures the components take (infra/planning/contract.py); refuses a plan it cannot serve."""
@@ -87,7 +129,7 @@ class Plan:
         )
 
     def to_json_dict(self) -> dict:
-        arch, lay, tight = self.model, self.layout, self.constrained
+        arch, lay, tight, ev = self.model, self.layout, self.constrained, self.evaluation
         per_rank = {}
         if tight is not None:
             per_rank = {
@@ -99,6 +141,8 @@ class Plan:
                 "comm_buffer_bytes": tight.comm_buffer_bytes,
                 "cuda_overhead_bytes": tight.cuda_overhead_bytes,
                 "headroom_bytes": tight.headroom_bytes,
+                "cudagraph_bytes": tight.cudagraph_bytes,
+                "cudagraph_estimate_bytes": tight.cudagraph_estimate_bytes,
             }
         return {
             "model": {
@@ -124,15 +168,17 @@ class Plan:
             },
             "per_rank": per_rank,
             "stages": [asdict(s) for s in self.stages],
-            "kv_cache": {
-                "dtype": lay.kv_cache_dtype,
-                "tokens": self.evaluation.kv_tokens if self.stages else 0,
-                "tokens_per_replica": self.evaluation.kv_tokens_per_replica if self.stages else 0,
-                "bytes_per_token": tight.kv_bytes_per_token if tight else 0,
-                "bytes_per_sequence": tight.kv_bytes_per_sequence if tight else 0,
-                "max_concurrency": self.evaluation.max_concurrency if self.stages else 0,
-                "max_model_len": self.knobs.max_model_len,
-                "block_size": self.knobs.block_size,
+            "kv_cache": self._kv_json(),
+            "vllm": {
+                "version": self.knobs.release.version,
+                "async_scheduling": self.knobs.async_scheduling,
+                "max_num_batched_tokens": self.knobs.max_num_batched_tokens,
+                "max_num_seqs": self.max_num_seqs,
+                "speculative": self.speculative,
+                "extensible_kv_cache": self.knobs.release.extensible_kv_cache,
+                "cudagraph_accounting": _cudagraph_accounting(self.knobs.release),
+                "sliding_window_in_flight_tokens": ev.admission.sliding_tokens if ev.admission else 0,
+                "notes": list(ev.notes),
             },
             "vllm_args": list(self.serving_args),
             "ray_start_params": dict(self.ray_params),
@@ -160,9 +206,18 @@ def _check_request(req: PlanRequest) -> None:
     need(req.kv_cache_dtype is None or req.kv_cache_dtype in KV_CACHE_DTYPES, f"kv-cache-dtype {req.kv_cache_dtype!r} is not one of vLLM's: {', '.join(KV_CACHE_DTYPES)}")
     need(req.weight_format is None or req.weight_format in WEIGHT_FORMAT_CHOICES,
          f"weight format {req.weight_format!r} is not one of: {', '.join(WEIGHT_FORMAT_CHOICES)}")  # fmt: skip
-    for name in ("tp", "pp", "dp", "max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+    for name in ("tp", "pp", "dp", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "num_speculative_tokens"):
         value = getattr(req, name)
         need(value is None or value >= 1, f"{name.replace('_', '-')} must be at least 1, got {value}")
+    release(req.vllm_version)  # refuses a release outside the supported range
+    need(req.speculative_method is None or req.speculative_method in SPECULATIVE_METHODS,
+         f"speculative method {req.speculative_method!r} is not one the planner accounts for: {', '.join(SPECULATIVE_METHODS)}")  # fmt: skip
+    need(req.num_speculative_tokens is None or req.speculative_method is not None,
+         "num-speculative-tokens needs a speculative method (mtp)")  # fmt: skip
+    if req.max_num_batched_tokens and req.max_num_seqs:
+        # config/scheduler.py SchedulerConfig.verify_max_model_len
+        need(req.max_num_batched_tokens >= req.max_num_seqs,
+             f"max-num-batched-tokens ({req.max_num_batched_tokens}) must be at least max-num-seqs ({req.max_num_seqs}), as vLLM requires")  # fmt: skip
     if req.objective == "min-cost":
         need(bool(req.target_concurrency), "the min-cost objective needs a target concurrency (sequences at max-model-len)")
     else:
@@ -170,16 +225,27 @@ def _check_request(req: PlanRequest) -> None:
         need(req.nodes >= 1, f"nodes must be at least 1, got {req.nodes}")
 
 
+def _speculative_tokens(req: PlanRequest, arch: ModelArch) -> int:
+    if not req.speculative_method:
+        return 0
+    if not arch.mtp_layers:
+        raise UserError(f"{arch.name} has no multi-token-prediction layers: speculative method {req.speculative_method!r} needs them")
+    return req.num_speculative_tokens or 1
+
+
 def _knobs(req: PlanRequest, arch: ModelArch, itype: InstanceType) -> Knobs:
-    visible = itype.gpu.visible_memory_bytes
+    """vLLM's defaults for this release and GPU, where the request leaves a knob open."""
+    r = release(req.vllm_version)
+    visible, name = itype.gpu.visible_memory_bytes, itype.gpu.name
     max_len = req.max_model_len or min(arch.max_position_embeddings or serving.DEFAULT_MAX_MODEL_LEN_CAP, serving.DEFAULT_MAX_MODEL_LEN_CAP)
-    kinds = {spec.kind for layer in arch.layers for spec in layer.caches}
     return Knobs(
         gpu_memory_utilization=req.gpu_memory_utilization,
         max_model_len=max_len,
-        max_num_batched_tokens=req.max_num_batched_tokens or serving.default_batched_tokens(visible),
-        max_num_seqs=req.max_num_seqs or serving.default_max_num_seqs(visible),
-        block_size=serving.BLOCK_SIZE_MLA if serving.uses_mla_blocks(kinds) else serving.BLOCK_SIZE_DEFAULT,
+        max_num_batched_tokens=req.max_num_batched_tokens or serving.default_batched_tokens(visible, name, r),
+        max_num_seqs=req.max_num_seqs or serving.default_max_num_seqs(visible, name, r),
+        release=r,
+        async_scheduling=r.async_scheduling(ray=True) if req.async_scheduling is None else req.async_scheduling,
+        num_speculative_tokens=_speculative_tokens(req, arch),
     )
 
 
@@ -223,6 +289,87 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     return [Layout(tp, pp, dp, ep, kv) for tp, pp, dp in pairs for ep in eps for kv in kvs if not (ep and tp == 1)]
 
 
+def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs) -> list[tuple[int, bool]]:
+    """(max-num-batched-tokens, async scheduling) pairs the search tries besides vLLM's
+    defaults: smaller chunks and synchronous scheduling shrink what each request
+    reserves in sliding-window and state groups (max_in_flight_tokens), nothing else."""
+    mnbts = [req.max_num_batched_tokens] if req.max_num_batched_tokens else serving.searched_batched_tokens(knobs.max_num_batched_tokens)
+    asyncs = [knobs.async_scheduling]
+    if req.async_scheduling is None and knobs.async_scheduling and knobs.release.at_least("0.26"):
+        asyncs.append(False)  # before 0.26 the reservation does not depend on it
+    # config/scheduler.py: max-num-batched-tokens must be at least a pinned max-num-seqs (a derived
+    # one is capped at it).
+    options = [(m, a) for m in mnbts for a in asyncs if m >= (req.max_num_seqs or 1)]
+    return [o for o in options if o != (knobs.max_num_batched_tokens, knobs.async_scheduling)]
+
+
+def _has_windowed_groups(ev: Evaluation) -> bool:
+    return bool(ev.kv) and any(g.first.spec in ("sliding", "sliding_mla") for g in ev.kv.groups)
+
+
+def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, knobs: Knobs) -> Evaluation:
+    """The layout at vLLM's defaults, or at the batch knobs that admit clearly more.
+
+    A sliding-window or compressor-state group reserves window - 1 + in-flight
+    tokens per request, and in-flight = max_concurrent_batches (PP + 1 with async
+    scheduling) x max-num-batched-tokens. The search keeps vLLM's defaults unless
+    another choice holds BATCH_KNOB_GAIN more sequences at max-model-len; among
+    choices within 2% of the best it takes the one nearest the defaults (async
+    on, then the largest chunk)."""
+    base = evaluate(arch, itype, nodes, layout, knobs)
+    if not base.stages or not _has_windowed_groups(base) or any("weights do not fit" in e for e in base.errors):
+        return base
+    options = _batch_options(req, arch, knobs)
+    if not options:
+        return base
+
+    def at(option: tuple[int, bool]) -> Evaluation:
+        return evaluate(arch, itype, nodes, layout, knobs.replace(max_num_batched_tokens=option[0], async_scheduling=option[1]))
+
+    # Concurrency only grows as the chunk shrinks and without async scheduling (fewer
+    # in-flight tokens reserved, a smaller activation peak), so the smallest chunk
+    # without async scheduling is the best any option reaches.
+    extreme = at(min(options, key=lambda o: (o[1], o[0])))
+    if not extreme.feasible or (base.feasible and extreme.max_concurrency < base.max_concurrency * (1 + serving.BATCH_KNOB_GAIN)):
+        return base
+    top = extreme.max_concurrency
+    chosen = extreme
+    # Nearest the defaults first: async scheduling as vLLM has it, then the largest chunk.
+    for option in sorted(options, key=lambda o: (o[1] != knobs.async_scheduling, -o[0])):
+        ev = extreme if option == (extreme.knobs.max_num_batched_tokens, extreme.knobs.async_scheduling) else at(option)
+        if ev.feasible and ev.max_concurrency >= top * 0.98:
+            chosen = ev
+            break
+    chosen.notes.append(_batch_note(base, chosen))
+    return chosen
+
+
+def _batch_note(base: Evaluation, chosen: Evaluation) -> str:
+    b, c = base.knobs, chosen.knobs
+    adm_b, adm_c = base.admission, chosen.admission
+    what = []
+    if c.max_num_batched_tokens != b.max_num_batched_tokens:
+        what.append(f"--max-num-batched-tokens {c.max_num_batched_tokens} (vLLM's default {b.max_num_batched_tokens})")
+    if c.async_scheduling != b.async_scheduling:
+        what.append("--no-async-scheduling" if not c.async_scheduling else "--async-scheduling")
+    before = f"{base.max_concurrency:,.2f}" if base.feasible else "none (it does not fit)"
+    return (
+        f"{' and '.join(what)}: each sliding-window and compressor-state group reserves window - 1 + "
+        f"{adm_c.sliding_tokens:,} in-flight tokens per request instead of {adm_b.sliding_tokens:,} "
+        f"(max_concurrent_batches x max-num-batched-tokens): {chosen.request_blocks:,} blocks per request instead of "
+        f"{base.request_blocks:,} (blocks of {chosen.constrained.kv_bytes_per_block:,} B on stage {chosen.constrained.stage}); "
+        f"max concurrency at max-model-len {c.max_model_len:,}: {chosen.max_concurrency:,.2f} instead of {before}"
+    )
+
+
+def _cudagraph_accounting(r: Release) -> str:
+    if r.extensible_kv_cache:
+        return "measured: the KV cache is sized after the real capture (extensible KV cache)"
+    if r.cudagraph_estimate:
+        return "estimate subtracted from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)"
+    return "not counted by vLLM: the graph pool must fit in the headroom"
+
+
 def _rank_key(ev: Evaluation):
     """Best first: feasible; the model's own KV dtype before FP8 (FP8 KV is a
     fallback, it costs accuracy); most concurrent sequences at max-model-len; most
@@ -235,7 +382,7 @@ def _rank_key(ev: Evaluation):
         not ev.feasible,
         0 if ev.feasible else closest,
         lay.kv_cache_dtype != "auto" and KV_DTYPE_BYTES.get(lay.kv_cache_dtype) is not None,
-        -ev.max_concurrency if ev.feasible else 0,
+        -round(ev.max_concurrency, 6) if ev.feasible else 0,
         -ev.kv_tokens if ev.feasible else 0,
         lay.pp,
         lay.expert_parallel,
@@ -243,7 +390,7 @@ def _rank_key(ev: Evaluation):
 
 
 def search(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, knobs: Knobs) -> list[Evaluation]:
-    return sorted((evaluate(arch, itype, nodes, lay, knobs) for lay in candidate_layouts(req, arch, itype, nodes)), key=_rank_key)
+    return sorted((tune(req, arch, itype, nodes, lay, knobs) for lay in candidate_layouts(req, arch, itype, nodes)), key=_rank_key)
 
 
 # --- The plan --------------------------------------------------------------------
@@ -294,6 +441,7 @@ def _cheapest(req: PlanRequest, arch: ModelArch) -> tuple[InstanceType, int, lis
 def make_plan(req: PlanRequest) -> Plan:
     _check_request(req)
     options = model_options(req)
+    release(req.vllm_version).check_model(options[0].arch.model_type)
     option, fallback_note = options[0], None
     if req.objective == "min-cost":
         itype, nodes, ranked = _cheapest(req, option.arch)
@@ -315,8 +463,8 @@ def make_plan(req: PlanRequest) -> Plan:
     if not ranked:
         raise UserError(f"no layout to try for {nodes} x {itype.name}")
     arch = option.arch
-    knobs = _knobs(req, arch, itype)
     best = ranked[0]
+    knobs = best.knobs or _knobs(req, arch, itype)
     warnings = ([fallback_note] if fallback_note else []) + _warnings(req, arch, itype, best)
     if req.weight_format and option.checkpoint is None:
         warnings.append(
@@ -324,15 +472,24 @@ def make_plan(req: PlanRequest) -> Plan:
             "(vLLM does not convert between 4-bit and 8-bit formats at load time)"
         )
 
-    # max-num-seqs: what the KV cache holds at a typical context, capped at vLLM's
-    # default. The budget keeps the profile run at the cap (more sampler logits),
-    # so the derived value only ever leaves more room than planned.
+    # max-num-seqs: the requests the KV pool admits at a typical context (each
+    # charged its groups' blocks at that length, plus the drafter's lookahead
+    # slots), capped at vLLM's default and at max-num-batched-tokens (vLLM
+    # requires max-num-seqs <= max-num-batched-tokens). The budget keeps the
+    # profile run at the cap (more sampler logits, more CUDA graphs), so the
+    # derived value only ever leaves more room than planned.
     max_num_seqs = knobs.max_num_seqs
     if req.max_num_seqs is None and best.feasible:
-        typical = min(knobs.max_model_len, serving.TYPICAL_CONTEXT_TOKENS)
-        tight = best.constrained
-        fits = tight.kv_cache_bytes // max(_seq_bytes(arch, best, tight.stage, typical), 1)
-        max_num_seqs = max(1, min(knobs.max_num_seqs, int(fits)))
+        typical = min(knobs.max_model_len, serving.TYPICAL_CONTEXT_TOKENS + knobs.num_speculative_tokens)
+        per_request = kv_cache.request_blocks(list(best.kv.groups), best.admission, release=knobs.release, max_len=typical)
+        fits = best.num_blocks // max(per_request, 1)
+        max_num_seqs = max(1, min(knobs.max_num_seqs, knobs.max_num_batched_tokens, int(fits)))
+    speculative = (
+        {"method": req.speculative_method, "num_speculative_tokens": knobs.num_speculative_tokens}
+        if knobs.num_speculative_tokens
+        else None
+    )
+    default_async = knobs.release.async_scheduling(ray=True)
 
     lay = best.layout
     pod = serving.pod_resources(itype)
@@ -367,6 +524,8 @@ def make_plan(req: PlanRequest) -> Plan:
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=knobs.max_num_batched_tokens,
         kv_cache_dtype=lay.kv_cache_dtype,
+        speculative=speculative,
+        async_scheduling=None if knobs.async_scheduling == default_async else knobs.async_scheduling,
     )
     return Plan(
         request=req,
@@ -384,13 +543,9 @@ def make_plan(req: PlanRequest) -> Plan:
         cost=cost,
         warnings=warnings + best.warnings,
         alternatives=ranked[1:],
+        max_num_seqs=max_num_seqs,
+        speculative=speculative,
     )
-
-
-def _seq_bytes(arch: ModelArch, ev: Evaluation, stage: int, seq_len: int) -> int:
-    layers = memory.stage_layers(arch, ev.layout.pp)[stage]
-    kv_bytes = memory.kv_element_bytes(ev.layout.kv_cache_dtype, arch.model_dtype)
-    return memory.bytes_per_sequence(layers, ev.layout.tp, kv_bytes, seq_len)
 
 
 def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evaluation) -> list[str]:
@@ -405,9 +560,23 @@ def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evalua
         out.append(f"KV cache in {lay.kv_cache_dtype}: the model's own dtype leaves no room at this max-model-len")
     if ev.stages:
         tight = ev.constrained
+        r = ev.knobs.release
         if tight.headroom_bytes < 0:
             out.append(
-                f"headroom is {tight.headroom_bytes / 2**30:.2f} GiB: the CUDA context and CUDA graphs, which vLLM "
-                "does not count, do not fit in 1 - gpu-memory-utilization; lower the utilization"
+                f"headroom is {tight.headroom_bytes / GiB:.2f} GiB: the CUDA context and what vLLM does not count "
+                "do not fit in 1 - gpu-memory-utilization; lower the utilization"
             )
+        if r.extensible_kv_cache and 0.7 < ev.knobs.gpu_memory_utilization < 1.0:
+            # v1/worker/extensible_kv_cache.py measure_kv_cache_blocks warns the same way when
+            # the utilisation withholds at least 1 GiB of memory free at start.
+            margin = max(memory.EXTENSIBLE_MARGIN_FLOOR_BYTES, int(tight.activation_bytes * memory.EXTENSIBLE_MARGIN_FRACTION))
+            context = memory.cuda_context_bytes(ev.layout.tp * ev.layout.pp > 1)
+            withheld = tight.gpu_visible_bytes - context - margin - tight.usable_bytes
+            if withheld >= GiB:
+                out.append(
+                    f"vLLM {r.version} sizes the KV cache from the memory free after warm-up and CUDA-graph capture "
+                    f"(extensible KV cache); gpu-memory-utilization {ev.knobs.gpu_memory_utilization:.2f} keeps "
+                    f"{withheld / GiB:.2f} GiB per GPU out of it, which vLLM will warn about: raise it unless that "
+                    "memory is meant for something vLLM does not see"
+                )
     return out

@@ -18,6 +18,9 @@ GPU_MEMORY_UTILIZATION_RANGE = (0.5, 0.98)
 # vLLM's --kv-cache-dtype values (vllm/config/cache.py, CacheDType, v0.11).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 WEIGHT_FORMAT_CHOICES = ("bf16", "fp8", "mxfp4", "nvfp4", "int4")
+# Speculative decoding the planner accounts for: the model's own multi-token-
+# prediction layers as the drafter (vLLM config/speculative.py method "mtp").
+SPECULATIVE_METHODS = ("mtp",)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class PlanRequest:
     gpu_memory_utilization: float = 0.90
     max_num_batched_tokens: int | None = None  # default: vLLM's for the GPU
     max_num_seqs: int | None = None  # default: derived from KV capacity
+    async_scheduling: bool | None = None  # default: vLLM's, unless turning it off admits markedly more
+    vllm_version: str = "0.34.0"  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
+    speculative_method: str | None = None  # "mtp": the model's MTP layers draft
+    num_speculative_tokens: int | None = None  # tokens drafted per step (1 with a method and no count)
     kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit
     weight_format: str | None = None  # default: the checkpoint's own
     objective: Objective = "max-kv"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -10,16 +11,22 @@ from infra.catalog.instances import InstanceType
 from infra.planning.memory import GiB, MiB
 
 # vLLM's defaults for the OpenAI API server (vllm/engine/arg_utils.py,
-# EngineArgs._set_default_args, v0.10-0.11): GPUs with at least 70 GiB get 8192
-# batched tokens and 1024 sequences, smaller ones 2048 and 256.
+# EngineArgs.get_batch_defaults / _set_default_args, 0.10-0.34): GPUs with at
+# least 70 GiB that are not A100s get 8192 batched tokens and 1024 sequences,
+# others 2048 and 256; from 0.28 GPUs with at least 160 GiB get 16384 and 1024.
 LARGE_GPU_BYTES = 70 * GiB
-DEFAULT_BATCHED_TOKENS = {True: 8192, False: 2048}
-DEFAULT_MAX_NUM_SEQS = {True: 1024, False: 256}
+HUGE_GPU_BYTES = 160 * GiB
+DEFAULT_BATCHED_TOKENS = {"huge": 16384, "large": 8192, "small": 2048}
+DEFAULT_MAX_NUM_SEQS = {"huge": 1024, "large": 1024, "small": 256}
 
-# KV block size in tokens: vLLM's default on CUDA is 16; the MLA backends
-# (FlashMLA, CUTLASS MLA) use 64 (vllm/platforms/cuda.py, check_and_update_config).
-BLOCK_SIZE_DEFAULT = 16
-BLOCK_SIZE_MLA = 64
+# Smallest --max-num-batched-tokens the search tries. ASSUMPTION: vLLM's own
+# default for GPUs under 70 GiB (above); a smaller chunk makes long prompts take
+# more scheduler steps than the reservations it saves are worth.
+MIN_SEARCHED_BATCHED_TOKENS = 2048
+# A batch knob leaves vLLM's default only when that holds this much more
+# (ASSUMPTION: 10%): smaller chunks and synchronous scheduling cost prefill and
+# decode throughput.
+BATCH_KNOB_GAIN = 0.10
 
 # max-model-len when neither the stack nor the user sets it: the model's own
 # limit, capped. ASSUMPTION: 128 Ki tokens is what a production chat / agent
@@ -67,16 +74,30 @@ ENGINE_INIT_S = 180.0
 ROOT_VOLUME_GIB = 200
 
 
-def uses_mla_blocks(kinds: set[str]) -> bool:
-    return bool(kinds & {"mla", "compressed"})
+def _gpu_tier(visible_bytes: int, gpu_name: str, release) -> str:
+    if release.at_least("0.28") and visible_bytes >= HUGE_GPU_BYTES:
+        return "huge"
+    if visible_bytes >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower():
+        return "large"
+    return "small"
 
 
-def default_batched_tokens(visible_bytes: int) -> int:
-    return DEFAULT_BATCHED_TOKENS[visible_bytes >= LARGE_GPU_BYTES]
+def default_batched_tokens(visible_bytes: int, gpu_name: str, release) -> int:
+    return DEFAULT_BATCHED_TOKENS[_gpu_tier(visible_bytes, gpu_name, release)]
 
 
-def default_max_num_seqs(visible_bytes: int) -> int:
-    return DEFAULT_MAX_NUM_SEQS[visible_bytes >= LARGE_GPU_BYTES]
+def default_max_num_seqs(visible_bytes: int, gpu_name: str, release) -> int:
+    return DEFAULT_MAX_NUM_SEQS[_gpu_tier(visible_bytes, gpu_name, release)]
+
+
+def searched_batched_tokens(default: int) -> list[int]:
+    """--max-num-batched-tokens the search tries: powers of two from the floor up to
+    vLLM's default (a larger chunk only adds activations and reservations)."""
+    out, n = [], MIN_SEARCHED_BATCHED_TOKENS
+    while n < default:
+        out.append(n)
+        n *= 2
+    return out + [default]
 
 
 @dataclass(frozen=True)
@@ -163,8 +184,21 @@ def vllm_args(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     kv_cache_dtype: str,
+    speculative: dict | None = None,
+    async_scheduling: bool | None = None,
 ) -> list[str]:
-    """Arguments of `vllm serve` for the whole cluster."""
+    """Arguments of `vllm serve` for the whole cluster.
+
+    `speculative`: the `--speculative-config` JSON (engine/arg_utils.py parses it
+    with json.loads into SpeculativeConfig, e.g. {"method": "mtp",
+    "num_speculative_tokens": 1}). `async_scheduling`: set only to override the
+    release's default (--async-scheduling / --no-async-scheduling).
+
+    vLLM 0.34's extensible KV cache stays on (no --no-enable-extensible-kv-cache):
+    it sizes the cache from memory measured after the real CUDA-graph capture,
+    which the planner models (memory.kv_budget_bytes), rather than from the
+    capture estimate that over-states some layouts.
+    """
     args = [
         "--tensor-parallel-size", str(tp),
         "--pipeline-parallel-size", str(pp),
@@ -179,6 +213,12 @@ def vllm_args(
         "--max-num-seqs", str(max_num_seqs),
         "--max-num-batched-tokens", str(max_num_batched_tokens),
         "--kv-cache-dtype", kv_cache_dtype,
+    ]  # fmt: skip
+    if speculative:
+        args += ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]
+    if async_scheduling is not None:
+        args.append("--async-scheduling" if async_scheduling else "--no-async-scheduling")
+    args += [
         # Ray spans the nodes of a replica; one node could use "mp", but the
         # stack always runs vLLM inside a RayCluster, so it is always "ray".
         "--distributed-executor-backend", "ray",

@@ -168,6 +168,11 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
 # Counted as 512 one-byte elements + 72 extra bytes (64 for the RoPE part's second
 # byte, 8 for scales and padding).
 V4_KV_EXTRA_BYTES = 72
+# fp8_ds_mla pages are rounded up to 576 B (sparse_swa.py DeepseekV4SWACache packed_page_alignment,
+# attention.py MLAAttentionSpec(alignment=576)); the SWA cache fixes its block at 64 tokens
+# (DeepseekV4SWACache block_size=64), the compressed and indexer caches take the engine's.
+V4_PAGE_ALIGNMENT = 576
+V4_SWA_BLOCK = 64
 
 
 def _v4_compressor(hidden: int, head_dim: int, ratio: int) -> tuple[list[ParamGroup], CacheSpec]:
@@ -181,9 +186,13 @@ def _v4_compressor(hidden: int, head_dim: int, ratio: int) -> tuple[list[ParamGr
         group(Role.OTHER, Shard.REPLICATED, ratio * coff * head_dim, "fp32"),
         norms(head_dim),
     ]
+    # vLLM compressor.py CompressorStateCache: a SlidingWindowMLASpec of window coff x ratio,
+    # block 4 (ratio 4) or 8 (ratio 128) so it shares a page size with the KV blocks, page
+    # rounded up to 576 B (fp8_ds_mla alignment).
     state = CacheSpec(
         "compressor_state", 2 * coff * head_dim, dtype=CacheDtype.FP32, window=coff * ratio,
         note=f"ratio-{ratio} compressor state: kv + score of the last {coff * ratio} tokens, fp32",
+        vllm_spec="sliding_mla", block_size=4 if ratio == 4 else 8, page_alignment=V4_PAGE_ALIGNMENT,
     )
     return params, state
 
@@ -206,11 +215,16 @@ def _v4_block(c: dict, index: int, ratio: int, expert_fmt: str) -> LayerSpec:
         # hyper-connections: hc_attn_fn and hc_ffn_fn (mix x hc*hidden), their bases (mix) and scales (3), fp32
         group(Role.OTHER, Shard.REPLICATED, 2 * (mix * hc * hidden + mix + 3), "fp32"),
     ]
+    # Caches in the order vLLM registers their layers (static_forward_context, which
+    # orders the KV cache specs): DeepseekV4Attention.__init__ builds the indexer (its
+    # k_cache, then its compressor's state), then the SWA cache, then registers itself
+    # (the compressed KV), then its compressor (the state).
     caches = [
         CacheSpec(
             "sliding", head_dim, dtype=CacheDtype.FP8, window=c["sliding_window"],
             extra_bytes_per_entry=V4_KV_EXTRA_BYTES,
             note="uncompressed sliding window, fp8_ds_mla layout (584 B per token), every TP rank",
+            vllm_spec="sliding_mla", block_size=V4_SWA_BLOCK, page_alignment=V4_PAGE_ALIGNMENT,
         )
     ]
     label = "swa"
@@ -222,6 +236,7 @@ def _v4_block(c: dict, index: int, ratio: int, expert_fmt: str) -> LayerSpec:
                 "compressed", head_dim, dtype=CacheDtype.FP8, compress_ratio=ratio,
                 extra_bytes_per_entry=V4_KV_EXTRA_BYTES,
                 note=f"one compressed KV entry per {ratio} tokens, fp8_ds_mla layout, every TP rank",
+                page_alignment=V4_PAGE_ALIGNMENT,
             ),
             comp_state,
         ]
@@ -238,10 +253,11 @@ def _v4_block(c: dict, index: int, ratio: int, expert_fmt: str) -> LayerSpec:
             norms(2 * d),
             *idx_comp_params,
         ]
-        caches += [
+        caches[:0] = [
             CacheSpec(
                 "indexer", d, dtype=CacheDtype.FP8, compress_ratio=4, extra_bytes_per_entry=4 * (d // 128),
                 note="indexer key per 4 tokens: FP8 + fp32 scale per 128 (132 B)",
+                page_alignment=V4_PAGE_ALIGNMENT,
             ),
             idx_comp_state,
         ]

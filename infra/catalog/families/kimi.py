@@ -73,9 +73,10 @@ def _kda(c: dict) -> tuple[list[ParamGroup], list[CacheSpec]]:
             note="KDA recurrent state, head_dim x head_dim per head, fp32",
         ),
         CacheSpec(
-            "linear_state", 3 * (kernel - 1) * d, sharded_heads=heads, dtype=CacheDtype.KV, per_sequence=True,
+            "linear_state", 3 * (kernel - 1) * d, sharded_heads=heads, dtype=CacheDtype.MODEL, per_sequence=True,
             note="KDA short-conv states (q, k, v): kernel-1 per channel; vLLM keeps them in "
             "mamba_cache_dtype (model dtype by default), not --kv-cache-dtype",
+            conv_rows=kernel - 1,
         ),
     ]
     return params, caches

@@ -1,0 +1,264 @@
+"""What changes in vLLM's memory and KV-cache accounting from release to release.
+
+The planner follows the release the stack serves (`serving.vllmVersion`,
+`plan --vllm-version`). Every rule below was read in that release's wheel (the
+`vllm/` tree of `vllm-X.Y.Z-*.whl` on PyPI); `CHANGES` lists each behaviour
+change with the first release it applies to and the file that holds it, and
+the README's version table is generated from it. Releases are compared by
+minor version: a patch release keeps its minor release's accounting.
+
+Supported: the V1 engine from 0.10.0 (the first release in which it is the
+only engine the planner models) to the pinned release; anything else is
+refused with the range.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from infra.errors import UserError
+
+PINNED = "0.34.0"  # what infra/config/areas.py ServingConfig.vllm_version defaults to
+FIRST_SUPPORTED = "0.10.0"
+
+
+@lru_cache(maxsize=256)
+def _minor(version: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if not m:
+        raise UserError(f"vLLM version {version!r} is not a release number such as {PINNED}")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class Change:
+    behaviour: str
+    first: str  # first release the behaviour applies to
+    source: str  # file (and function) in that release's wheel
+
+
+# One row per behaviour change the planner follows, oldest first.
+CHANGES: tuple[Change, ...] = (
+    Change("requested memory = gpu-memory-utilization x total GPU memory (not free memory)", "0.10.0",
+           "v1/worker/gpu_worker.py Worker.init_device (0.34: v1/worker/utils.py request_memory, math.ceil)"),
+    Change("sliding-window layers reserve cdiv(min(window - 1 + max-num-batched-tokens, max-model-len), block) + 1 blocks per request",
+           "0.10.0", "v1/kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes"),
+    Change("KV blocks: the minimum over all workers (PP stages); layers grouped by spec, one shared block pool",
+           "0.10.0", "v1/core/kv_cache_utils.py get_kv_cache_config(s), _get_kv_cache_config_uniform_page_size"),
+    Change("'GPU KV cache size' = num_blocks // number of groups x block size", "0.10.0",
+           "v1/core/kv_cache_utils.py (get_kv_cache_config / _report_kv_cache_config)"),
+    Change("max concurrency = num_blocks / cdiv(sum of per-group reservations, page of group 0)", "0.10.0",
+           "v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config"),
+    Change("default KV block size 16; MLA on Hopper forced to 64 (FlashMLA)", "0.10.0",
+           "platforms/cuda.py CudaPlatform.check_and_update_config"),
+    Change("default gpu-memory-utilization 0.9", "0.10.0", "config.py CacheConfig (0.11+: config/cache.py)"),
+    Change("async scheduling off by default", "0.10.0", "config/scheduler.py SchedulerConfig.async_scheduling = False"),
+    Change("async scheduling on by default, except with the Ray executor (mp/uni/external_launcher only)", "0.14.0",
+           "config/vllm.py VllmConfig.__post_init__ (executor_supports_async_sched)"),
+    Change("block size from the first attention layer's backend (FlashAttention MLA on Hopper: 16)", "0.18.0",
+           "platforms/interface.py Platform.update_block_size_for_backend"),
+    Change("CUDA-graph memory estimate implemented, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)", "0.18.0",
+           "envs.py, v1/worker/gpu_model_runner.py GPUModelRunner.profile_cudagraph_memory"),
+    Change("CUDA-graph estimate subtracted from the KV budget by default (env default '1'; the log says 'since v0.21.0')",
+           "0.20.0", "envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, v1/worker/gpu_worker.py determine_available_memory"),
+    Change("default gpu-memory-utilization 0.92", "0.20.0", "config/cache.py CacheConfig.gpu_memory_utilization"),
+    Change("DeepSeek-V4 model code", "0.20.0", "model_executor/models/deepseek_v4.py"),
+    Change("Ray uses RayExecutorV2 (a MultiprocExecutor): async scheduling on with Ray", "0.21.0",
+           "envs.py VLLM_USE_RAY_V2_EXECUTOR_BACKEND default '1', v1/executor/abstract.py Executor.get_class"),
+    Change("'GPU KV cache size' = int(max concurrency x max-model-len)", "0.21.0",
+           "v1/core/kv_cache_utils.py _report_kv_cache_config"),
+    Change("Model Runner V2 by default for some architectures", "0.22.0",
+           "config/vllm.py VllmConfig.use_v2_model_runner, DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"),
+    Change("sliding-window reservation uses max_in_flight_tokens = max_concurrent_batches x max-num-batched-tokens "
+           "(async: PP + 1 with Model Runner V2, 2 with the V1 runner at PP 1, else PP)", "0.26.0",
+           "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request, config/vllm.py max_in_flight_tokens"),
+    Change("max concurrency = num_blocks / sum over groups of cdiv(reservation, page)", "0.27.0",
+           "v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config"),
+    Change("non-KV memory = device free-memory drop (mem_get_info) + transient torch peak", "0.27.0",
+           "utils/mem_utils.py memory_profiling"),
+    Change("Model Runner V2 by default for every supported configuration", "0.29.0",
+           "config/vllm.py VllmConfig.use_v2_model_runner"),
+    Change("block-outermost packed KV groups for mixed page sizes (DeepSeek-V4)", "0.29.0",
+           "v1/core/kv_cache_utils.py _get_packed_kv_cache_groups, _approximate_gcd"),
+    Change("default KV block size 64, then per attention backend (DeepSeek-V4 256, its SWA cache 64)", "0.34.0",
+           "config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE, platforms/interface.py update_block_size_for_backend"),
+    Change("extensible KV cache on by default on CUDA: KV sized after warm-up and the real CUDA-graph capture, "
+           "min(util x total - non-KV, free + committed - margin) - transient peak", "0.34.0",
+           "config/vllm.py _resolve_extensible_kv_cache, v1/worker/extensible_kv_cache.py measure_kv_cache_bytes"),
+    Change("max_concurrent_batches = PP + 1 with async scheduling (Model Runner V2 only)", "0.34.0",
+           "config/vllm.py VllmConfig.max_concurrent_batches"),
+    Change("hybrid (Mamba/KDA) models: prefix caching on, mamba_cache_mode 'align', attention block raised to cover the state",
+           "0.34.0", "model_executor/models/config.py MambaModelConfig, platforms/interface.py _align_hybrid_block_size"),
+)
+
+# Model Runner V2 default architectures (config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES)
+# and the rule around them, per release, for the model types the catalog knows.
+_MRV2_ARCHITECTURES = {
+    (0, 22): {"Qwen3ForCausalLM"},
+    (0, 23): {"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"},
+    (0, 24): {"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+              "LlamaForCausalLM", "MistralForCausalLM"},
+    (0, 25): {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"},
+    (0, 26): {"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM"},
+    (0, 27): {"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM", "KimiK3ForConditionalGeneration"},
+    (0, 28): {"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM",
+              "KimiK3ForConditionalGeneration"},
+}
+# The HF architecture vLLM resolves for each catalog model_type (config.json "architectures").
+ARCHITECTURE = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
+    "deepseek_v32": "DeepseekV32ForCausalLM", "deepseek_v4": "DeepseekV4ForCausalLM",
+    "kimi_linear": "KimiK3ForConditionalGeneration",
+}
+
+# First release whose KV grouping the planner models for a model type; older
+# releases are refused for it, with the reason.
+FIRST_MODELLED = {
+    # 0.20-0.28 group DeepSeek-V4 with group_and_unify_kv_cache_specs (v1/core/kv_cache_utils.py),
+    # which the planner does not port; 0.29 introduced the packed grouping it follows.
+    "deepseek_v4": ((0, 29), "DeepSeek-V4's KV grouping before 0.29 (group_and_unify_kv_cache_specs) is not modelled"),
+    # Kimi K3 (models/kimi_k3) appears in 0.27; its KDA prefill checkpoints and the
+    # align-mode Mamba reservations were read in 0.34 only.
+    "kimi_linear": ((0, 34), "Kimi K3's KDA state accounting was read in 0.34 only"),
+}
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    minor: tuple[int, int]
+
+    def at_least(self, version: str) -> bool:
+        return self.minor >= _minor(version)
+
+    # --- Memory budget ----------------------------------------------------------
+
+    @property
+    def default_gpu_memory_utilization(self) -> float:
+        """config/cache.py: 0.9 up to 0.19, 0.92 from 0.20; 0.34 resolves None to 1.0
+        with the extensible KV cache (CacheConfig.resolved_gpu_memory_utilization)."""
+        if self.extensible_kv_cache:
+            return 1.0
+        return 0.92 if self.at_least("0.20") else 0.9
+
+    @property
+    def cudagraph_estimate(self) -> bool:
+        """Whether a CUDA-graph estimate is taken out of the KV budget (0.20-0.33)."""
+        return self.at_least("0.20") and not self.extensible_kv_cache
+
+    @property
+    def extensible_kv_cache(self) -> bool:
+        """0.34: on by default on CUDA (VllmConfig._resolve_extensible_kv_cache); the
+        KV cache is sized after warm-up and the real CUDA-graph capture."""
+        return self.at_least("0.34")
+
+    @property
+    def non_kv_from_free_memory(self) -> bool:
+        """0.27+: non-KV = total_consumed (mem_get_info) + transient peak; before:
+        weights + torch peak + non-torch increase. The planner's lines are the same
+        quantities either way (weights, activation peak, non-torch buffers)."""
+        return self.at_least("0.27")
+
+    # --- Scheduling -------------------------------------------------------------
+
+    def async_scheduling(self, *, ray: bool = True) -> bool:
+        """vLLM's default: off up to 0.13; from 0.14 on unless the executor cannot
+        (Ray's RayDistributedExecutor could not until RayExecutorV2 became the
+        default in 0.21)."""
+        if not self.at_least("0.14"):
+            return False
+        return self.at_least("0.21") or not ray
+
+    def model_runner_v2(self, model_type: str, *, moe: bool, hybrid: bool, quantized: bool) -> bool:
+        """config/vllm.py VllmConfig.use_v2_model_runner (default, no env override)."""
+        if self.at_least("0.29"):
+            return True
+        archs = _MRV2_ARCHITECTURES.get(self.minor)
+        if archs is None:
+            return False
+        arch = ARCHITECTURE.get(model_type, "")
+        if self.minor <= (0, 23):
+            return arch in archs and not moe and not quantized
+        if self.minor == (0, 24):
+            return arch in archs
+        return not hybrid and (arch in archs or not moe)
+
+    def max_concurrent_batches(self, pp: int, *, async_scheduling: bool, mrv2: bool) -> int:
+        """config/vllm.py VllmConfig.max_concurrent_batches."""
+        if async_scheduling:
+            if self.at_least("0.34") or mrv2:
+                return pp + 1
+            if pp <= 1:
+                return 2
+        return pp
+
+    def sliding_window_tokens(self, pp: int, max_num_batched_tokens: int, *, async_scheduling: bool, mrv2: bool) -> int:
+        """Tokens a sliding-window layer holds per request beyond its window:
+        max-num-batched-tokens up to 0.25, VllmConfig.max_in_flight_tokens from 0.26."""
+        if not self.at_least("0.26"):
+            return max_num_batched_tokens
+        return self.max_concurrent_batches(pp, async_scheduling=async_scheduling, mrv2=mrv2) * max_num_batched_tokens
+
+    # --- KV cache ---------------------------------------------------------------
+
+    @property
+    def concurrency_sum_of_ceils(self) -> bool:
+        """get_max_concurrency_for_kv_cache_config: sum of per-group cdiv from 0.27."""
+        return self.at_least("0.27")
+
+    @property
+    def kv_tokens_from_concurrency(self) -> bool:
+        """'GPU KV cache size' = int(max_concurrency x max_model_len) from 0.21."""
+        return self.at_least("0.21")
+
+    @property
+    def packed_kv_groups(self) -> bool:
+        return self.at_least("0.29")
+
+    @property
+    def default_block_size(self) -> int:
+        """CacheConfig.DEFAULT_BLOCK_SIZE: 16, 64 from 0.34."""
+        return 64 if self.at_least("0.34") else 16
+
+    @property
+    def mla_block_size_hopper(self) -> int:
+        """Block size of an MLA model on Hopper: FlashMLA forced 64 up to 0.17
+        (platforms/cuda.py); from 0.18 the first backend's preferred size with the
+        default (FlashAttention MLA accepts any multiple of 16)."""
+        if self.at_least("0.18"):
+            return self.default_block_size
+        return 64
+
+    def check_model(self, model_type: str) -> None:
+        first = FIRST_MODELLED.get(model_type)
+        if first and self.minor < first[0]:
+            raise UserError(
+                f"vLLM {self.version}: {first[1]}; plan {model_type} with vLLM {first[0][0]}.{first[0][1]} or later"
+            )
+
+
+def supported_range() -> str:
+    return f"{FIRST_SUPPORTED} to {PINNED}"
+
+
+def release(version: str | None = None) -> Release:
+    """The accounting of a vLLM release; refuses one outside the supported range."""
+    version = (version or PINNED).strip()
+    minor = _minor(version)
+    if not (_minor(FIRST_SUPPORTED) <= minor <= _minor(PINNED)):
+        raise UserError(
+            f"vLLM {version} is not supported: the planner follows vLLM {supported_range()} "
+            "(the V1 engine's accounting, read release by release)"
+        )
+    return Release(version=version, minor=minor)
+
+
+def changes_table() -> str:
+    """The Markdown table of CHANGES, as the README shows it."""
+    rows = ["| behaviour | first release | source (in that release's wheel) |", "|---|---|---|"]
+    rows += [f"| {c.behaviour} | {c.first} | `{c.source}` |" for c in CHANGES]
+    return "\n".join(rows)
