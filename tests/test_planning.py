@@ -231,3 +231,21 @@ def test_min_cost_finds_cheapest_hardware_for_a_target():
 
     cheapest = min(INSTANCE_TYPES.values(), key=lambda t: t.price_usd_per_hour)
     assert plan.instance.name == cheapest.name and plan.nodes == 1
+
+
+def test_replicas_that_span_nodes_need_efa():
+    """11 x g7e.2xlarge (one GPU each, no EFA) could hold DeepSeek-V4-Pro as an 11-stage
+    pipeline over TCP; the stack only runs multi-node replicas over EFA, so it is refused,
+    and min-cost picks an EFA type instead."""
+    from infra.catalog.instances import get_instance_type
+    from infra.planning import PlanRequest, make_plan
+
+    assert get_instance_type("g7e.2xlarge").max_efa_interfaces == 0
+    plan = make_plan(PlanRequest(model="deepseek-v4-pro", instance_type="g7e.2xlarge", nodes=11, pp=11, max_model_len=32768))
+    assert not plan.feasible and any("no EFA" in e for e in plan.errors)
+    cheapest = make_plan(PlanRequest(model="deepseek-v4-pro", instance_type=None, nodes=None, objective="min-cost",
+                                     target_concurrency=4, max_model_len=32768))  # fmt: skip
+    assert cheapest.nodes == 1 or cheapest.instance.max_efa_interfaces > 0
+    # One replica per node needs no fabric between nodes.
+    small = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g6e.xlarge", nodes=2))
+    assert small.feasible and small.layout.dp == 2

@@ -421,3 +421,19 @@ def test_models_without_a_converted_layer_scheme_are_costed_as_before():
         arch = load_model(name)
         assert all(g.scheme is None for layer in arch.layers for g in layer.params), name
     assert parse_quant_config({"model_type": "llama"}) is None
+
+
+def test_block_fp8_experts_that_vllm_refuses_at_tp8_need_expert_parallel():
+    """Qwen3-235B-A22B-FP8: 1536 expert columns / TP8 = 192, not a multiple of the 128x128
+    block (vLLM fp8_utils.validate_fp8_block_shape_moe); whole experts per rank (EP) are fine."""
+    from infra.catalog.instances import get_instance_type
+    from infra.catalog.models import load_model
+    from infra.planning.layout import Layout, layout_errors
+
+    arch = load_model("qwen3-235b-a22b-fp8")
+    itype = get_instance_type("p5.48xlarge")
+    assert arch.moe_intermediate_size // 8 == 192
+    refused = layout_errors(arch, itype, 1, Layout(tp=8, pp=1, dp=1, expert_parallel=False, kv_cache_dtype="auto"))
+    assert any("FP8 block 128x128" in e for e in refused)
+    assert layout_errors(arch, itype, 1, Layout(tp=8, pp=1, dp=1, expert_parallel=True, kv_cache_dtype="auto")) == []
+    assert layout_errors(arch, itype, 1, Layout(tp=4, pp=1, dp=2, expert_parallel=False, kv_cache_dtype="auto")) == []

@@ -157,6 +157,16 @@ def published_variants(name_or_path: str) -> dict[str, str]:
     return dict(entry.variants) if entry else {}
 
 
+def variant_arch(arch: ModelArch, fmt: str, repo: str | None) -> ModelArch:
+    """A published checkpoint in another format: its own config when the catalog carries
+    it (what the checkpoint really quantises, e.g. NVFP4 attention too), else `arch`
+    with `fmt` applied to the layers such checkpoints usually quantise."""
+    known = {entry.hf_repo.lower() for entry in CATALOG.values()}
+    if repo and repo.lower() in known:
+        return load_model(repo)
+    return with_weight_format(arch, fmt)
+
+
 def checkpoint_repo(name_or_path: str) -> str:
     """The Hugging Face repository to serve: the catalog's, or the path as given."""
     entry = CATALOG.get(str(name_or_path).strip())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from infra.catalog.arch import ModelArch
+from infra.catalog.arch import ModelArch, Role
 from infra.catalog.instances import InstanceType
 from infra.planning import cudagraph, kv_cache, kv_specs, memory
 from infra.planning.kv_cache import Admission, Group, LayerKV
@@ -158,7 +158,41 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
         )
     if layout.expert_parallel and not arch.num_experts:
         errors.append("expert parallel was asked for, but the model has no routed experts")
+    if nodes > 1 and layout.dp < nodes and itype.max_efa_interfaces == 0:
+        # Stages (or a replica) that span nodes exchange activations every step; this
+        # stack carries that traffic over EFA only (one subnet, the EFA security group):
+        # across nodes over TCP the step time is bound by the network.
+        errors.append(
+            f"a model replica spans {nodes // max(layout.dp, 1)} {itype.name} nodes, which have no EFA: "
+            "the stack runs multi-node replicas over EFA only; pick an EFA instance type or one node per replica"
+        )
+    errors.extend(fp8_block_moe_errors(arch, layout))
     return errors
+
+
+def fp8_block_moe_errors(arch: ModelArch, layout: Layout) -> list[str]:
+    """vLLM refuses block-FP8 experts whose intermediate size per rank is not a multiple of
+    the block (model_executor/layers/quantization/utils/fp8_utils.py validate_fp8_block_shape_moe,
+    called by fp8.py Fp8MoEMethod.create_weights): block_n always, block_k once TP > 1.
+    With expert parallel the experts are whole on each rank, so the size is the full one."""
+    for layer in arch.layers:
+        for group in layer.params:
+            scheme = group.scheme
+            if group.role != Role.ROUTED_EXPERT or scheme is None or (scheme.kind, scheme.strategy) != ("fp8", "block"):
+                continue
+            for shape in group.shapes:
+                inter = getattr(shape, "inter", None)
+                if inter is None:
+                    continue
+                per_rank = inter if layout.expert_parallel else inter // layout.tp
+                block_n, block_k = scheme.block
+                if per_rank % block_n or (layout.tp > 1 and per_rank % block_k):
+                    return [
+                        f"tensor parallel {layout.tp} leaves {per_rank} of the experts' {inter} intermediate columns per "
+                        f"GPU, not a multiple of the checkpoint's FP8 block {block_n}x{block_k}: vLLM refuses it; "
+                        "turn expert parallel on or use a smaller TP"
+                    ]
+    return []
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from infra.catalog.models import (
     params_active,
     params_total,
     published_variants,
+    variant_arch,
     weight_bytes,
-    with_weight_format,
 )
 from infra.errors import UserError
 from infra.planning import kv_cache, memory, serving
@@ -410,10 +410,11 @@ def model_options(req: PlanRequest) -> list[ModelOption]:
     arch = load_model(req.model)
     variants = published_variants(req.model)
     if req.weight_format:
-        return [ModelOption(with_weight_format(arch, req.weight_format), variants.get(req.weight_format), req.weight_format)]
+        repo = variants.get(req.weight_format)
+        return [ModelOption(variant_arch(arch, req.weight_format, repo), repo, req.weight_format)]
     options = [ModelOption(arch, checkpoint_repo(req.model), None)]
     for fmt, repo in variants.items():
-        options.append(ModelOption(with_weight_format(arch, fmt), repo, fmt))
+        options.append(ModelOption(variant_arch(arch, fmt, repo), repo, fmt))
     return options
 
 
