@@ -81,6 +81,7 @@ class Evaluation:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # why the knobs are what they are
+    weights_per_gpu_bound: float = float("inf")  # a refused replica's weights / its GPUs (ranks how close it came)
 
     @property
     def feasible(self) -> bool:
@@ -175,24 +176,32 @@ def fp8_block_moe_errors(arch: ModelArch, layout: Layout) -> list[str]:
     the block (model_executor/layers/quantization/utils/fp8_utils.py validate_fp8_block_shape_moe,
     called by fp8.py Fp8MoEMethod.create_weights): block_n always, block_k once TP > 1.
     With expert parallel the experts are whole on each rank, so the size is the full one."""
-    for layer in arch.layers:
-        for group in layer.params:
-            scheme = group.scheme
-            if group.role != Role.ROUTED_EXPERT or scheme is None or (scheme.kind, scheme.strategy) != ("fp8", "block"):
-                continue
-            for shape in group.shapes:
-                inter = getattr(shape, "inter", None)
-                if inter is None:
-                    continue
-                per_rank = inter if layout.expert_parallel else inter // layout.tp
-                block_n, block_k = scheme.block
-                if per_rank % block_n or (layout.tp > 1 and per_rank % block_k):
-                    return [
-                        f"tensor parallel {layout.tp} leaves {per_rank} of the experts' {inter} intermediate columns per "
-                        f"GPU, not a multiple of the checkpoint's FP8 block {block_n}x{block_k}: vLLM refuses it; "
-                        "turn expert parallel on or use a smaller TP"
-                    ]
+    for inter, (block_n, block_k) in _fp8_block_experts(arch):
+        per_rank = inter if layout.expert_parallel else inter // layout.tp
+        if per_rank % block_n or (layout.tp > 1 and per_rank % block_k):
+            return [
+                f"tensor parallel {layout.tp} leaves {per_rank} of the experts' {inter} intermediate columns per "
+                f"GPU, not a multiple of the checkpoint's FP8 block {block_n}x{block_k}: vLLM refuses it; "
+                "turn expert parallel on or use a smaller TP"
+            ]
     return []
+
+
+def _fp8_block_experts(arch: ModelArch) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """(intermediate size, block) of every distinct block-FP8 FusedMoE shape, once per model."""
+    cache = _model_cache(arch)
+    if "fp8_block_experts" not in cache:
+        found = {
+            (shape.inter, tuple(group.scheme.block))
+            for layer in arch.layers
+            for group in layer.params
+            if group.role == Role.ROUTED_EXPERT and group.scheme is not None
+            and (group.scheme.kind, group.scheme.strategy) == ("fp8", "block")
+            for shape in group.shapes
+            if getattr(shape, "inter", None) is not None
+        }  # fmt: skip
+        cache["fp8_block_experts"] = tuple(sorted(found))
+    return cache["fp8_block_experts"]
 
 
 @dataclass(frozen=True)
@@ -347,6 +356,9 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     errors = layout_errors(arch, itype, nodes, layout)
     if errors:
         return Evaluation(layout, [], knobs, errors=errors)
+    errors = weights_bound_errors(arch, itype, layout, knobs)
+    if errors:
+        return Evaluation(layout, [], knobs, errors=errors, weights_per_gpu_bound=total_weight_bytes(arch) / (layout.tp * layout.pp))
     gpu, r = itype.gpu, knobs.release
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
     comm = memory.comm_buffer_bytes(
@@ -395,6 +407,24 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     ev = Evaluation(layout, stages, knobs, kvl, adm, request_blocks=need)
     ev.errors.extend(memory_errors(arch, itype, nodes, ev, knobs))
     return ev
+
+
+def weights_bound_errors(arch: ModelArch, itype: InstanceType, layout: Layout, knobs: Knobs) -> list[str]:
+    """A replica's GPUs hold every parameter at least once (TP/PP/EP only split them), so
+    weights over the replica's usable memory cannot fit on any of its ranks; refused
+    before the per-stage budget is built (most of a full catalog search)."""
+    gpu, util = itype.gpu, knobs.gpu_memory_utilization
+    gpus = layout.tp * layout.pp
+    usable = int(util * gpu.visible_memory_bytes)
+    total = total_weight_bytes(arch)
+    if total <= gpus * usable:
+        return []
+    return [
+        f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total)} of weights at "
+        f"TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} "
+        f"as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * usable)} usable at "
+        f"gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
+    ]
 
 
 def _gb(n: float) -> str:

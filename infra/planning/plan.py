@@ -377,7 +377,7 @@ def _rank_key(ev: Evaluation):
     layouts that do not fit, the one that comes closest (least weight on its
     fullest GPU) comes first, so its errors are the ones reported."""
     lay = ev.layout
-    closest = max((s.weights_bytes for s in ev.stages), default=float("inf"))
+    closest = max((s.weights_bytes for s in ev.stages), default=ev.weights_per_gpu_bound)
     return (
         not ev.feasible,
         0 if ev.feasible else closest,
