@@ -46,6 +46,13 @@ def classes_used(doc: dict) -> list[str]:
         pkg, module, name = r["type"].split(":", 2)
         if pkg == "pulumi" and module == "providers" and name in PACKAGES:
             found.add(f"{PACKAGES[name]}.Provider")
+        elif pkg == "kubernetes":
+            group, _, version = module.partition("/")
+            group = {"helm.sh": "helm"}.get(group, group)
+            if group.replace("_", "").isalnum():  # a built-in API group (core/v1, batch/v1, helm.sh/v3)
+                found.add(f"pulumi_kubernetes.{group}.{version}.{name}")
+            else:  # a custom resource (ray.io/v1): the generic class
+                found.add("pulumi_kubernetes.apiextensions.CustomResource")
         elif pkg in PACKAGES:
             mod = module.split("/", 1)[0]
             found.add(f"{PACKAGES[pkg]}.{name}" if mod == "index" else f"{PACKAGES[pkg]}.{mod}.{name}")
