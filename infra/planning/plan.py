@@ -16,7 +16,7 @@ from infra.catalog.models import (
     with_weight_format,
 )
 from infra.errors import UserError
-from infra.planning import memory, serving
+from infra.planning import memory, model_serving, serving
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
@@ -377,7 +377,7 @@ def make_plan(req: PlanRequest) -> Plan:
         nodes=nodes,
         knobs=knobs,
         evaluation=best,
-        serving_args=args,
+        serving_args=args + model_serving.model_args(arch),
         pod=pod,
         ray_params=serving.ray_start_params(pod),
         storage=storage,
