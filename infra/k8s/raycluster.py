@@ -33,13 +33,15 @@ generated, blocking `ray start` (no annotation): a worker has nothing else to ru
 Probes (head)
 -------------
 - startupProbe `GET /health` on 8000 every 10 s; failureThreshold x period =
-  1.5 x the plan's estimated cold start (the weights read at the planned storage
-  throughput plus engine init: a 50% margin, because the estimate assumes the
-  file system delivers its planned throughput) + 600 s for Ray to see every GPU
-  node (the head's wait gives up at that point with a clear message). Prod:
-  1.5 x 600 s + 600 s = 1,500 s. Kubernetes runs neither liveness nor readiness
-  probes until the startup probe has succeeded, so a loading server is never
-  killed by them (Kubernetes docs, "Configure Liveness, Readiness and Startup Probes").
+  the plan's start-up budget (`Deployment.startup`, infra/planning/startup.py):
+  600 s for Ray to see every GPU node (the head's wait gives up at that point
+  with a clear message) + 1.5 x the estimated cold start (every node reads the
+  whole checkpoint at its share of the planned storage throughput, plus engine
+  init: a 50% margin, because the estimate assumes the file system delivers its
+  planned throughput); the engine's share is also `VLLM_ENGINE_READY_TIMEOUT_S`.
+  Kubernetes runs neither liveness nor readiness probes until the startup probe
+  has succeeded, so a loading server is never killed by them (Kubernetes docs,
+  "Configure Liveness, Readiness and Startup Probes").
 - readinessProbe `GET /health` every 5 s, 3 failures: the Service sends traffic
   only to a head whose engine answers.
 - livenessProbe `GET /health` every 10 s, timeout 10 s, 6 failures (1 minute of
@@ -52,6 +54,10 @@ Environment (every Ray container)
 - `VLLM_HOST_IP` = the pod IP (vLLM's multi-node serving guide sets it per node;
   it is vLLM's internal address, not the API server's).
 - `HF_HUB_OFFLINE=1`: the weights are local; nothing may reach the Hub.
+- `VLLM_ENGINE_READY_TIMEOUT_S` and `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`: from
+  the plan's start-up calculation (`Deployment.startup`; what each bounds in
+  vLLM 0.34: infra/planning/startup.py), so vLLM never gives up on a start the
+  startup probe still allows, nor on a step that JIT-compiles a kernel.
 - `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=INIT,NET`: NCCL logs its transport
   once per communicator, including aws-ofi-nccl's `NET/OFI Selected Provider is
   efa (found N nics)`, the proof that EFA carries the traffic (not Socket).
@@ -93,11 +99,9 @@ from infra.k8s.serving_spec import (
     OVERWRITE_CMD_ANNOTATION,
     PART_OF,
     PROBE_PATH,
-    RAY_JOIN_TIMEOUT_S,
     RAY_METRICS_PORT,
     RAY_METRICS_PORT_NAME,
     SERVING_SCRIPTS,
-    STARTUP_PERIOD_S,
     WAIT_SCRIPT,
     WORKER_CONTAINER,
     WORKER_GROUP,
@@ -182,11 +186,21 @@ def nccl_env(spec: ServingSpec) -> list[dict]:
     return env
 
 
+def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
+    """vLLM's start-up and per-step timeouts, from the plan's start-up calculation."""
+    startup = spec.deployment.startup
+    return [
+        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(startup.engine_ready_timeout_s)},
+        {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(startup.execute_model_timeout_s)},
+    ]
+
+
 def ray_env(spec: ServingSpec) -> list[dict]:
     """The Ray containers' environment (see the module doc for each variable)."""
     return [
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *vllm_timeouts_env(spec),
         *nccl_env(spec),
     ]
 
@@ -221,7 +235,7 @@ def head_probes(spec: ServingSpec) -> dict:
     return {
         "startupProbe": _http_probe(
             API_PORT_NAME,
-            periodSeconds=STARTUP_PERIOD_S,
+            periodSeconds=spec.deployment.startup.startup_probe_period_s,
             timeoutSeconds=5,
             failureThreshold=startup_failure_threshold(spec),
             successThreshold=1,
@@ -249,7 +263,7 @@ def head_command(spec: ServingSpec) -> list[str]:
 
 def head_args(spec: ServingSpec) -> list[str]:
     """What ray_head.sh waits for (every GPU of the plan on every node, how long), then what it runs."""
-    return [str(spec.total_gpus), str(spec.nodes), str(RAY_JOIN_TIMEOUT_S), *vllm_serve_argv(spec)]
+    return [str(spec.total_gpus), str(spec.nodes), str(spec.deployment.startup.ray_join_timeout_s), *vllm_serve_argv(spec)]
 
 
 # --- RayCluster ------------------------------------------------------------------------

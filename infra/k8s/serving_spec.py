@@ -25,7 +25,6 @@ the pods that run it.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -56,14 +55,10 @@ HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 
 # --- Probes and waits ---------------------------------------------------------
+# The figures (startup probe period and budget, the head's Ray wait, Pulumi's
+# wait, vLLM's timeouts) come from the plan's one calculation,
+# `Deployment.startup` (infra/planning/startup.py).
 PROBE_PATH = "/health"  # vLLM's OpenAI server: 200 once the engine is up, an error when it is dead
-STARTUP_PERIOD_S = 10
-COLD_START_MARGIN = 1.5  # on the plan's estimated cold start (infra/k8s/raycluster.py, "Probes")
-RAY_JOIN_TIMEOUT_S = 600  # the head waits this long for every GPU node to join Ray
-# What Pulumi waits for the head to become Ready: the startup budget plus pulling
-# the serving image onto fresh nodes. ASSUMPTION: 20 minutes covers a ~20 GiB
-# image pulled from ECR in the same region.
-IMAGE_PULL_ALLOWANCE_S = 1200
 
 # --- Labels -------------------------------------------------------------------
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving"}
@@ -221,19 +216,18 @@ class ServingSpec:
         return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}/v1"
 
 
-# --- Budgets -----------------------------------------------------------------------
+# --- Budgets (the plan's start-up calculation) -----------------------------------------
 
 
 def startup_budget_s(spec: ServingSpec) -> int:
     """Seconds the head may take from container start to a healthy engine."""
-    cold = spec.deployment.storage.estimated_cold_start_s
-    return math.ceil(cold * COLD_START_MARGIN) + RAY_JOIN_TIMEOUT_S
+    return spec.deployment.startup.startup_budget_s
 
 
 def startup_failure_threshold(spec: ServingSpec) -> int:
-    return math.ceil(startup_budget_s(spec) / STARTUP_PERIOD_S)
+    return spec.deployment.startup.startup_probe_failure_threshold
 
 
 def ready_timeout_s(spec: ServingSpec) -> int:
     """How long Pulumi waits for the head to be Ready (image pull + startup budget)."""
-    return startup_budget_s(spec) + IMAGE_PULL_ALLOWANCE_S
+    return spec.deployment.startup.ready_wait_s

@@ -16,7 +16,7 @@ from infra.catalog.models import (
     with_weight_format,
 )
 from infra.errors import UserError
-from infra.planning import memory, model_serving, serving
+from infra.planning import memory, model_serving, serving, startup
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
@@ -43,6 +43,11 @@ class Plan:
     cost: CostLines
     warnings: list[str] = field(default_factory=list)
     alternatives: list[Evaluation] = field(default_factory=list)  # other layouts considered, best first
+
+    @property
+    def startup(self) -> startup.Startup:
+        """Cold start, probe budget, Pulumi's wait and vLLM's timeouts (infra/planning/startup.py)."""
+        return startup.startup_plan(self.storage, self.pod)
 
     @property
     def layout(self) -> Layout:
@@ -83,6 +88,7 @@ class Plan:
             pod=self.pod,
             ray_start_params=tuple(self.ray_params.items()),
             storage=self.storage,
+            startup=self.startup,
             serve=ServeCommand(checkpoint=self.checkpoint, vllm_args=tuple(self.serving_args)),
         )
 
@@ -139,6 +145,7 @@ class Plan:
             "pod": asdict(self.pod),
             "node": {"root_volume_gib": serving.ROOT_VOLUME_GIB},
             "storage": asdict(self.storage),
+            "startup": asdict(self.startup),
             "feasible": self.feasible,
             "errors": self.errors,
             "warnings": list(self.warnings),
@@ -336,12 +343,9 @@ def make_plan(req: PlanRequest) -> Plan:
 
     lay = best.layout
     pod = serving.pod_resources(itype)
-    served = weight_bytes(arch)
-    storage = serving.storage_plan(
+    storage = startup.storage_plan(
         checkpoint_bytes=weight_bytes(arch, include_mtp=True),
-        served_bytes=served,
-        dp=lay.dp,
-        pp=lay.pp,
+        nodes=nodes,
         cold_start_target_s=req.cold_start_target_s,
     )
     if best.feasible and storage.estimated_cold_start_s > req.cold_start_target_s:
