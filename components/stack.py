@@ -190,6 +190,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 monitoring=cfg.serving.monitoring,
                 efa_check=checks.efa,
                 nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
+                vllm_version=cfg.serving.vllm_version,
+                production=life.production,
                 benchmark=checks.benchmark,
                 ttft_p99_ms=checks.ttft_p99_ms,
                 tpot_p99_ms=checks.tpot_p99_ms,

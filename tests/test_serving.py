@@ -47,6 +47,8 @@ def spec(stack: str = "prod", **overrides) -> ServingSpec:
         ttft_p99_ms=checks_config.ttft_p99_ms,
         tpot_p99_ms=checks_config.tpot_p99_ms,
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
+        vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
+        production=load_stack_file(stack, REPO).lifecycle.production,
     )
     base.update(overrides)
     return ServingSpec(**base)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from infra.k8s import script_files
 from infra.k8s.raycluster import (
+    efa_security_context,
     gpu_pod_resources,
     nccl_env,
     node_selector,
@@ -111,9 +112,11 @@ def efa_check_job(spec: ServingSpec) -> dict:
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["/bin/bash", script_files.path(EFA_CHECK_SCRIPT)],
         "args": efa_check_args(spec),
-        "env": nccl_env(spec),
+        # INFO whatever the stack: the verdict reads NCCL's transport lines.
+        "env": nccl_env(spec, info=True),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "resources": gpu_pod_resources(spec),
+        **efa_security_context(spec),
         "volumeMounts": [shm_mount(), script_files.volume_mount()],
     }
     return {
