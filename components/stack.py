@@ -200,6 +200,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             # Created after, and deleted before, the operators (KubeRay must remove
             # its finalizers) and the weights.
             depends_on=[*operators.releases, storage, namespace],
+            # The EFA check needs the device plugins, not the weights: it runs while they are staged.
+            check_depends_on=[*operators.releases, namespace],
             image=image,
         ),
         opts=kube,

@@ -352,7 +352,10 @@ def test_serving_pods_wait_without_a_limit_until_the_weights_are_staged(tmp_path
 
 # ---- the EFA check --------------------------------------------------------------------------------
 
-EFA_LOG = "NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)\nNCCL INFO Using network Libfabric\nGPU_SERVING_BUSBW_GBPS=312.480\n"
+EFA_LOG = (
+    "NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 32 nics)\nNCCL INFO Using network Libfabric\n"
+    "NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA\nGPU_SERVING_BUSBW_GBPS=312.480\n"
+)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,6 @@ import copy
 import json
 import math
 import re
-import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -691,23 +690,8 @@ def test_efa_check_needs_two_nodes_with_efa():
         make_spec(stack_plan("test"), efa_check=True)
 
 
-EFA_LOG = textwrap.dedent(
-    """\
-    ip-10-0-1-5:71:80 [0] NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)
-    ip-10-0-1-5:71:80 [0] NCCL INFO Using network Libfabric
-    GPU_SERVING_BUSBW_GBPS=312.480
-    """
-)
-
-
-def test_efa_check_verdict():
-    assert efa_allreduce.efa_check_problems(EFA_LOG, 100.0, 32) == []
-    slow = EFA_LOG.replace("312.480", "41.200")
-    assert any("below the floor" in p for p in efa_allreduce.efa_check_problems(slow, 100.0, 32))
-    tcp = "NCCL INFO Using network Socket\nGPU_SERVING_BUSBW_GBPS=3.1\n"
-    problems = efa_allreduce.efa_check_problems(tcp, 100.0, 32)
-    assert any("EFA provider" in p for p in problems) and any("Socket" in p for p in problems)
-    assert any("did not complete" in p for p in efa_allreduce.efa_check_problems("", 100.0, 32))
+def test_bus_bandwidth_is_nccl_tests_formula():
+    # The verdict itself runs on captured NCCL logs in tests/test_efa_check.py.
     assert efa_allreduce.allreduce_bus_bandwidth_gbps(2 * 10**9, 0.01, 16) == pytest.approx(200 * 2 * 15 / 16)
 
 

@@ -425,8 +425,9 @@ class ChecksConfig(_Area):
 
     efa: StrictBool = Field(
         default=False,
-        description="EFA check: the EFA provider is visible and an NCCL all-reduce across nodes reaches the floor "
-        "(needs free GPU nodes: run it at bring-up or in a maintenance window).",
+        description="EFA check: an NCCL all-reduce across two nodes goes over EFA (a fallback to TCP fails it) and reaches "
+        "the floor; a Job that needs two free GPU nodes (it runs at bring-up, while the weights are staged, or in a "
+        "maintenance window), never awaited by `pulumi up` nor a prerequisite of the RayCluster.",
     )
     nccl_bus_bandwidth_floor_gbps: float = Field(
         default=100.0, gt=0, le=10_000, description="Lowest acceptable NCCL all-reduce bus bandwidth across nodes, GB/s."
