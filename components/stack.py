@@ -169,6 +169,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             staging_image=STAGING_IMAGE,
             staging_packages=STAGING_PACKAGES[st.source],
             hf_token=secret("hfToken") if st.source == "hf" else None,
+            staging_run=st.staging_run,
             cluster_name=cluster.cluster_name,
             region=cfg.region,
         ),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import botocore.session
@@ -577,6 +578,45 @@ def test_job_name_follows_the_checkpoint(prod_storage):
     assert base == name(), "stable"
     assert base != name(checkpoint="deepseek-ai/DeepSeek-V4-Pro@a1b2c3")
     assert base != name(staging_image=IMAGE + "-2")
+
+
+def test_a_new_staging_run_replaces_a_failed_job_and_nothing_else(prod_storage):
+    """After its deadline a failed Job stays failed and an unchanged `pulumi up` sees no diff: raising
+    stagingRun gives the Job a new name, so Pulumi replaces it (the new one resumes the partials)."""
+
+    def objects(run):
+        rec, comp = _record(lambda: _args(prod_storage, production=False, staging_run=run))
+        return comp.staging_job_name, {(r.type, r.name): manifest(r) for r in k8s_objects(rec)}
+
+    (first, before), (second, after) = objects(0), objects(1)
+    assert first != second and second.startswith("model-weights-stage-") and len(second) <= 63
+    assert objects(1)[0] == second, "the same generation keeps its name"
+    changed = {key for key in before if before[key] != after[key]}
+    assert changed == {(JOB, "weights-staging")}
+    job_before, job_after = before[(JOB, "weights-staging")], after[(JOB, "weights-staging")]
+    assert job_after["spec"] == job_before["spec"] and job_after["metadata"]["name"] == second
+
+
+def test_the_stack_names_the_job_by_its_staging_run(tmp_path):
+    """`gpu-serving:storage.stagingRun` reaches the Job's name through the real program."""
+    import yaml
+
+    from infra.preview.synth import synthesize
+
+    repo = Path(__file__).resolve().parent.parent
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in ("__main__.py", "Pulumi.yaml"):
+        (root / name).symlink_to(repo / name)
+    cfg = yaml.safe_load((repo / "Pulumi.test.yaml").read_text())
+
+    def job_name(run):
+        cfg["config"]["gpu-serving:storage"] = {"stagingRun": run}
+        (root / "Pulumi.test.yaml").write_text(yaml.safe_dump(cfg))
+        (job,) = [r for r in synthesize("test", root)["resources"] if r["type"] == JOB and r["name"].endswith("-weights-staging")]
+        return job["inputs"]["metadata"]["name"]
+
+    assert job_name(0) != job_name(1)
 
 
 def test_a_changed_program_makes_a_new_job(prod_storage, tmp_path, monkeypatch):

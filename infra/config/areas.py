@@ -411,6 +411,14 @@ class StorageConfig(_Area):
         json_schema_extra={"allowed": "an S3 URI such as s3://bucket/models/DeepSeek-V4-Pro, or null"},
     )
 
+    staging_run: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Generation of the weight-staging Job: raise it by one to run the Job again after it failed "
+        "(its deadline passed); the new Job resumes the partial downloads.",
+    )
+
     @model_validator(mode="after")
     def _s3_needs_uri(self) -> "StorageConfig":
         if self.source == "s3" and not self.s3_uri:
