@@ -308,3 +308,15 @@ def test_the_generator_refuses_a_tree_it_does_not_know(tmp_path):
 def test_the_checked_in_reference_is_what_the_wheel_gives():
     doc = extract.reference(extract.Tree.open(Path(os.environ["VLLM_WHEEL"])))
     assert doc == reference.load_reference(doc["vllm_version"])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_vllm_variable_the_pods_set_is_one_the_release_reads(stack):
+    """vLLM warns about (or, with --fail-on-environ-validation, refuses) a VLLM_* variable it does not know."""
+    from tests.test_rayspec import make_spec, plan_for
+
+    spec = make_spec(plan_for(REPO, stack))
+    names = {e["name"] for t in [raycluster.head_pod_template(spec), raycluster.worker_pod_template(spec)] for e in t["spec"]["containers"][0]["env"]}
+    assert {"VLLM_HOST_IP", "VLLM_CACHE_ROOT", "VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"} <= names
+    assert reference.unknown_environment(names, VERSION) == []
+    assert reference.unknown_environment({"VLLM_ENGINE_READY_TIMEOUT"}, VERSION) == ["VLLM_ENGINE_READY_TIMEOUT"]
