@@ -10,10 +10,17 @@ One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
 - the PodDisruptionBudget;
 - a PodMonitor when `monitoring` is "podmonitor" (the pods carry scrape
   annotations otherwise);
-- the EFA check (headless Service + Indexed Job) when enabled, before the
-  RayCluster: it needs two free GPU nodes, which only exist before the serving
-  pods take them, so the RayCluster waits for it and `pulumi up` stops if the
-  fabric is not right;
+- the EFA check (headless Service + Indexed Job) when enabled. It needs two
+  whole GPU nodes, which the serving pods hold once they run, so it is never a
+  prerequisite of the RayCluster and Pulumi does not wait for it
+  (`pulumi.com/skipAwait`): an update of the RayCluster never waits on a check
+  that cannot be scheduled. It depends only on the operators and the namespace
+  (`check_depends_on`), not on the weights, so at first bring-up it is created
+  while the weights are still being staged, when the GPU nodes are free, and
+  normally finishes before the serving pods exist. Its verdict is the Job's
+  status (`kubectl -n <namespace> get job <name>-efa-check`, and its logs);
+  a changed check (new image or scripts) replaces the Job, which runs again once
+  two GPU nodes are free (a maintenance window);
 - the serving benchmark Job when enabled, after the RayCluster and the Service;
 - the ConfigMap of the scripts those pods run (`infra/k8s/scripts/`), before
   any of them.
@@ -53,6 +60,9 @@ class ServingArgs:
     # and metadata never depend on it, so a preview shows every object; only the
     # pod specs wait for it.
     image: Optional[pulumi.Input[str]] = None
+    # What the checks and the scripts' ConfigMap need (the operators and the
+    # namespace; not the weights): None = `depends_on`.
+    check_depends_on: Optional[Sequence[pulumi.Resource]] = None
 
     def __post_init__(self) -> None:
         if (self.image is None) == (self.spec.image is None):
@@ -81,11 +91,12 @@ class Serving(pulumi.ComponentResource):
         # The pods' scripts, before every pod that runs them (in the namespace, which
         # is among the prerequisites).
         scripts = raycluster.scripts_config_map(spec)
+        check_deps = list(args.depends_on if args.check_depends_on is None else args.check_depends_on)
         self.scripts = k8s.core.v1.ConfigMap(
             f"{name}-scripts",
             metadata=scripts["metadata"],
             data=scripts["data"],
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(args.depends_on))),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps)),
         )
         prerequisites = [*args.depends_on, self.scripts]
 
@@ -105,17 +116,13 @@ class Serving(pulumi.ComponentResource):
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
-                        depends_on=[*prerequisites, efa_svc],
+                        # Not the RayCluster's prerequisite, nor awaited (module doc).
+                        depends_on=[*check_deps, self.scripts, efa_svc],
                         # Fixed name: a changed Job must go before its replacement comes.
                         delete_before_replace=True,
-                        custom_timeouts=pulumi.CustomTimeouts(
-                            create=_timeout(checks.EFA_CHECK_DEADLINE_S + 300),
-                            update=_timeout(checks.EFA_CHECK_DEADLINE_S + 300),
-                        ),
                     ),
                 ),
             )
-            prerequisites.append(self.efa_check)
 
         rc = raycluster.raycluster(spec)
         wait = _timeout(serving_spec.ready_timeout_s(spec))

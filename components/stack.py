@@ -169,6 +169,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             staging_image=STAGING_IMAGE,
             staging_packages=STAGING_PACKAGES[st.source],
             hf_token=secret("hfToken") if st.source == "hf" else None,
+            staging_run=st.staging_run,
             cluster_name=cluster.cluster_name,
             region=cfg.region,
         ),
@@ -190,6 +191,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 monitoring=cfg.serving.monitoring,
                 efa_check=checks.efa,
                 nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
+                vllm_version=cfg.serving.vllm_version,
+                production=life.production,
                 benchmark=checks.benchmark,
                 ttft_p99_ms=checks.ttft_p99_ms,
                 tpot_p99_ms=checks.tpot_p99_ms,
@@ -198,6 +201,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             # Created after, and deleted before, the operators (KubeRay must remove
             # its finalizers) and the weights.
             depends_on=[*operators.releases, storage, namespace],
+            # The EFA check needs the device plugins, not the weights: it runs while they are staged.
+            check_depends_on=[*operators.releases, namespace],
             image=image,
         ),
         opts=kube,

@@ -34,10 +34,15 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
   (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>`,
   skipping complete files, checking sizes, and writing the completion marker
-  the serving pods wait for. Its name changes with the program, the image and
-  the arguments; its deadline and retries come from the plan's checkpoint size
-  and cold-start target. `pulumi up` waits for it to complete (unless
-  `await_staging=False`).
+  the serving pods wait for. Its name changes with the program, the image,
+  the arguments and its generation (`staging_run`); its deadline and retries
+  come from the plan's checkpoint size and cold-start target. `pulumi up` waits
+  for it to complete (unless `await_staging=False`). Every retry, and every new
+  Job, resumes the partial downloads the last one left (stage_weights.py).
+  A Job past its deadline has failed for good and a second `pulumi up` would
+  find nothing changed (a preview cannot see a Job's status), so the way to run
+  it again is to raise `gpu-serving:storage.stagingRun`: a new name, a new Job,
+  and the failed one deleted after it.
 
 Reclaim policy: always `Retain`. A static volume's `Delete` would not delete an
 EFS file system (the EFS CSI driver deletes only access points; our volume
@@ -142,6 +147,9 @@ class ModelStorageArgs:
     staging_packages: tuple[str, ...] = ()
     staging_workers: int = 8
     staging_excludes: tuple[str, ...] = ()
+    # The staging Job's generation (gpu-serving:storage.stagingRun): part of its name,
+    # so raising it replaces a failed Job with a new one that resumes.
+    staging_run: int = 0
     await_staging: bool = True
     tags: dict[str, str] = field(default_factory=dict)
 
@@ -182,6 +190,8 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError("storage: an S3 source needs cluster_name (the staging Job reads S3 through EKS Pod Identity)")
     if args.staging_workers < 1:
         raise UserError("storage: staging_workers must be at least 1")
+    if args.staging_run < 0:
+        raise UserError("storage: staging_run must not be negative")
     figures: Storage = args.storage
     if figures.checkpoint_bytes <= 0 or figures.size_bytes < figures.checkpoint_bytes:
         raise UserError(f"storage: the plan's sizes are inconsistent ({figures})")
@@ -351,7 +361,8 @@ class ModelStorage(pulumi.ComponentResource):
             source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
         )
         self.staging_job_name = job_name(
-            args.pvc_name, staging_scripts_hash(), args.staging_image, *command, *job_args, " ".join(args.staging_packages)
+            args.pvc_name, staging_scripts_hash(), args.staging_image, *command, *job_args, " ".join(args.staging_packages),
+            f"run {args.staging_run}",
         )
         # The program, mounted read-only into the Job's pod (created before the Job).
         scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)

@@ -603,8 +603,25 @@ def workload_pod_templates(resource_type: str, props: Mapping) -> list[tuple[str
     return [("pod template", pod)] if gpus else []
 
 
-def _container_problems(where: str, pod: Mapping) -> list[str]:
+# Beyond its devices a serving pod may hold IPC_LOCK (EFA pins host memory past RLIMIT_MEMLOCK, which Kubernetes
+# cannot raise) and its hostPath directories under /var/lib/gpu-serving/ (the compile cache): infra/k8s/raycluster.py.
+ALLOWED_CAPABILITIES = frozenset({"IPC_LOCK"})
+ALLOWED_HOST_PATH_PREFIX = "/var/lib/gpu-serving/"
+
+
+def _host_path_problems(where: str, pod: Mapping) -> list[str]:
     out: list[str] = []
+    for v in (_map(v) for v in _list(pod.get("volumes")) if _map(_map(v).get("hostPath"))):
+        path, kind, parts = str(v["hostPath"].get("path", "")), v["hostPath"].get("type"), [p for p in str(v["hostPath"].get("path", "")).split("/") if p not in ("", ".")]
+        if ".." in parts or not ("/" + "/".join(parts) + "/").startswith(ALLOWED_HOST_PATH_PREFIX) or len(parts) < 4:
+            out.append(f"{where}: volume {v.get('name', '?')} mounts host path {path!r}: serving pods may only mount their own directories under {ALLOWED_HOST_PATH_PREFIX} (the compile cache)")
+        elif kind not in ("Directory", "DirectoryOrCreate"):
+            out.append(f"{where}: volume {v.get('name', '?')}: hostPath type {kind!r} must be Directory or DirectoryOrCreate")
+    return out
+
+
+def _container_problems(where: str, pod: Mapping) -> list[str]:
+    out: list[str] = _host_path_problems(where, pod)
     volumes = {_map(v).get("name"): _map(v) for v in _list(pod.get("volumes"))}
     for init, key in ((False, "containers"), (True, "initContainers")):
         for c in _list(pod.get(key)):
@@ -631,6 +648,9 @@ def _container_problems(where: str, pod: Mapping) -> list[str]:
                 )
             if _truthy(sc.get("allowPrivilegeEscalation")):
                 out.append(f"{where}, {name}: allows privilege escalation (securityContext.allowPrivilegeEscalation: true)")
+            extra = sorted({str(c).upper().removeprefix("CAP_") for c in _list(_map(sc.get("capabilities")).get("add"))} - ALLOWED_CAPABILITIES)
+            if extra:
+                out.append(f"{where}, {name}: adds capabilities {', '.join(extra)}: serving pods may add only IPC_LOCK (EFA memory registration)")
             res = c.get("resources")
             if is_unknown(res):
                 continue
@@ -643,7 +663,7 @@ def _container_problems(where: str, pod: Mapping) -> list[str]:
 
 
 def check_serving_pods(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
-    """Serving pods: memory-backed /dev/shm, resource limits, not privileged."""
+    """Serving pods: memory-backed /dev/shm, resource limits, not privileged (IPC_LOCK and the compile cache's host directory excepted)."""
     out: list[str] = []
     for where, pod in workload_pod_templates(resource_type, props):
         if is_unknown(pod) or not pod:
@@ -757,7 +777,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "serving-pods-shm-limits-unprivileged",
-        "Serving pods (RayCluster templates, GPU Jobs) mount a memory-backed /dev/shm, set cpu/memory/GPU limits and are not privileged.",
+        "Serving pods (RayCluster templates, GPU Jobs) mount a memory-backed /dev/shm, set cpu/memory/GPU limits and are not privileged (only IPC_LOCK and /var/lib/gpu-serving/ host paths).",
         MANDATORY,
         check_serving_pods,
         "resource",

@@ -58,6 +58,8 @@ def spec_of(stack: str = "prod", **overrides) -> ServingSpec:
         deployment=_deployment(stack), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", ttft_p99_ms=checks_config.ttft_p99_ms, tpot_p99_ms=checks_config.tpot_p99_ms,
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
+        vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
+        production=load_stack_file(stack, REPO).lifecycle.production,
     )  # fmt: skip
     return ServingSpec(**{**base, **overrides})
 
@@ -69,6 +71,32 @@ def _serving_config_map() -> dict:
 def local(argv: list[str]) -> list[str]:
     """A container's argv run here: the mounted scripts folder is the source folder, python3 this Python."""
     return [sys.executable if a == "python3" else a.replace(script_files.MOUNT_PATH, str(script_files.SCRIPTS_DIR)) for a in argv]
+
+
+def scripts_copy(tmp_path: Path, memlock_rc: int = 0) -> Path:
+    """The scripts folder with memlock_check.py replaced by a stand-in that logs its arguments to
+    $MEMLOCK_LOG and exits `memlock_rc` (the check itself runs for real below)."""
+    copy = tmp_path / "scripts"
+    copy.mkdir()
+    for path in script_files.SCRIPTS_DIR.iterdir():
+        if path.is_file():
+            (copy / path.name).write_text(path.read_text())
+    (copy / "memlock_check.py").write_text(
+        "import json, os, sys\n"
+        "with open(os.environ['MEMLOCK_LOG'], 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"sys.exit({memlock_rc})\n"
+    )
+    return copy
+
+
+def local_in(argv: list[str], scripts: Path) -> list[str]:
+    """`local`, with the mounted folder mapped to `scripts`."""
+    return [sys.executable if a == "python3" else a.replace(script_files.MOUNT_PATH, str(scripts)) for a in argv]
+
+
+def memlock_calls(tmp_path: Path) -> list[list[str]]:
+    log = tmp_path / "memlock.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def fake_bin(tmp_path: Path, **programs: str) -> Path:
@@ -213,9 +241,12 @@ def test_the_head_starts_ray_without_block_waits_for_every_gpu_and_execs_vllm(st
         "KUBERAY_GEN_RAY_START_CMD": f"ray start --head  --block  --num-gpus={plan['pod']['gpus']} ",
         "RAY_LOG": str(tmp_path / "ray.log"),
         "ARGV_LOG": str(tmp_path / "vllm.json"),
+        "MEMLOCK_LOG": str(tmp_path / "memlock.log"),
     }
-    done = subprocess.run(local(head["command"] + head["args"]), env=env, capture_output=True, text=True, timeout=25)
+    done = subprocess.run(local_in(head["command"] + head["args"], scripts_copy(tmp_path)), env=env, capture_output=True, text=True, timeout=25)
     assert done.returncode == 0, done.stdout + done.stderr
+    # The locked-memory check ran first, and must pass on EFA nodes.
+    assert memlock_calls(tmp_path) == [["--require"] if plan["pod"]["efa_interfaces"] else []]
     started = (tmp_path / "ray.log").read_text()
     assert "--head" in started and f"--num-gpus={plan['pod']['gpus']}" in started and "--block" not in started
     want = plan["layout"]["nodes"] * plan["layout"]["gpus_per_node"]
@@ -225,10 +256,64 @@ def test_the_head_starts_ray_without_block_waits_for_every_gpu_and_execs_vllm(st
     assert served == ["serve", f"/models/{checkpoint}", "--served-model-name", checkpoint, *plan["vllm_args"]]
 
 
+def _worker_run(tmp_path: Path, stack: str, memlock_rc: int) -> subprocess.CompletedProcess:
+    worker = raycluster.raycluster(spec_of(stack))["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    env = {
+        "PATH": f"{fake_bin(tmp_path, ray=FAKE_RAY_CLI)}:/usr/bin:/bin",
+        "KUBERAY_GEN_RAY_START_CMD": "ray start --address=vllm-head-svc:6379 --num-gpus=8",
+        "RAY_LOG": str(tmp_path / "ray.log"),
+        "MEMLOCK_LOG": str(tmp_path / "memlock.log"),
+    }
+    return subprocess.run(local_in(worker["command"] + worker["args"], scripts_copy(tmp_path, memlock_rc)), env=env, capture_output=True, text=True, timeout=25)
+
+
+def test_a_worker_checks_memlock_then_runs_kuberays_command_unchanged(tmp_path):
+    done = _worker_run(tmp_path, "prod", 0)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert memlock_calls(tmp_path) == [["--require"]]
+    assert (tmp_path / "ray.log").read_text() == "ray start --address=vllm-head-svc:6379 --num-gpus=8\n"
+
+
+def test_a_failed_memlock_check_stops_the_pod_before_ray(tmp_path):
+    done = _worker_run(tmp_path, "prod", 1)
+    assert done.returncode == 1 and not (tmp_path / "ray.log").exists()
+    head = raycluster.raycluster(spec_of("prod"))["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (tmp_path / "h").mkdir()
+    env = {"PATH": f"{fake_bin(tmp_path / 'h', ray=FAKE_RAY_CLI, vllm=RECORDER)}:/usr/bin:/bin", "KUBERAY_GEN_RAY_START_CMD": "ray start --head --block",
+           "RAY_LOG": str(tmp_path / "ray.log"), "ARGV_LOG": str(tmp_path / "vllm.json"), "MEMLOCK_LOG": str(tmp_path / "memlock.log")}  # fmt: skip
+    done = subprocess.run(local_in(head["command"] + head["args"], scripts_copy(tmp_path / "h", 1)), env=env, capture_output=True, text=True, timeout=25)
+    assert done.returncode == 1 and not (tmp_path / "ray.log").exists() and not (tmp_path / "vllm.json").exists()
+
+
+def _memlock(tmp_path: Path, cap_eff: int, limit_kib: int, *flags: str) -> subprocess.CompletedProcess:
+    import resource
+
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tpython3\nCapInh:\t0000000000000000\nCapEff:\t{cap_eff:016x}\n")
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit_kib * 1024, limit_kib * 1024))
+
+    program = script_files.SCRIPTS_DIR / "memlock_check.py"
+    return subprocess.run([sys.executable, str(program), "--status", str(status), *flags], capture_output=True, text=True, timeout=30, preexec_fn=lower)
+
+
+def test_memlock_check_needs_ipc_lock_or_an_unlimited_limit(tmp_path):
+    ipc_lock = 1 << 14
+    ok = _memlock(tmp_path, ipc_lock, 64, "--require")
+    assert ok.returncode == 0 and "max locked memory: 64 KiB (hard 64 KiB); CAP_IPC_LOCK effective" in ok.stdout
+    other_caps = (1 << 41) - 1 & ~ipc_lock  # everything but IPC_LOCK
+    refused = _memlock(tmp_path, other_caps, 8192, "--require")
+    assert refused.returncode == 1
+    assert "EFA MEMLOCK CHECK FAILED: locked-memory limit is 8192 KiB" in refused.stderr and "capabilities.add [IPC_LOCK]" in refused.stderr
+    noted = _memlock(tmp_path, 0, 8192)  # not an EFA node: said, not fatal
+    assert noted.returncode == 0 and "note: locked-memory limit" in noted.stdout
+
+
 def test_the_head_refuses_to_start_without_kuberays_command(tmp_path):
     head = raycluster.raycluster(spec_of("test"))["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    env = {"PATH": f"{fake_bin(tmp_path, vllm=RECORDER)}:/usr/bin:/bin", "ARGV_LOG": str(tmp_path / "vllm.json")}
-    done = subprocess.run(local(head["command"] + head["args"]), env=env, capture_output=True, text=True, timeout=25)
+    env = {"PATH": f"{fake_bin(tmp_path, vllm=RECORDER)}:/usr/bin:/bin", "ARGV_LOG": str(tmp_path / "vllm.json"), "MEMLOCK_LOG": str(tmp_path / "m.log")}
+    done = subprocess.run(local_in(head["command"] + head["args"], scripts_copy(tmp_path)), env=env, capture_output=True, text=True, timeout=25)
     assert done.returncode != 0 and "ray.io/overwrite-container-cmd" in done.stderr
     assert not (tmp_path / "vllm.json").exists()
 
@@ -249,7 +334,7 @@ def test_ray_wait_gives_up_without_every_node(tmp_path, nodes, expected_rc):
 def test_serving_pods_wait_without_a_limit_until_the_weights_are_staged(tmp_path):
     marker = tmp_path / "models" / "org" / "name" / ".gpu-serving-complete"
     spec = spec_of("prod", marker_path=str(marker))
-    inits = [t["spec"]["initContainers"][0] for t in [raycluster.head_pod_template(spec), raycluster.worker_pod_template(spec)]]
+    inits = [t["spec"]["initContainers"][-1] for t in [raycluster.head_pod_template(spec), raycluster.worker_pod_template(spec)]]
     assert inits[0] == inits[1]
     argv = local(inits[0]["command"] + inits[0]["args"])
     waiting = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -267,7 +352,10 @@ def test_serving_pods_wait_without_a_limit_until_the_weights_are_staged(tmp_path
 
 # ---- the EFA check --------------------------------------------------------------------------------
 
-EFA_LOG = "NCCL INFO NET/OFI Selected Provider is efa (found 32 nics)\nNCCL INFO Using network Libfabric\nGPU_SERVING_BUSBW_GBPS=312.480\n"
+EFA_LOG = (
+    "NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 32 nics)\nNCCL INFO Using network Libfabric\n"
+    "NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/Libfabric/0/GDRDMA\nGPU_SERVING_BUSBW_GBPS=312.480\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -292,8 +380,11 @@ def test_the_efa_check_job_runs_fi_info_the_all_reduce_and_its_verdict(tmp_path,
         "ARGV_LOG": str(tmp_path / "torchrun.json"),
         "FAKE_OUTPUT": log,
         "FAKE_RC": str(torchrun_rc),
+        "MEMLOCK_LOG": str(tmp_path / "memlock.log"),
     }
-    done = subprocess.run(local(c["command"] + c["args"]), env=env, capture_output=True, text=True, timeout=30)
+    scripts = scripts_copy(tmp_path)
+    done = subprocess.run(local_in(c["command"] + c["args"], scripts), env=env, capture_output=True, text=True, timeout=30)
+    assert memlock_calls(tmp_path) == [["--require"]]
     assert done.returncode == rc, done.stdout + done.stderr
     assert message in done.stdout + done.stderr
     if fi_info_rc:
@@ -307,7 +398,7 @@ def test_the_efa_check_job_runs_fi_info_the_all_reduce_and_its_verdict(tmp_path,
         "--node-rank", "1",
         "--master-addr", master,
         "--master-port", str(svc["spec"]["ports"][0]["port"]),
-        str(script_files.SCRIPTS_DIR / "efa_allreduce.py"), "run",
+        str(scripts / "efa_allreduce.py"), "run",
     ]  # fmt: skip
 
 
@@ -386,3 +477,27 @@ def test_the_benchmark_gives_up_on_an_endpoint_that_never_answers(tmp_path, caps
     ]  # fmt: skip
     assert benchmark.main(argv) == 1
     assert "did not become healthy" in capsys.readouterr().err
+
+
+# ---- the compile cache's bound -----------------------------------------------------------------------
+
+
+def test_the_compile_cache_is_kept_and_emptied_only_past_its_budget(tmp_path):
+    spec = spec_of("prod")
+    init = raycluster.head_pod_template(spec)["spec"]["initContainers"][0]
+    assert init == raycluster.worker_pod_template(spec)["spec"]["initContainers"][0]
+    cache = tmp_path / "node" / "compile-cache"  # the hostPath directory, as the container sees it
+    argv = [a.replace(raycluster.COMPILE_CACHE_DIR, str(cache)) for a in local(init["command"] + init["args"])]
+    budget = int(init["args"][1])
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0 and cache.is_dir(), first.stderr
+    entry = cache / "vllm" / "torch_compile_cache" / "abc123" / "rank_0_0"
+    entry.mkdir(parents=True)
+    (entry / "model").write_bytes(b"x" * 4096)
+    kept = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert kept.returncode == 0 and (entry / "model").read_bytes() == b"x" * 4096, "a restart finds what the last start compiled"
+    small = argv[:-1] + ["1024"]  # the same cache against a budget it exceeds
+    emptied = subprocess.run(small, capture_output=True, text=True, timeout=30)
+    assert emptied.returncode == 0 and "emptying it" in emptied.stdout
+    assert cache.is_dir() and list(cache.iterdir()) == []
+    assert budget == raycluster.COMPILE_CACHE_BUDGET_BYTES

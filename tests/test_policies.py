@@ -316,6 +316,33 @@ def test_privileged_serving_pods_fail():
     one(R.check_serving_pods(JOB, job, NO_OPTS, CTX), "pod template, container efa-check: allows privilege escalation")
 
 
+def test_only_ipc_lock_and_the_compile_cache_directory_are_allowed():
+    rc = raycluster(["vllm", "serve", "m"])
+    spec = pod(container("ray-head", security={"capabilities": {"add": ["IPC_LOCK"], "drop": ["NET_RAW"]}}))
+    spec["volumes"].append({"name": "cc", "hostPath": {"path": "/var/lib/gpu-serving/compile-cache/ns/vllm", "type": "DirectoryOrCreate"}})
+    rc["spec"]["headGroupSpec"]["template"]["spec"] = spec
+    assert R.check_serving_pods(RAY, rc, NO_OPTS, CTX) == []
+    spec["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK", "CAP_SYS_ADMIN"]
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "container ray-head: adds capabilities SYS_ADMIN: serving pods may add only IPC_LOCK")
+    spec["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
+    for path, kind, message in [
+        ("/", "Directory", "mounts host path '/'"),
+        ("/var/lib/gpu-serving", "Directory", "mounts host path '/var/lib/gpu-serving'"),
+        ("/var/lib/gpu-serving/../../run/containerd", "Directory", "mounts host path"),
+        ("/var/lib/gpu-serving/cache", "Socket", "hostPath type 'Socket'"),
+    ]:
+        spec["volumes"][-1]["hostPath"] = {"path": path, "type": kind}
+        one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), message)
+
+
+def test_the_allowed_exceptions_are_the_serving_layers():
+    """The pack cannot import the stack: its two exceptions must be what the builders use."""
+    from infra.k8s import raycluster as rcb
+
+    assert rcb.COMPILE_CACHE_HOST_ROOT.startswith(R.ALLOWED_HOST_PATH_PREFIX)
+    assert set(rcb.EFA_CAPABILITIES) == R.ALLOWED_CAPABILITIES
+
+
 # --- 8. Load balancers -----------------------------------------------------------------------------------------
 
 

@@ -47,6 +47,8 @@ def spec(stack: str = "prod", **overrides) -> ServingSpec:
         ttft_p99_ms=checks_config.ttft_p99_ms,
         tpot_p99_ms=checks_config.tpot_p99_ms,
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
+        vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
+        production=load_stack_file(stack, REPO).lifecycle.production,
     )
     base.update(overrides)
     return ServingSpec(**base)
@@ -145,19 +147,29 @@ def test_pod_monitor_when_chosen():
     assert "prometheus.io/scrape" not in head["metadata"]["annotations"]
 
 
-def test_efa_check_runs_before_the_raycluster():
+def test_the_efa_check_never_holds_up_the_raycluster():
     s = spec(efa_check=True)
-    rec, _ = run(s)
+
+    def program() -> None:
+        operators = [Prerequisite("kuberay-operator"), Prerequisite("gpu-operator")]
+        weights = Prerequisite("weights-pvc")
+        Serving("vllm", ServingArgs(spec=s, depends_on=[*operators, weights], check_depends_on=operators))
+
+    rec = record(program)
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-efa-check"
     assert job.inputs["spec"] == checks.efa_check_job(s)["spec"]
     headless = urn_of(rec, "vllm-efa-check", SVC)
-    deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
+    operators = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator")}
     scripts = rec.one(CM).urn
-    assert set(job.options["depends_on"]) == deps | {headless, scripts}
+    # It needs the device plugins and its scripts, not the weights: it runs while they are staged.
+    assert set(job.options["depends_on"]) == operators | {headless, scripts}
     assert job.options["delete_before_replace"] is True
+    # Pulumi creates it and moves on, and the RayCluster does not wait for it.
+    assert job.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     rc = rec.one(RC)
-    assert set(rc.options["depends_on"]) == deps | {job.urn, scripts}
+    assert job.urn not in rc.options["depends_on"]
+    assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts}
 
 
 def test_benchmark_runs_after_the_raycluster():

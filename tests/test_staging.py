@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from http.server import BaseHTTPRequestHandler
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,9 @@ FILES = {
     "model-00002-of-00002.safetensors": os.urandom(123_457),
     "sub/dir/extra.bin": b"x" * 10,
 }
+
+
+TOTAL = sum(len(d) for d in FILES.values())
 
 
 @pytest.fixture()
@@ -80,7 +84,7 @@ def test_first_run_copies_everything_and_writes_the_marker(source, tmp_path):
     dest = tmp_path / "models" / "org" / "name"
     proc = run_stage(source, dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary(proc) == {"files": 5, "fetched": 5, "skipped": 0, "failed": 0, "bad": 0}
+    assert summary(proc) == {"files": 5, "fetched": 5, "skipped": 0, "failed": 0, "bad": 0, "resumed": 0, "transferred": TOTAL}
     for rel, data in FILES.items():
         assert (dest / rel).read_bytes() == data
     doc = marker(dest)
@@ -98,7 +102,7 @@ def test_second_run_skips_complete_files(source, tmp_path):
     inodes = {rel: (dest / rel).stat().st_ino for rel in FILES}
     proc = run_stage(source, dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary(proc) == {"files": 5, "fetched": 0, "skipped": 5, "failed": 0, "bad": 0}
+    assert summary(proc) == {"files": 5, "fetched": 0, "skipped": 5, "failed": 0, "bad": 0, "resumed": 0, "transferred": 0}
     assert {rel: (dest / rel).stat().st_mtime_ns for rel in FILES} == mtimes
     assert {rel: (dest / rel).stat().st_ino for rel in FILES} == inodes
     assert (dest / MARKER_NAME).exists()
@@ -113,7 +117,8 @@ def test_truncated_file_is_fetched_again(source, tmp_path):
     untouched = {rel: (dest / rel).stat().st_mtime_ns for rel in FILES if rel != victim}
     proc = run_stage(source, dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary(proc) == {"files": 5, "fetched": 1, "skipped": 4, "failed": 0, "bad": 0}
+    # A short file at its final name is not a partial: it is fetched again from the start.
+    assert summary(proc) == {"files": 5, "fetched": 1, "skipped": 4, "failed": 0, "bad": 0, "resumed": 0, "transferred": len(FILES[victim])}
     assert f"fetched {victim}" in proc.stdout
     assert (dest / victim).read_bytes() == FILES[victim]
     assert {rel: (dest / rel).stat().st_mtime_ns for rel in untouched} == untouched
@@ -139,10 +144,82 @@ def test_size_mismatch_after_download_fails_without_a_marker(source, tmp_path):
     (source / LISTING_FILE_NAME).write_text(json.dumps(listing))
     proc = run_stage(source, dest)
     assert proc.returncode == EXIT_INCOMPLETE, proc.stdout + proc.stderr
-    assert summary(proc) == {"files": 5, "fetched": 4, "skipped": 0, "failed": 1, "bad": 1}
-    assert "size mismatch after download: model-00002-of-00002.safetensors" in proc.stdout
+    assert summary(proc) == {"files": 5, "fetched": 4, "skipped": 0, "failed": 1, "bad": 1, "resumed": 0, "transferred": TOTAL}
+    short = "model-00002-of-00002.safetensors"
+    assert f"{short} has {len(FILES[short])} of {len(FILES[short]) + 1} bytes after download (kept; the next run resumes)" in proc.stdout
     assert not (dest / MARKER_NAME).exists()
-    assert not (dest / "model-00002-of-00002.safetensors").exists(), "a bad download never reaches its final name"
+    assert not (dest / short).exists(), "a bad download never reaches its final name"
+    # A listing that promises fewer bytes than arrive: the partial is thrown away.
+    listing[short] -= 2
+    (source / LISTING_FILE_NAME).write_text(json.dumps(listing))
+    proc = run_stage(source, dest)
+    assert proc.returncode == EXIT_INCOMPLETE and f"size mismatch after download: {short}" in proc.stdout
+    assert not (dest / short).exists() and list((dest / STAGING_DIR_NAME).rglob("*.partial")) == []
+
+
+BIG = "model-00001-of-00002.safetensors"
+
+
+def _partial(dest: Path, rel: str) -> Path:
+    return dest / STAGING_DIR_NAME / (rel + stage_weights.PARTIAL_SUFFIX)
+
+
+def _fail_half_way(source: Path, dest: Path, listing: dict) -> subprocess.CompletedProcess:
+    """A run that ends with BIG half fetched: the source holds only its first half (a transfer cut off)."""
+    (source / LISTING_FILE_NAME).write_text(json.dumps(listing))
+    (source / BIG).write_bytes(FILES[BIG][: len(FILES[BIG]) // 2])
+    proc = run_stage(source, dest)
+    assert proc.returncode == EXIT_INCOMPLETE, proc.stdout + proc.stderr
+    assert not (dest / MARKER_NAME).exists() and not (dest / BIG).exists()
+    assert _partial(dest, BIG).read_bytes() == FILES[BIG][: len(FILES[BIG]) // 2], "the partial survives its run"
+    return proc
+
+
+def test_a_rerun_after_a_failed_run_fetches_only_the_missing_bytes(source, tmp_path):
+    dest = tmp_path / "dest"
+    half = len(FILES[BIG]) // 2
+    _fail_half_way(source, dest, {rel: len(d) for rel, d in FILES.items()})
+    # The source now has the whole file, but its first half changed: a run that fetched it from byte 0
+    # again would copy the change, one that resumed keeps what it had.
+    (source / BIG).write_bytes(b"Z" * half + FILES[BIG][half:])
+    proc = run_stage(source, dest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (dest / BIG).read_bytes() == FILES[BIG]
+    assert f"fetched {BIG} ({len(FILES[BIG])} bytes, {len(FILES[BIG]) - half} transferred) (resumed at byte {half})" in proc.stdout
+    assert summary(proc) == {"files": 5, "fetched": 1, "skipped": 4, "failed": 0, "bad": 0, "resumed": 1, "transferred": len(FILES[BIG]) - half}
+    assert marker(dest)["files"][BIG] == len(FILES[BIG]) and not (dest / STAGING_DIR_NAME).exists()
+
+
+def test_a_resumed_file_whose_sha256_disagrees_is_fetched_again(source, tmp_path):
+    import hashlib
+
+    dest = tmp_path / "dest"
+    listing = {rel: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for rel, d in FILES.items()}
+    _fail_half_way(source, dest, listing)
+    partial = _partial(dest, BIG)
+    partial.write_bytes(b"\x00" + partial.read_bytes()[1:])  # the kept half went bad
+    (source / BIG).write_bytes(FILES[BIG])
+    proc = run_stage(source, dest)
+    assert proc.returncode == EXIT_INCOMPLETE and f"sha256 mismatch after resuming {BIG}" in proc.stdout
+    assert not partial.exists() and not (dest / BIG).exists()
+    proc = run_stage(source, dest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (dest / BIG).read_bytes() == FILES[BIG] and summary(proc)["transferred"] == len(FILES[BIG])
+
+
+def test_a_partial_of_another_version_is_not_resumed(source, tmp_path):
+    import hashlib
+
+    dest = tmp_path / "dest"
+    old = {rel: {"size": len(d), "sha256": "0" * 64} for rel, d in FILES.items()}
+    _fail_half_way(source, dest, old)
+    new = {rel: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for rel, d in FILES.items()}
+    (source / LISTING_FILE_NAME).write_text(json.dumps(new))
+    (source / BIG).write_bytes(FILES[BIG])
+    proc = run_stage(source, dest)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (dest / BIG).read_bytes() == FILES[BIG]
+    assert summary(proc)["resumed"] == 0 and summary(proc)["transferred"] == len(FILES[BIG])
 
 
 def test_an_old_marker_is_removed_before_files_change(source, tmp_path):
@@ -323,16 +400,44 @@ def test_s3_source_against_moto(tmp_path, monkeypatch, capsys):
         assert stage_weights.main(args) == 0
         out = capsys.readouterr().out
         assert "summary: files=5 fetched=0 skipped=5" in out
+        # A transfer cut off in every attempt leaves a partial; the next run asks S3 for the rest only.
+        dest2 = tmp_path / "models" / "resumed"
+        cut = 50_000
+        real_copy, real_fetch = stage_weights.copy_stream, stage_weights.S3Source.fetch
+
+        def cut_off(read, out, limit=None):
+            real_copy(read, out, cut)
+            raise ConnectionError("connection reset by peer")
+
+        monkeypatch.setattr(stage_weights, "copy_stream", cut_off)
+        assert stage_weights.main(staging_args(source_url("s3://weights-bucket/deepseek/v4", "s3"), str(dest2), workers=2)) == EXIT_INCOMPLETE
+        kept = (dest2 / STAGING_DIR_NAME / (BIG + stage_weights.PARTIAL_SUFFIX)).stat().st_size
+        assert kept == stage_weights.ATTEMPTS * cut  # every attempt resumed where the last one stopped
+        monkeypatch.setattr(stage_weights, "copy_stream", real_copy)
+        offsets = []
+
+        def recorded(self, rel, info, out, offset):
+            offsets.append((rel, offset))
+            return real_fetch(self, rel, info, out, offset)
+
+        monkeypatch.setattr(stage_weights.S3Source, "fetch", recorded)
+        assert stage_weights.main(staging_args(source_url("s3://weights-bucket/deepseek/v4", "s3"), str(dest2), workers=2)) == 0
+        assert dict(offsets)[BIG] == kept and {rel: (dest2 / rel).read_bytes() for rel in FILES} == FILES
         # An empty or missing prefix cannot be staged, and retrying will not change that.
         assert stage_weights.main(staging_args("s3://weights-bucket/nothing-here", str(tmp_path / "x"))) == EXIT_SOURCE
         assert stage_weights.main(staging_args("s3://no-such-bucket-xyz/p", str(tmp_path / "y"))) == EXIT_SOURCE
 
 
 FAKE_HUB = '''
-"""A stand-in for huggingface_hub with the calls the staging program makes (tests only)."""
-import json, os, shutil
+"""A stand-in for huggingface_hub with the calls the staging program makes (tests only).
+
+Files are served over HTTP by the test's server: small files from the "hub" host, LFS
+files (*.safetensors) redirected to a "CDN" host, as the hub does."""
+import json, os, urllib.request
 
 ROOT = os.environ["FAKE_HUB_ROOT"]
+HUB = os.environ["FAKE_HUB_URL"]
+CDN = os.environ["FAKE_CDN_URL"]
 LOG = os.path.join(ROOT, "calls.log")
 
 
@@ -340,14 +445,24 @@ class RepositoryNotFoundError(Exception):
     pass
 
 
+class _Lfs:
+    def __init__(self, sha256):
+        self.sha256 = sha256
+
+
 class _Sibling:
-    def __init__(self, rfilename, size):
-        self.rfilename, self.size = rfilename, size
+    def __init__(self, rfilename, size, lfs, blob_id):
+        self.rfilename, self.size, self.lfs, self.blob_id = rfilename, size, lfs, blob_id
 
 
 class _Info:
     def __init__(self, sha, siblings):
         self.sha, self.siblings = sha, siblings
+
+
+class _Meta:
+    def __init__(self, location, size):
+        self.location, self.size, self.etag, self.commit_hash, self.xet_file_data = location, size, "e", "c", None
 
 
 def _record(**kw):
@@ -361,37 +476,104 @@ class HfApi:
 
     def model_info(self, repo_id, revision=None, files_metadata=False):
         _record(call="model_info", repo=repo_id, revision=revision, token=self.token, files_metadata=files_metadata)
-        repo = os.path.join(ROOT, repo_id)
+        import hashlib
+        repo = os.path.join(ROOT, "repos", repo_id)
         if not os.path.isdir(repo):
             raise RepositoryNotFoundError(repo_id)
         files = []
         for d, _, names in os.walk(repo):
             for n in names:
                 p = os.path.join(d, n)
-                files.append(_Sibling(os.path.relpath(p, repo), os.path.getsize(p) if files_metadata else None))
+                rel = os.path.relpath(p, repo)
+                lfs = _Lfs(hashlib.sha256(open(p, "rb").read()).hexdigest()) if rel.endswith(".safetensors") else None
+                files.append(_Sibling(rel, os.path.getsize(p) if files_metadata else None, lfs, "blob-" + rel))
         return _Info("c0ffee" * 6 + "abcd", files)
 
 
-def hf_hub_download(repo_id, filename, revision=None, local_dir=None, token=None, force_download=False):
-    _record(call="download", repo=repo_id, file=filename, revision=revision, token=token, force=force_download)
-    target = os.path.join(local_dir, filename)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    shutil.copyfile(os.path.join(ROOT, repo_id, filename), target)
-    return target
+def hf_hub_url(repo_id, filename, revision=None):
+    return "%s/%s/resolve/%s/%s" % (HUB, repo_id, revision, filename)
+
+
+def get_hf_file_metadata(url, token=None):
+    _record(call="metadata", url=url, token=token)
+    rel = url.split("/resolve/", 1)[1].split("/", 1)[1]
+    repo = url[len(HUB) + 1:].split("/resolve/", 1)[0]
+    size = os.path.getsize(os.path.join(ROOT, "repos", repo, rel))
+    return _Meta(url.replace(HUB, CDN) if rel.endswith(".safetensors") else url, size)
+'''
+FAKE_HUB_HTTP_GET = '''
+import urllib.request
+
+
+def http_get(url, temp_file, resume_size=0, headers=None, expected_size=None):
+    headers = dict(headers or {})
+    if resume_size:
+        headers["Range"] = "bytes=%d-" % resume_size
+    got = resume_size
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as resp:
+        while True:
+            chunk = resp.read(4096)
+            if not chunk:
+                break
+            temp_file.write(chunk)
+            got += len(chunk)
+    if expected_size is not None and got != expected_size:
+        raise OSError("Consistency check failed: %d != %d" % (got, expected_size))
 '''
 
 
+class _Files(BaseHTTPRequestHandler):
+    """Serves tests' repositories with Range support, records each request, and can cut one response short."""
+
+    root: Path
+    requests: list
+    cut: dict  # file name -> bytes after which its next response stops
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        rel = self.path.split("/resolve/", 1)[1].split("/", 1)[1]
+        repo = self.path[1:].split("/resolve/", 1)[0]
+        data = (self.root / "repos" / repo / rel).read_bytes()
+        start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+        body = data[start:]
+        limit = self.cut.pop(rel, None)
+        sent = body if limit is None else body[:limit]
+        self.requests.append({"host": self.headers["Host"].split(":")[0], "file": rel, "range": self.headers.get("Range"),
+                              "auth": self.headers.get("Authorization"), "bytes": len(sent)})  # fmt: skip
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(sent)
+        if limit is not None:
+            self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
 def test_hf_source_with_a_stand_in_hub(source, tmp_path):
-    """HfSource's glue: sizes from the listing, one pinned commit, the token from HF_TOKEN, local_dir paths."""
+    """HfSource's glue: sizes and sha256 from the listing, one pinned commit, the token to the hub but not the
+    CDN, and a transfer broken mid-file resumed with a Range request (no byte fetched twice)."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
     hub_root = tmp_path / "hub"
     fake = tmp_path / "fakehub" / "huggingface_hub"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_HUB)
-    (fake / "utils.py").write_text("from huggingface_hub import RepositoryNotFoundError\n")
-    repo = hub_root / "deepseek-ai" / "DeepSeek-V4-Pro"
+    (fake / "file_download.py").write_text(FAKE_HUB_HTTP_GET)
+    (fake / "utils.py").write_text(
+        "from huggingface_hub import RepositoryNotFoundError\n\n\ndef build_hf_headers(token=None):\n"
+        "    return {'authorization': 'Bearer %s' % token, 'user-agent': 'fake'}\n"
+    )
+    repo = hub_root / "repos" / "deepseek-ai" / "DeepSeek-V4-Pro"
     repo.parent.mkdir(parents=True)
     os.rename(source, repo)
-    env = {**os.environ, "PYTHONPATH": str(fake.parent), "FAKE_HUB_ROOT": str(hub_root), "HF_TOKEN": "hf_test_token"}
+    handler = type("Files", (_Files,), {"root": hub_root, "requests": [], "cut": {"model-00001-of-00002.safetensors": 100_000}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    env = {**os.environ, "PYTHONPATH": str(fake.parent), "FAKE_HUB_ROOT": str(hub_root), "HF_TOKEN": "hf_test_token",
+           "FAKE_HUB_URL": f"http://127.0.0.1:{port}", "FAKE_CDN_URL": f"http://localhost:{port}"}  # fmt: skip
     mount = tmp_path / "models"
     checkpoint = "deepseek-ai/DeepSeek-V4-Pro@main"
     dest = model_path(str(mount), checkpoint, "hf")
@@ -402,7 +584,11 @@ def test_hf_source_with_a_stand_in_hub(source, tmp_path):
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
-    proc = run(source_url(checkpoint, "hf"))
+    try:
+        proc = run(source_url(checkpoint, "hf"))
+    finally:
+        server.shutdown()
+        server.server_close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {rel: (Path(dest) / rel).read_bytes() for rel in FILES} == FILES
     doc = marker(Path(dest))
@@ -410,10 +596,17 @@ def test_hf_source_with_a_stand_in_hub(source, tmp_path):
     calls = [json.loads(l) for l in (hub_root / "calls.log").read_text().splitlines()]
     (info,) = [c for c in calls if c["call"] == "model_info"]
     assert info == {"call": "model_info", "repo": "deepseek-ai/DeepSeek-V4-Pro", "revision": "main", "token": "hf_test_token", "files_metadata": True}
-    downloads = [c for c in calls if c["call"] == "download"]
-    assert sorted(c["file"] for c in downloads) == sorted(FILES)
-    assert all(c["revision"] == doc["revision"] and c["token"] == "hf_test_token" and c["force"] for c in downloads)
+    # Every file at the pinned commit, each byte served once: the broken shard resumed where it stopped.
+    assert all(f"/resolve/{doc['revision']}/" in c["url"] for c in calls if c["call"] == "metadata")
+    served = handler.requests
+    assert {rel: sum(r["bytes"] for r in served if r["file"] == rel) for rel in FILES} == {rel: len(d) for rel, d in FILES.items()}
+    cut = [r for r in served if r["file"] == "model-00001-of-00002.safetensors"]
+    assert [r["range"] for r in cut] == [None, "bytes=100000-"]
+    # The token goes to the hub's host, never to the CDN a large file is redirected to.
+    assert all(r["auth"] == "Bearer hf_test_token" for r in served if r["host"] == "127.0.0.1")
+    assert all(r["auth"] is None for r in served if r["host"] == "localhost") and any(r["host"] == "localhost" for r in served)
     assert "hf_test_token" not in proc.stdout + proc.stderr, "the token is never printed"
+    assert "transfer of model-00001-of-00002.safetensors broke" in proc.stdout and summary(proc)["transferred"] == TOTAL
     assert run("hf://nobody/nothing").returncode == EXIT_SOURCE
 
 

@@ -188,6 +188,10 @@ class ModelArch:
     weight_format: str = ""  # label of the stored format, e.g. "fp8", "fp8+mxfp4 experts"
     source: str = ""  # where the config came from
     notes: tuple[str, ...] = field(default_factory=tuple)  # assumptions made while parsing
+    architectures: tuple[str, ...] = ()  # the config's `architectures` (the model class vLLM picks)
+    # The config wraps the text model with parts the plan leaves out (a vision
+    # tower and projector: `text_config` next to `vision_config`).
+    multimodal_parts_left_out: bool = False
 
     def with_(self, **changes) -> "ModelArch":
         return replace(self, **changes)

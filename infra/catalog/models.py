@@ -264,7 +264,12 @@ def parse_config(cfg: dict, name: str, source: str) -> ModelArch:
         arch = parser(text, name, source)
     except KeyError as e:
         raise UserError(f"model {name!r} ({model_type}): config lacks {e.args[0]!r}") from None
-    return arch.with_(notes=tuple(notes) + arch.notes)
+    architectures = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
+    return arch.with_(
+        notes=tuple(notes) + arch.notes,
+        architectures=tuple(str(a) for a in architectures),
+        multimodal_parts_left_out=text is not cfg,
+    )
 
 
 # --- Counting and the weight-format override -------------------------------------------

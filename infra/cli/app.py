@@ -136,9 +136,10 @@ def render(plan: Plan, console: Console) -> None:
     t.add_row("node root volume", f"{data['node']['root_volume_gib']} GiB gp3, encrypted (images and caches)")
     st = data["storage"]
     t.add_row("weight storage", f"{_gib(st['size_bytes'])} for a {st['checkpoint_bytes'] / 1e9:,.0f} GB checkpoint")
-    t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s for a {st['cold_start_target_s']:,.0f} s cold start")
-    t.add_row("estimated cold start", f"{st['estimated_cold_start_s']:,.0f} s at that throughput, engine start included")
+    t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s in all, for a {st['cold_start_target_s']:,.0f} s cold start")
+    t.add_row("estimated cold start", f"{st['estimated_cold_start_s']:,.0f} s, engine start included (Start-up below)")
     console.print(t)
+    _render_startup(data["startup"], console)
 
     c = data["cost"]
     t = _facts("Cost")
@@ -167,6 +168,21 @@ def render(plan: Plan, console: Console) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     for a in data["assumptions"]:
         console.print(f"[dim]model assumption:[/dim] {escape(a)}")
+
+
+def _render_startup(su: dict, console: Console) -> None:
+    """The head's start, from one calculation (infra/planning/startup.py)."""
+    t = _facts("Start-up (one calculation: probe, Pulumi's wait and vLLM's timeouts follow the cold start)")
+    cache = "holds it" if su["page_cache_holds_checkpoint"] else "[yellow]does not hold it: parts may be read twice[/yellow]"
+    t.add_row("each node reads", f"{su['node_read_bytes'] / 1e9:,.0f} GB (the whole checkpoint) at {su['node_read_bytes_per_s'] / 2**20:,.0f} MiB/s: {su['weights_read_s']:,.0f} s")
+    t.add_row("page cache", f"{_gib(su['page_cache_bytes'])} per pod, {cache}")
+    t.add_row("cold start", f"{su['cold_start_s']:,.0f} s ({su['engine_init_s']:,.0f} s engine init, {su['compile_s']:,.0f} s of it compiling)")
+    t.add_row("restart", f"{su['restart_s']:,.0f} s with the node's compile cache")
+    t.add_row("startup probe", f"{su['startup_budget_s']:,} s ({su['startup_probe_failure_threshold']} x {su['startup_probe_period_s']} s): {su['ray_join_timeout_s']:,} s Ray join + the engine's {su['engine_ready_timeout_s']:,} s")
+    t.add_row("VLLM_ENGINE_READY_TIMEOUT_S", f"{su['engine_ready_timeout_s']:,}")
+    t.add_row("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", f"{su['execute_model_timeout_s']:,}")
+    t.add_row("Pulumi waits", f"{su['ready_wait_s']:,} s: the startup probe + {su['image_pull_allowance_s']:,} s image pull")
+    console.print(t)
 
 
 def _request_from_stack(stack: str, root: Path | None) -> PlanRequest:

@@ -445,6 +445,14 @@ class StorageConfig(_Area):
         json_schema_extra={"allowed": "an S3 URI such as s3://bucket/models/DeepSeek-V4-Pro, or null"},
     )
 
+    staging_run: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Generation of the weight-staging Job: raise it by one to run the Job again after it failed "
+        "(its deadline passed); the new Job resumes the partial downloads.",
+    )
+
     @model_validator(mode="after")
     def _s3_needs_uri(self) -> "StorageConfig":
         if self.source == "s3" and not self.s3_uri:
@@ -459,8 +467,9 @@ class ChecksConfig(_Area):
 
     efa: StrictBool = Field(
         default=False,
-        description="EFA check: the EFA provider is visible and an NCCL all-reduce across nodes reaches the floor "
-        "(needs free GPU nodes: run it at bring-up or in a maintenance window).",
+        description="EFA check: an NCCL all-reduce across two nodes goes over EFA (a fallback to TCP fails it) and reaches "
+        "the floor; a Job that needs two free GPU nodes (it runs at bring-up, while the weights are staged, or in a "
+        "maintenance window), never awaited by `pulumi up` nor a prerequisite of the RayCluster.",
     )
     nccl_bus_bandwidth_floor_gbps: float = Field(
         default=100.0, gt=0, le=10_000, description="Lowest acceptable NCCL all-reduce bus bandwidth across nodes, GB/s."

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from infra.k8s import script_files
 from infra.k8s.raycluster import (
+    efa_security_context,
     gpu_pod_resources,
     nccl_env,
     node_selector,
@@ -99,7 +100,9 @@ def efa_check_job(spec: ServingSpec) -> dict:
     """Indexed Job: one pod on each of two GPU nodes, each owning the whole node like a serving pod.
 
     It needs two free GPU nodes: the serving pods hold every GPU, so it runs at
-    first bring-up (the RayCluster waits for it) or in a maintenance window.
+    first bring-up (while the weights are staged, before the serving pods exist)
+    or in a maintenance window; Pulumi does not wait for it, and the RayCluster
+    does not depend on it. It fails on a fallback to TCP (efa_allreduce.py).
     It uses the serving image (its torch, NCCL and aws-ofi-nccl are what vLLM
     uses) and torchrun's own rendezvous, so no MPI operator is needed (AWS's EKS
     EFA guide runs nccl-tests through the MPI operator instead).
@@ -111,15 +114,19 @@ def efa_check_job(spec: ServingSpec) -> dict:
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["/bin/bash", script_files.path(EFA_CHECK_SCRIPT)],
         "args": efa_check_args(spec),
-        "env": nccl_env(spec),
+        # INFO whatever the stack: the verdict reads NCCL's transport lines.
+        "env": nccl_env(spec, info=True),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "resources": gpu_pod_resources(spec),
+        **efa_security_context(spec),
         "volumeMounts": [shm_mount(), script_files.volume_mount()],
     }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF)},
+        # Pulumi creates it and moves on: the check waits for free GPU nodes, and a
+        # RayCluster update must never wait for it (components/serving.py).
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF), "annotations": {"pulumi.com/skipAwait": "true"}},
         "spec": {
             "completionMode": "Indexed",
             "completions": EFA_CHECK_NODES,

@@ -27,19 +27,23 @@ without copying them. It then waits until Ray reports every GPU of the plan
 (nodes x GPUs per node) on as many nodes (`ray_wait.py`), and `exec`s its
 arguments, `vllm serve <model path> --served-model-name <checkpoint> <plan's
 vllm_args>`, so vLLM is the container's main process: when the engine dies the
-container exits and the kubelet restarts it. Workers keep KubeRay's
-generated, blocking `ray start` (no annotation): a worker has nothing else to run.
+container exits and the kubelet restarts it. Before Ray starts it checks the
+locked-memory limit (below). Workers carry the same annotation and run
+`ray_worker.sh`, which makes the same check and `exec`s KubeRay's generated,
+blocking `ray start` unchanged.
 
 Probes (head)
 -------------
 - startupProbe `GET /health` on 8000 every 10 s; failureThreshold x period =
-  1.5 x the plan's estimated cold start (the weights read at the planned storage
-  throughput plus engine init: a 50% margin, because the estimate assumes the
-  file system delivers its planned throughput) + 600 s for Ray to see every GPU
-  node (the head's wait gives up at that point with a clear message). Prod:
-  1.5 x 600 s + 600 s = 1,500 s. Kubernetes runs neither liveness nor readiness
-  probes until the startup probe has succeeded, so a loading server is never
-  killed by them (Kubernetes docs, "Configure Liveness, Readiness and Startup Probes").
+  the plan's start-up budget (`Deployment.startup`, infra/planning/startup.py):
+  600 s for Ray to see every GPU node (the head's wait gives up at that point
+  with a clear message) + 1.5 x the estimated cold start (every node reads the
+  whole checkpoint at its share of the planned storage throughput, plus engine
+  init: a 50% margin, because the estimate assumes the file system delivers its
+  planned throughput); the engine's share is also `VLLM_ENGINE_READY_TIMEOUT_S`.
+  Kubernetes runs neither liveness nor readiness probes until the startup probe
+  has succeeded, so a loading server is never killed by them (Kubernetes docs,
+  "Configure Liveness, Readiness and Startup Probes").
 - readinessProbe `GET /health` every 5 s, 3 failures: the Service sends traffic
   only to a head whose engine answers.
 - livenessProbe `GET /health` every 10 s, timeout 10 s, 6 failures (1 minute of
@@ -47,14 +51,63 @@ Probes (head)
 Workers keep KubeRay's injected probes (raylet health on the dashboard agent
 port; chosen by `rayVersion`, so `spec.rayVersion` must be the image's Ray).
 
+Compile cache
+-------------
+What vLLM compiles at start (torch.compile/Inductor artefacts and their Triton
+kernels, DeepGEMM and FlashInfer JIT kernels, the CUDA driver's PTX JIT) is kept
+on the node's root volume, in a `hostPath` directory per serving cluster
+(`/var/lib/gpu-serving/compile-cache/<namespace>/<name>`, mounted at
+`/var/cache/gpu-serving`), so a restarted container, or a pod recreated on the
+same node, finds it and skips compilation; a new node compiles once. vLLM 0.34
+keys its entries by a hash of the environment, configuration, code and
+compiler, with a directory per global rank (`compilation/backends.py`,
+`compilation/decorators.py`), so a changed deployment never reuses a stale
+entry. Node-local rather than the shared weights file system: the compilers
+lock files while they write, and FlashInfer's locks are known to misbehave on
+NFS (`flashinfer/jit/core.py`, "This should help Lock on NFS"); the serving
+pods keep the weights read-only; the local disk is faster for many small
+files; and a pod's cache never depends on the file system's throughput being
+free. The cost: a pod that lands on another node, or a pipeline stage whose
+ranks move to another node, compiles once there. Variables:
+- `VLLM_CACHE_ROOT` (`envs.py`; torch.compile cache, and DeepGEMM's by default),
+- `TRITON_CACHE_DIR` (vLLM sets it only on its non-AOT path,
+  `compilation/compiler_interface.py`; the AOT path, 0.34's default with
+  torch >= 2.10, leaves it at `~/.triton`, lost with the container),
+- `DG_JIT_CACHE_DIR` (DeepGEMM, `utils/deep_gemm.py`; given explicitly),
+- `FLASHINFER_WORKSPACE_BASE` (FlashInfer's `jit/env.py`: `<base>/.cache/flashinfer`),
+- `CUDA_CACHE_PATH` (the driver's JIT cache, default `~/.nv/ComputeCache`).
+CUDA graphs are captured at every start; vLLM never writes them to disk. The
+first init container (`compile_cache.sh`) creates the directory and empties it
+when it grows past 20 GiB, the share of the node's root volume planned for
+caches.
+
+EFA memory registration
+-----------------------
+libfabric's EFA provider pins host memory; the kernel refuses pins beyond
+RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK (`ib_umem_get`).
+Kubernetes has no ulimit field and the EKS AL2023 containerd runtime spec
+raises only the open-file limit, so on EFA nodes the Ray containers (and the
+EFA check) add the `IPC_LOCK` capability, effective for the image's root user,
+and start by checking it (`memlock_check.py`: the limit is unlimited or
+CAP_IPC_LOCK is effective; otherwise the container stops with the fix). A node
+whose containerd already runs with `LimitMEMLOCK=infinity` passes either way.
+
 Environment (every Ray container)
 ---------------------------------
 - `VLLM_HOST_IP` = the pod IP (vLLM's multi-node serving guide sets it per node;
   it is vLLM's internal address, not the API server's).
 - `HF_HUB_OFFLINE=1`: the weights are local; nothing may reach the Hub.
-- `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=INIT,NET`: NCCL logs its transport
-  once per communicator, including aws-ofi-nccl's `NET/OFI Selected Provider is
-  efa (found N nics)`, the proof that EFA carries the traffic (not Socket).
+- `VLLM_ENGINE_READY_TIMEOUT_S` and `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`: from
+  the plan's start-up calculation (`Deployment.startup`; what each bounds in
+  vLLM 0.34: infra/planning/startup.py), so vLLM never gives up on a start the
+  startup probe still allows, nor on a step that JIT-compiles a kernel.
+- `NCCL_DEBUG=WARN` in production (`ServingSpec.production`); elsewhere
+  `NCCL_DEBUG=INFO` with `NCCL_DEBUG_SUBSYS=INIT,NET`: NCCL logs its transport
+  once per communicator, including aws-ofi-nccl's `NET/OFI Selected provider is
+  efa, fabric is efa (found N nics)` and `via NET/Libfabric/...`, the proof that
+  EFA carries the traffic (not Socket). The EFA check always logs at INFO: its
+  verdict reads those lines.
+- The compile cache's variables (above).
 - `FI_EFA_USE_HUGE_PAGE=0` on EFA instances: the pods request no `hugepages-2Mi`,
   so their hugetlb cgroup limit is 0; libfabric's huge-page bounce buffers then
   fail at allocation or fork. aws-ofi-nccl's EFA cheatsheet
@@ -81,10 +134,12 @@ from typing import Any
 
 from infra.catalog.instances import get_instance_type
 from infra.k8s import scheduling, script_files
+from infra.planning.serving import ROOT_VOLUME_GIB
 from infra.k8s.serving_spec import (
     API_PORT,
     API_PORT_NAME,
     CLIENT_PORT,
+    COMPILE_CACHE_SCRIPT,
     DASHBOARD_PORT,
     GCS_PORT,
     HEAD_CONTAINER,
@@ -93,14 +148,13 @@ from infra.k8s.serving_spec import (
     OVERWRITE_CMD_ANNOTATION,
     PART_OF,
     PROBE_PATH,
-    RAY_JOIN_TIMEOUT_S,
     RAY_METRICS_PORT,
     RAY_METRICS_PORT_NAME,
     SERVING_SCRIPTS,
-    STARTUP_PERIOD_S,
     WAIT_SCRIPT,
     WORKER_CONTAINER,
     WORKER_GROUP,
+    WORKER_SCRIPT,
     WORKER_SCRIPTS,
     GiB,
     MiB,
@@ -154,6 +208,17 @@ def gpu_pod_resources(spec: ServingSpec) -> dict:
 
 SHM_VOLUME = "dshm"
 WEIGHTS_VOLUME = "weights"
+COMPILE_CACHE_VOLUME = "compile-cache"
+# The compile cache on the node's root volume (module doc, "Compile cache"),
+# one directory per serving cluster, mounted at COMPILE_CACHE_DIR.
+COMPILE_CACHE_HOST_ROOT = "/var/lib/gpu-serving/compile-cache"
+COMPILE_CACHE_DIR = "/var/cache/gpu-serving"
+# Its bound: the node root volume's allowance for caches (infra/planning/serving.py,
+# ROOT_VOLUME_GIB: "torch.compile, Triton and FlashInfer JIT caches ~20 GiB").
+COMPILE_CACHE_BUDGET_BYTES = 20 * GiB
+assert COMPILE_CACHE_BUDGET_BYTES < ROOT_VOLUME_GIB * GiB
+# What the EFA provider needs to register memory (module doc, "EFA memory registration").
+EFA_CAPABILITIES = ["IPC_LOCK"]
 
 
 def shm_volume(spec: ServingSpec) -> dict:
@@ -164,6 +229,51 @@ def weights_volume(spec: ServingSpec) -> dict:
     return {"name": WEIGHTS_VOLUME, "persistentVolumeClaim": {"claimName": spec.pvc_name, "readOnly": True}}
 
 
+def compile_cache_volume(spec: ServingSpec) -> dict:
+    path = f"{COMPILE_CACHE_HOST_ROOT}/{spec.namespace}/{spec.name}"
+    return {"name": COMPILE_CACHE_VOLUME, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+
+
+def compile_cache_mount() -> dict:
+    return {"name": COMPILE_CACHE_VOLUME, "mountPath": COMPILE_CACHE_DIR}
+
+
+def compile_cache_env() -> list[dict]:
+    """Where vLLM, Triton, DeepGEMM, FlashInfer and the CUDA driver keep what they compile (module doc)."""
+    return [
+        {"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/triton"},
+        {"name": "DG_JIT_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/vllm/deep_gemm"},
+        {"name": "FLASHINFER_WORKSPACE_BASE", "value": COMPILE_CACHE_DIR},
+        {"name": "CUDA_CACHE_PATH", "value": f"{COMPILE_CACHE_DIR}/nv-compute"},
+    ]
+
+
+def compile_cache_container(spec: ServingSpec) -> dict:
+    """Init container: create the node's compile cache and keep it within its budget (compile_cache.sh)."""
+    return {
+        "name": "compile-cache",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["sh", script_files.path(COMPILE_CACHE_SCRIPT)],
+        "args": [COMPILE_CACHE_DIR, str(COMPILE_CACHE_BUDGET_BYTES)],
+        "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
+        "volumeMounts": [compile_cache_mount(), script_files.volume_mount()],
+    }
+
+
+def efa_security_context(spec: ServingSpec) -> dict:
+    """IPC_LOCK on EFA nodes (module doc, "EFA memory registration"); nothing otherwise."""
+    if spec.efa_interfaces > 0:
+        return {"securityContext": {"capabilities": {"add": list(EFA_CAPABILITIES)}}}
+    return {}
+
+
+def memlock_required(spec: ServingSpec) -> str:
+    """memlock_check.py's verdict counts on EFA nodes only: "1" or "0"."""
+    return "1" if spec.efa_interfaces > 0 else "0"
+
+
 def shm_mount() -> dict:
     return {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
 
@@ -172,14 +282,27 @@ def weights_mount(spec: ServingSpec) -> dict:
     return {"name": WEIGHTS_VOLUME, "mountPath": spec.mount_path, "readOnly": True}
 
 
-def nccl_env(spec: ServingSpec) -> list[dict]:
-    env = [
-        {"name": "NCCL_DEBUG", "value": "INFO"},
-        {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"},
-    ]
+def nccl_env(spec: ServingSpec, info: bool = False) -> list[dict]:
+    """NCCL's settings: INFO on the transport outside production or when asked (the EFA check reads it), else WARN."""
+    if info or not spec.production:
+        env = [
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"},
+        ]
+    else:
+        env = [{"name": "NCCL_DEBUG", "value": "WARN"}]
     if spec.efa_interfaces > 0:
         env.append({"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"})
     return env
+
+
+def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
+    """vLLM's start-up and per-step timeouts, from the plan's start-up calculation."""
+    startup = spec.deployment.startup
+    return [
+        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(startup.engine_ready_timeout_s)},
+        {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(startup.execute_model_timeout_s)},
+    ]
 
 
 def ray_env(spec: ServingSpec) -> list[dict]:
@@ -187,6 +310,8 @@ def ray_env(spec: ServingSpec) -> list[dict]:
     return [
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *vllm_timeouts_env(spec),
+        *compile_cache_env(),
         *nccl_env(spec),
     ]
 
@@ -221,7 +346,7 @@ def head_probes(spec: ServingSpec) -> dict:
     return {
         "startupProbe": _http_probe(
             API_PORT_NAME,
-            periodSeconds=STARTUP_PERIOD_S,
+            periodSeconds=spec.deployment.startup.startup_probe_period_s,
             timeoutSeconds=5,
             failureThreshold=startup_failure_threshold(spec),
             successThreshold=1,
@@ -249,7 +374,22 @@ def head_command(spec: ServingSpec) -> list[str]:
 
 def head_args(spec: ServingSpec) -> list[str]:
     """What ray_head.sh waits for (every GPU of the plan on every node, how long), then what it runs."""
-    return [str(spec.total_gpus), str(spec.nodes), str(RAY_JOIN_TIMEOUT_S), *vllm_serve_argv(spec)]
+    return [
+        str(spec.total_gpus),
+        str(spec.nodes),
+        str(spec.deployment.startup.ray_join_timeout_s),
+        memlock_required(spec),
+        *vllm_serve_argv(spec),
+    ]
+
+
+def worker_command(spec: ServingSpec) -> list[str]:
+    return ["/bin/bash", script_files.path(WORKER_SCRIPT)]
+
+
+def worker_args(spec: ServingSpec) -> list[str]:
+    """ray_worker.sh's arguments: whether the locked-memory check must pass."""
+    return [memlock_required(spec)]
 
 
 # --- RayCluster ------------------------------------------------------------------------
@@ -273,9 +413,9 @@ def _pod_spec(spec: ServingSpec, container: dict) -> dict:
         "enableServiceLinks": False,
         "nodeSelector": node_selector(spec),
         "tolerations": tolerations(),
-        "initContainers": [wait_for_weights_container(spec)],
+        "initContainers": [compile_cache_container(spec), wait_for_weights_container(spec)],
         "containers": [container],
-        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec)],
+        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec), compile_cache_volume(spec)],
     }
 
 
@@ -292,7 +432,8 @@ def head_pod_template(spec: ServingSpec) -> dict:
         "env": ray_env(spec),
         "ports": _ray_ports(head=True),
         "resources": gpu_pod_resources(spec),
-        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount()],
+        **efa_security_context(spec),
+        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount(), compile_cache_mount()],
         **head_probes(spec),
     }
     return {
@@ -302,18 +443,22 @@ def head_pod_template(spec: ServingSpec) -> dict:
 
 
 def worker_pod_template(spec: ServingSpec) -> dict:
-    metadata: dict = {"labels": dict(PART_OF), "annotations": script_files.hash_annotation(WORKER_SCRIPTS)}
+    annotations = {OVERWRITE_CMD_ANNOTATION: "true", **script_files.hash_annotation(WORKER_SCRIPTS)}
+    metadata: dict = {"labels": dict(PART_OF), "annotations": annotations}
     if spec.monitoring == "annotations":
         metadata["annotations"].update(scrape_annotations(RAY_METRICS_PORT))
     container = {
         "name": WORKER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        # No command: KubeRay runs its generated, blocking `ray start`.
+        # ray_worker.sh checks the locked-memory limit, then execs KubeRay's generated, blocking `ray start`.
+        "command": worker_command(spec),
+        "args": worker_args(spec),
         "env": ray_env(spec),
         "ports": _ray_ports(head=False),
         "resources": gpu_pod_resources(spec),
-        "volumeMounts": [shm_mount(), weights_mount(spec)],
+        **efa_security_context(spec),
+        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount(), compile_cache_mount()],
     }
     return {"metadata": metadata, "spec": _pod_spec(spec, container)}
 

@@ -25,11 +25,11 @@ the pods that run it.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from infra.catalog import vllm as vllm_release
 from infra.errors import UserError
 from infra.k8s.scripts import stage_weights
 from infra.planning.contract import Deployment
@@ -56,14 +56,10 @@ HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 
 # --- Probes and waits ---------------------------------------------------------
+# The figures (startup probe period and budget, the head's Ray wait, Pulumi's
+# wait, vLLM's timeouts) come from the plan's one calculation,
+# `Deployment.startup` (infra/planning/startup.py).
 PROBE_PATH = "/health"  # vLLM's OpenAI server: 200 once the engine is up, an error when it is dead
-STARTUP_PERIOD_S = 10
-COLD_START_MARGIN = 1.5  # on the plan's estimated cold start (infra/k8s/raycluster.py, "Probes")
-RAY_JOIN_TIMEOUT_S = 600  # the head waits this long for every GPU node to join Ray
-# What Pulumi waits for the head to become Ready: the startup budget plus pulling
-# the serving image onto fresh nodes. ASSUMPTION: 20 minutes covers a ~20 GiB
-# image pulled from ECR in the same region.
-IMAGE_PULL_ALLOWANCE_S = 1200
 
 # --- Labels -------------------------------------------------------------------
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving"}
@@ -75,12 +71,15 @@ EFA_CHECK_NODES = 2
 
 # --- Pod scripts (infra/k8s/scripts/): the ones each pod runs (their hash is on its template) ---
 WAIT_SCRIPT = "wait_for_weights.sh"  # every serving pod's init container
+COMPILE_CACHE_SCRIPT = "compile_cache.sh"  # every serving pod's first init container
+MEMLOCK_SCRIPT = "memlock_check.py"  # run first by every Ray container and the EFA check
 HEAD_SCRIPT = "ray_head.sh"
+WORKER_SCRIPT = "ray_worker.sh"
 EFA_CHECK_SCRIPT = "efa_check.sh"
 BENCHMARK_SCRIPT = "benchmark.py"
-HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", WAIT_SCRIPT)
-WORKER_SCRIPTS = (WAIT_SCRIPT,)
-EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py")
+HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT)
+WORKER_SCRIPTS = (WORKER_SCRIPT, MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT)
+EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py", MEMLOCK_SCRIPT)
 BENCHMARK_SCRIPTS = (BENCHMARK_SCRIPT,)
 SERVING_SCRIPTS = tuple(sorted({*HEAD_SCRIPTS, *WORKER_SCRIPTS, *EFA_CHECK_SCRIPTS, *BENCHMARK_SCRIPTS}))
 
@@ -115,6 +114,8 @@ class ServingSpec:
     ttft_p99_ms: float  # p99 time to first token must stay below this, ms
     tpot_p99_ms: float  # p99 time per output token must stay below this, ms
     nccl_busbw_floor_gbps: float  # EFA check: GB/s (gigabytes per second, the unit nccl-tests prints busbw in)
+    vllm_version: str  # the release in the image: the serving command is checked against its flag reference
+    production: bool  # NCCL logs warnings only (INFO lines cost log volume on every communicator)
     name: str = "vllm"
     mount_path: str = "/models"
     # Where the staging Job put the checkpoint and its marker (infra.staging.model_path /
@@ -159,6 +160,7 @@ class ServingSpec:
         ):
             if value < 1:
                 raise UserError(f"{label} must be at least 1, got {value}")
+        self._check_serve_command()
         if self.efa_check:
             if self.nodes < EFA_CHECK_NODES:
                 raise UserError(
@@ -166,6 +168,17 @@ class ServingSpec:
                 )
             if self.efa_interfaces < 1:
                 raise UserError(f"the EFA check needs EFA; {self.instance_type} has no EFA interface")
+
+    def _check_serve_command(self) -> None:
+        """The plan's `vllm serve` arguments must be ones the image's release accepts (infra/catalog/vllm/)."""
+        try:
+            problems = vllm_release.check_serve_argv(
+                ["vllm", "serve", self.model_dir, "--served-model-name", self.served_model_name, *self.vllm_args], self.vllm_version
+            )
+        except vllm_release.UnknownRelease as exc:
+            raise UserError(str(exc)) from None
+        if problems:
+            raise UserError(f"vLLM {self.vllm_version} would refuse the serving command: " + "; ".join(problems))
 
     # --- Figures from the plan ----------------------------------------------------
     @property
@@ -221,19 +234,18 @@ class ServingSpec:
         return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}/v1"
 
 
-# --- Budgets -----------------------------------------------------------------------
+# --- Budgets (the plan's start-up calculation) -----------------------------------------
 
 
 def startup_budget_s(spec: ServingSpec) -> int:
     """Seconds the head may take from container start to a healthy engine."""
-    cold = spec.deployment.storage.estimated_cold_start_s
-    return math.ceil(cold * COLD_START_MARGIN) + RAY_JOIN_TIMEOUT_S
+    return spec.deployment.startup.startup_budget_s
 
 
 def startup_failure_threshold(spec: ServingSpec) -> int:
-    return math.ceil(startup_budget_s(spec) / STARTUP_PERIOD_S)
+    return spec.deployment.startup.startup_probe_failure_threshold
 
 
 def ready_timeout_s(spec: ServingSpec) -> int:
     """How long Pulumi waits for the head to be Ready (image pull + startup budget)."""
-    return startup_budget_s(spec) + IMAGE_PULL_ALLOWANCE_S
+    return spec.deployment.startup.ready_wait_s

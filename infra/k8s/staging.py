@@ -7,8 +7,10 @@ run as `python3 /opt/gpu-serving/stage_weights.py --source ... --dest ...`; the
 tests run that file for real on local directories. The serving pods wait for
 its completion marker with `infra/k8s/scripts/wait_for_weights.sh`.
 
-The Job retries (each retry resumes) within one deadline for all of them, and
-fails at once when the program reports a source that cannot be listed.
+The Job retries (each retry resumes the partial downloads) within one deadline
+for all of them, and fails at once when the program reports a source that
+cannot be listed. After the deadline a new Job (a new generation in its name,
+`gpu-serving:storage.stagingRun`) resumes where the failed one stopped.
 """
 
 from __future__ import annotations
@@ -166,9 +168,10 @@ def check_packages(packages: tuple[str, ...]) -> None:
 def job_name(prefix: str, *parts: str) -> str:
     """A Job name that changes with what the Job runs (a Job's pod template is immutable).
 
-    A new program, image, checkpoint or destination gives a new name, so Pulumi
-    creates a new Job (which resumes: complete files are skipped) instead of
-    failing to patch the old one.
+    A new program, image, checkpoint, destination or generation (`stagingRun`)
+    gives a new name, so Pulumi creates a new Job (which resumes: complete
+    files are skipped, partial ones continued) instead of failing to patch the
+    old one.
     """
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
     return f"{prefix[: 63 - 9 - 6]}-stage-{digest}"

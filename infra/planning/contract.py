@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.planning.serving import PodResources, Storage
+from infra.planning.startup import Startup
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Deployment:
     pod: PodResources  # one Ray pod per GPU node, owning it
     ray_start_params: tuple[tuple[str, str], ...]  # `ray start` parameters, in order
     storage: Storage
+    startup: Startup  # the head's start: cold-start estimate, probe budget, Pulumi's wait, vLLM's timeouts
     serve: ServeCommand
 
     @property

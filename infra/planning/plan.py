@@ -16,7 +16,7 @@ from infra.catalog.models import (
     weight_bytes,
 )
 from infra.errors import UserError
-from infra.planning import kv_cache, memory, serving
+from infra.planning import kv_cache, memory, model_serving, serving, startup
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
@@ -52,6 +52,11 @@ class Plan:
     alternatives: list[Evaluation] = field(default_factory=list)  # other layouts considered, best first
     max_num_seqs: int = 0  # the --max-num-seqs the plan passes
     speculative: dict | None = None  # the --speculative-config the plan passes
+
+    @property
+    def startup(self) -> startup.Startup:
+        """Cold start, probe budget, Pulumi's wait and vLLM's timeouts (infra/planning/startup.py)."""
+        return startup.startup_plan(self.storage, self.pod)
 
     @property
     def layout(self) -> Layout:
@@ -125,6 +130,7 @@ class Plan:
             pod=self.pod,
             ray_start_params=tuple(self.ray_params.items()),
             storage=self.storage,
+            startup=self.startup,
             serve=ServeCommand(checkpoint=self.checkpoint, vllm_args=tuple(self.serving_args)),
         )
 
@@ -185,6 +191,7 @@ class Plan:
             "pod": asdict(self.pod),
             "node": {"root_volume_gib": serving.ROOT_VOLUME_GIB},
             "storage": asdict(self.storage),
+            "startup": asdict(self.startup),
             "feasible": self.feasible,
             "errors": self.errors,
             "warnings": list(self.warnings),
@@ -494,12 +501,9 @@ def make_plan(req: PlanRequest) -> Plan:
 
     lay = best.layout
     pod = serving.pod_resources(itype)
-    served = weight_bytes(arch)
-    storage = serving.storage_plan(
+    storage = startup.storage_plan(
         checkpoint_bytes=weight_bytes(arch, include_mtp=True),
-        served_bytes=served,
-        dp=lay.dp,
-        pp=lay.pp,
+        nodes=nodes,
         cold_start_target_s=req.cold_start_target_s,
     )
     if best.feasible and storage.estimated_cold_start_s > req.cold_start_target_s:
@@ -537,7 +541,7 @@ def make_plan(req: PlanRequest) -> Plan:
         nodes=nodes,
         knobs=knobs,
         evaluation=best,
-        serving_args=args,
+        serving_args=args + model_serving.model_args(arch),
         pod=pod,
         ray_params=serving.ray_start_params(pod),
         storage=storage,

@@ -1,5 +1,5 @@
 """Serving parameters derived from a layout: vLLM and Ray arguments, pod sizes,
-/dev/shm, model-weight storage and cold start."""
+/dev/shm and the model-weight storage figures (sized in infra/planning/startup.py)."""
 
 from __future__ import annotations
 
@@ -59,10 +59,6 @@ STORAGE_MARGIN = 1.15
 # What one NFS client reads at most: Amazon EFS quotes 1,500 MiB/s per client
 # (EFS user guide, "Amazon EFS quotas": throughput per client).
 NFS_CLIENT_BYTES_PER_S = 1500 * MiB
-# Engine start after the weights are read: Ray start, torch.compile, CUDA-graph
-# capture. ASSUMPTION: 180 s for a large MoE (vLLM logs show 30-90 s compile and
-# 10-60 s graph capture).
-ENGINE_INIT_S = 180.0
 
 
 # Root volume of a GPU node: container images and caches, not weights (those
@@ -140,37 +136,13 @@ def ray_start_params(pod: PodResources) -> dict[str, str]:
 class Storage:
     size_bytes: int  # provisioned size of the model-weight file system
     checkpoint_bytes: int  # the checkpoint as published (MTP layers included)
-    read_bytes: int  # what all replicas read at a cold start
+    read_bytes: int  # what all nodes read at a cold start (each reads the whole checkpoint)
     required_read_bytes_per_s: int  # to read it within the cold-start target
     cold_start_target_s: float
     estimated_cold_start_s: float  # read at the required rate (or the client limit) + engine init
     per_node_read_bytes: int
+    # Computed by infra.planning.startup.storage_plan.
 
-
-
-def storage_plan(
-    *, checkpoint_bytes: int, served_bytes: int, dp: int, pp: int, cold_start_target_s: float
-) -> Storage:
-    """Size and throughput of the model-weight storage.
-
-    Every replica reads the weights once; inside a replica the ranks of a stage
-    share the node's page cache, so each node reads about its stage's share.
-    """
-    read = served_bytes * dp
-    load_budget = max(cold_start_target_s - ENGINE_INIT_S, 1.0)
-    required = math.ceil(read / load_budget)
-    per_node = math.ceil(served_bytes / pp)
-    per_node_time = per_node / NFS_CLIENT_BYTES_PER_S
-    estimated = max(read / required, per_node_time) + ENGINE_INIT_S
-    return Storage(
-        size_bytes=math.ceil(checkpoint_bytes * STORAGE_MARGIN / GiB) * GiB,
-        checkpoint_bytes=checkpoint_bytes,
-        read_bytes=read,
-        required_read_bytes_per_s=required,
-        cold_start_target_s=cold_start_target_s,
-        estimated_cold_start_s=estimated,
-        per_node_read_bytes=per_node,
-    )
 
 
 def vllm_args(

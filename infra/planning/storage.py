@@ -1,6 +1,6 @@
 """Model-weight file systems: FSx for Lustre sizing and what Amazon EFS can serve.
 
-Pure (no Pulumi, no cloud). The plan (`infra.planning.serving.storage_plan`)
+Pure (no Pulumi, no cloud). The plan (`infra.planning.startup.storage_plan`)
 says how many bytes the checkpoint has and how fast the serving cluster must
 read them to meet its cold-start target; this module turns those two figures
 into a valid FSx for Lustre configuration, and gives EFS's documented read
@@ -123,7 +123,7 @@ def fsx_lustre_sizing(checkpoint_bytes: int, required_read_bytes_per_s: int) -> 
     """The FSx for Lustre file system for a checkpoint and a cold-start read rate.
 
     Capacity: the smallest valid one that holds the checkpoint with the plan's
-    margin (`STORAGE_MARGIN`, as `storage_plan` sizes any weight store). Then
+    margin (`STORAGE_MARGIN`, as `startup.storage_plan` sizes any weight store). Then
     the smallest per-unit throughput that reaches the required read rate; when
     even 1000 MB/s/TiB does not, the capacity grows to the next valid size
     (throughput scales with capacity) until one does.

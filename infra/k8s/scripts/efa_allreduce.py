@@ -5,7 +5,8 @@
         local rank 0 prints BUSBW_MARKER and the bus bandwidth in GB/s
     python3 efa_allreduce.py verdict LOG --floor-gbps F --efa-interfaces N
         exits 1 with the reasons when the run's log shows no EFA, a fallback
-        to sockets, or a bus bandwidth below F (`efa_check_problems`)
+        to NCCL's Socket (TCP) transport, or a bus bandwidth below F
+        (`efa_check_problems`)
 
 Standard library only at import (torch is imported by `run`), so the verdict
 is tested where torch is absent.
@@ -33,22 +34,52 @@ def allreduce_bus_bandwidth_gbps(size_bytes, seconds, world_size):
     return size_bytes / seconds / 1e9 * (2 * (world_size - 1) / world_size)
 
 
+# What NCCL (INIT,NET subsystems) and aws-ofi-nccl print (every plugin line is prefixed
+# "NET/OFI "). Never anchored at the start of a line: Ray and kubectl prefix lines, and
+# WARN lines may begin with a timestamp.
+# - the plugin picked EFA: "Selected Provider is efa (found N nics)" up to aws-ofi-nccl
+#   1.13.x, "Selected provider is efa, fabric is efa[-direct] (found N nics)" from 1.14;
+# - a communicator's network: "Using network Libfabric" ("AWS Libfabric" before 1.13),
+#   or "Using network Socket" when NCCL fell back to TCP;
+# - each channel's transport: "via NET/Libfabric/<dev>[/GDRDMA]" or "via NET/Socket/<dev>".
+EFA_SELECTED = re.compile(r"NET/OFI Selected [Pp]rovider is efa\b")
+PLUGIN_FAILED = re.compile(
+    r"NET/OFI (No eligible providers were found|aws-ofi-nccl initialization failed|Could not find any optimal provider)"
+)
+LIBFABRIC_CHANNEL = re.compile(r"via NET/(AWS )?Libfabric/\d+")
+SOCKET_USED = re.compile(r"Using network Socket\b|via NET/Socket/\d+")
+IB_USED = re.compile(r"Using network IB\b|via NET/IB/\d+")
+
+
 def efa_check_problems(log_text, floor_gbps, efa_interfaces):
     """Why an EFA check run failed (empty: it passed), from its log.
 
-    The log must show aws-ofi-nccl selecting the EFA provider (NCCL_DEBUG=INFO,
-    subsystem NET: `NET/OFI Selected Provider is efa (found N nics)`), no
-    fallback to NCCL's Socket transport, and the all-reduce's bus bandwidth
-    (the BUSBW_MARKER line) at or above the floor.
+    With EFA interfaces, the log must show aws-ofi-nccl selecting the EFA
+    provider, the all-reduce's channels going through it (`via NET/Libfabric/`),
+    and nothing through NCCL's Socket (TCP) or IB transports; in every case the
+    all-reduce's bus bandwidth (the BUSBW_MARKER line) at or above the floor.
     """
     problems = []
-    if efa_interfaces > 0 and not re.search(r"NET/OFI Selected Provider is efa", log_text, re.IGNORECASE):
-        problems.append(
-            "NCCL did not select the EFA provider (no 'NET/OFI Selected Provider is efa' in the log): "
-            "the image lacks libfabric/aws-ofi-nccl, or the pod got no EFA devices"
-        )
-    if re.search(r"Using network Socket", log_text):
-        problems.append("NCCL fell back to its Socket transport (TCP), not EFA")
+    if efa_interfaces > 0:
+        failed = PLUGIN_FAILED.search(log_text)
+        if failed:
+            problems.append(
+                "aws-ofi-nccl found no usable EFA provider (%r): the pod got no EFA devices, or libfabric "
+                "cannot open them" % failed.group(0)
+            )
+        if not EFA_SELECTED.search(log_text):
+            problems.append(
+                "NCCL did not select the EFA provider (no 'NET/OFI Selected provider is efa' in the log): "
+                "the image lacks libfabric/aws-ofi-nccl, or the pod got no EFA devices"
+            )
+        if not LIBFABRIC_CHANNEL.search(log_text):
+            problems.append("no NCCL channel went through EFA (no 'via NET/Libfabric/' line)")
+        if IB_USED.search(log_text):
+            problems.append("NCCL used its IB transport, not EFA through aws-ofi-nccl")
+    sockets = SOCKET_USED.findall(log_text)
+    if sockets:
+        channels = len(re.findall(r"via NET/Socket/\d+", log_text))
+        problems.append("NCCL fell back to its Socket transport (TCP), not EFA: %d channel(s) via NET/Socket" % channels)
     found = re.findall(re.escape(BUSBW_MARKER) + r"([0-9.]+)", log_text)
     if not found:
         problems.append("no bus bandwidth in the log: the all-reduce did not complete")

@@ -14,7 +14,9 @@ floor_gbps="$5"
 efa_interfaces="$6"
 here="$(dirname "$0")"
 log="${TMPDIR:-/tmp}/allreduce.log"
-echo "max locked memory: $(ulimit -l) (EFA wants unlimited)"
+# The soft limit may rise to the hard one without privileges; EFA must be able to pin its buffers.
+ulimit -S -l "$(ulimit -H -l)" 2>/dev/null || true
+python3 "$here/memlock_check.py" --require || exit 1
 FI_INFO="$(command -v fi_info || echo /opt/amazon/efa/bin/fi_info)"  # where the EFA installer puts it
 echo "== $FI_INFO -p efa"
 if ! "$FI_INFO" -p efa; then

@@ -4,14 +4,17 @@
 
 Copies a checkpoint into DIR (`<mount>/<checkpoint>`):
 
-1. lists the source with every file's size: the Hugging Face hub
+1. lists the source with every file's size and version: the Hugging Face hub
    (`HfApi.model_info(files_metadata=True)`, pinned to the commit it resolved,
-   so every file comes from one snapshot), an S3 prefix (`ListObjectsV2`), or a
-   local directory (`file://`, for tests and local runs);
+   so every file comes from one snapshot; LFS files carry their sha256), an S3
+   prefix (`ListObjectsV2`, with each object's ETag), or a local directory
+   (`file://`, for tests and local runs);
 2. skips every file already present with the listed size; downloads the others
-   into a staging directory on the same volume (`.gpu-serving-staging/`) and
-   moves each into place only when its size matches, so a file at its final
-   name is never partial;
+   into a staging directory on the same volume (`.gpu-serving-staging/`), each
+   into `<file>.partial` with a small `<file>.partial.json` naming the version it
+   belongs to, and moves each into place only when it has the listed size (and,
+   when it was resumed and the listing gives one, the listed sha256), so a file
+   at its final name is never partial;
 3. checks every listed file's size again and only then writes the completion
    marker `<dest>/.gpu-serving-complete` (JSON: source, revision, every file
    and its size, the total), atomically (written aside, then renamed). If
@@ -19,6 +22,18 @@ Copies a checkpoint into DIR (`<mount>/<checkpoint>`):
    Job retries and resumes); a source that cannot be listed (no such repo or
    bucket, no access, empty prefix) exits 3, which the Job's pod failure policy
    treats as final (retrying cannot help).
+
+Resuming is the program's own, not the client library's: huggingface_hub 1.18
+and later (vLLM 0.34 needs >= 2.0) download into a per-process temporary file
+that is deleted on failure, so a restarted pod would fetch every in-flight
+shard again. Here a partial file survives its process; the next run (a retry
+of the Job's pod, or a new Job) asks for the missing bytes only: an HTTP
+`Range` request through huggingface_hub's `http_get(resume_size=...)`, a ranged
+S3 `GetObject` pinned to the listed ETag (`IfMatch`), a seek for `file://`. A
+partial of another version (the sidecar disagrees with the listing), one longer
+than the file, or a resumed file whose sha256 disagrees is thrown away and
+fetched again. A transfer that breaks is retried in-process (`ATTEMPTS`), each
+time from where it stopped.
 
 When files must be fetched and an old marker exists, the marker is removed
 first: the serving pods never see a marker over a half-updated checkpoint.
@@ -35,6 +50,7 @@ import argparse
 import concurrent.futures
 import datetime
 import fnmatch
+import hashlib
 import importlib
 import json
 import os
@@ -44,9 +60,12 @@ import threading
 
 MARKER_NAME = ".gpu-serving-complete"  # the serving pods wait for it (wait_for_weights.sh)
 STAGING_DIR_NAME = ".gpu-serving-staging"
-# A file:// source may carry its own listing (name -> size) in this file instead of
-# a directory walk: tests use it to play a source whose listing and content disagree.
+# A file:// source may carry its own listing (name -> size, or name -> {"size": n,
+# "sha256": hex}) in this file instead of a directory walk: tests use it to play a
+# source whose listing and content disagree.
 LISTING_FILE_NAME = ".gpu-serving-listing.json"
+PARTIAL_SUFFIX = ".partial"
+ATTEMPTS = 3  # transfers of one file per run; each resumes where the last one stopped
 
 EXIT_INCOMPLETE = 1  # some file missing or of the wrong size: retry (resumes)
 EXIT_SOURCE = 3  # the source cannot be listed (no repo/bucket, no access): final
@@ -65,6 +84,27 @@ class SourceError(Exception):
     """The source cannot be listed: retrying will not help."""
 
 
+class Incomplete(Exception):
+    """A file could not be completed in this run; its partial is kept for the next one."""
+
+
+def entry(size, version=None, sha256=None):
+    """One listed file: its size, what identifies its content (a blob id, an ETag), its sha256 if known."""
+    return {"size": int(size), "version": version, "sha256": sha256}
+
+
+def copy_stream(read, out, limit=None):
+    """Append `read(n)` chunks to `out` until EOF (or `limit` bytes); returns the bytes copied."""
+    copied = 0
+    while limit is None or copied < limit:
+        chunk = read(CHUNK if limit is None else min(CHUNK, limit - copied))
+        if not chunk:
+            break
+        out.write(chunk)
+        copied += len(chunk)
+    return copied
+
+
 class FileSource:
     """A local directory (tests, local runs)."""
 
@@ -81,7 +121,10 @@ class FileSource:
         override = os.path.join(self.root, LISTING_FILE_NAME)
         if os.path.exists(override):
             with open(override) as f:
-                return {str(k): int(v) for k, v in json.load(f).items()}
+                doc = json.load(f)
+            return {
+                str(k): entry(v["size"], sha256=v.get("sha256")) if isinstance(v, dict) else entry(v) for k, v in doc.items()
+            }
         files = {}
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if d != STAGING_DIR_NAME)
@@ -90,13 +133,14 @@ class FileSource:
                 rel = os.path.relpath(path, self.root).replace(os.sep, "/")
                 if rel in (MARKER_NAME, LISTING_FILE_NAME):
                     continue
-                files[rel] = os.path.getsize(path)
+                files[rel] = entry(os.path.getsize(path))
         return files
 
-    def fetch(self, rel, tmp_path):
-        with open(os.path.join(self.root, rel), "rb") as src, open(tmp_path, "wb") as dst:
-            shutil.copyfileobj(src, dst, CHUNK)
-        return tmp_path
+    def fetch(self, rel, info, out, offset):
+        """Append the file's bytes from `offset` on to `out`; returns how many were read."""
+        with open(os.path.join(self.root, rel), "rb") as src:
+            src.seek(offset)
+            return copy_stream(src.read, out)
 
 
 class HfSource:
@@ -139,18 +183,33 @@ class HfSource:
         for sibling in info.siblings or []:
             if sibling.size is None:
                 raise SourceError("the hub gave no size for " + sibling.rfilename)
-            files[sibling.rfilename] = int(sibling.size)
+            lfs = getattr(sibling, "lfs", None)
+            sha256 = (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)) if lfs else None
+            files[sibling.rfilename] = entry(sibling.size, sha256 or getattr(sibling, "blob_id", None), sha256)
         return files
 
-    def fetch(self, rel, tmp_path):
-        from huggingface_hub import hf_hub_download
+    def fetch(self, rel, info, out, offset):
+        """The missing bytes over HTTP: `Range: bytes=<offset>-` (huggingface_hub's http_get resumes from resume_size)."""
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub.file_download import http_get
+        from huggingface_hub.utils import build_hf_headers
 
-        # local_dir: the file lands at <staging>/<rel> (tmp_path), its partial
-        # download and lock under <staging>/.cache, all on the weights volume.
-        staging_root = tmp_path[: -len(rel)].rstrip("/")
-        return hf_hub_download(
-            self.repo, rel, revision=self.revision, local_dir=staging_root, token=self.token, force_download=True
-        )
+        url = hf_hub_url(self.repo, rel, revision=self.revision)
+        meta = get_hf_file_metadata(url, token=self.token)
+        headers = build_hf_headers(token=self.token)
+        target = url
+        # As hf_hub_download does: an LFS blob redirects to a signed CDN URL, which gets no token.
+        if getattr(meta, "xet_file_data", None) is None and meta.location and meta.location != url:
+            target = meta.location
+            if _host(target) != _host(url):
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        start = out.tell()
+        http_get(target, out, resume_size=offset, headers=headers, expected_size=info["size"])
+        return out.tell() - start
+
+
+def _host(url):
+    return url.split("://", 1)[-1].split("/", 1)[0].lower()
 
 
 class S3Source:
@@ -162,12 +221,10 @@ class S3Source:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.revision = None
         import boto3
-        from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        # Up to 8 files at once, 8 parts each: room for every connection, and patient retries.
+        # Up to 8 files at once, and patient retries.
         self.client = boto3.client("s3", config=Config(max_pool_connections=64, retries={"max_attempts": 10, "mode": "adaptive"}))
-        self.transfer = TransferConfig(multipart_chunksize=64 * 1024 * 1024, max_concurrency=8)
 
     def describe(self):
         return "s3://%s/%s" % (self.bucket, self.prefix)
@@ -182,16 +239,25 @@ class S3Source:
                     key = obj["Key"]
                     if key.endswith("/"):
                         continue  # a "folder" placeholder
-                    files[key[len(self.prefix):]] = int(obj["Size"])
+                    files[key[len(self.prefix):]] = entry(obj["Size"], obj.get("ETag"))
         except ClientError as exc:
             raise SourceError(str(exc))
         if not files:
             raise SourceError("no objects under " + self.describe())
         return files
 
-    def fetch(self, rel, tmp_path):
-        self.client.download_file(self.bucket, self.prefix + rel, tmp_path, Config=self.transfer)
-        return tmp_path
+    def fetch(self, rel, info, out, offset):
+        """A ranged GET of the listed object version (IfMatch: a changed object fails instead of mixing)."""
+        if offset >= info["size"]:
+            return 0
+        kwargs = {"Bucket": self.bucket, "Key": self.prefix + rel, "Range": "bytes=%d-" % offset}
+        if info.get("version"):
+            kwargs["IfMatch"] = info["version"]
+        body = self.client.get_object(**kwargs)["Body"]
+        try:
+            return copy_stream(body.read, out)
+        finally:
+            body.close()
 
 
 def make_source(url):
@@ -220,6 +286,86 @@ def complete(path, size):
         return False
 
 
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _discard(*paths):
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def resume_offset(partial, sidecar, info):
+    """Bytes of `partial` the next transfer may keep: 0 unless it belongs to the listed version and is not too long."""
+    want = {"size": info["size"], "version": info.get("version"), "sha256": info.get("sha256")}
+    offset = 0
+    if os.path.isfile(partial) and os.path.isfile(sidecar):
+        try:
+            with open(sidecar) as f:
+                same = json.load(f) == want
+        except ValueError:
+            same = False
+        if same and os.path.getsize(partial) <= info["size"]:
+            offset = os.path.getsize(partial)
+    if offset == 0:
+        _discard(partial, sidecar)
+        with open(sidecar, "w") as f:
+            json.dump(want, f, sort_keys=True)
+    return offset
+
+
+def fetch_file(source, rel, info, staging, dest, tally=lambda n: None):
+    """Complete one file from its partial; returns (bytes transferred, offset it resumed at).
+
+    `tally(n)` hears of every transfer, also those of a file that ends incomplete."""
+    size = info["size"]
+    partial = os.path.join(staging, rel + PARTIAL_SUFFIX)
+    sidecar = partial + ".json"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    resumed_at = offset = resume_offset(partial, sidecar, info)
+    transferred = 0
+    for attempt in range(1, ATTEMPTS + 1):
+        if offset >= size:
+            break
+        try:
+            with open(partial, "ab") as out:
+                start = out.tell()
+                try:
+                    source.fetch(rel, info, out, offset)
+                finally:
+                    out.flush()
+                    moved = max(out.tell() - start, 0)
+                    transferred += moved
+                    tally(moved)
+        except Exception as exc:  # a broken transfer: resume from what arrived
+            if attempt == ATTEMPTS:
+                raise Incomplete("%s: %s (%d of %d bytes kept for the next run)" % (rel, exc, os.path.getsize(partial), size))
+            log("transfer of %s broke (%s); resuming (attempt %d of %d)" % (rel, exc, attempt + 1, ATTEMPTS))
+        new_offset = os.path.getsize(partial)
+        if new_offset == offset:
+            break  # the source has nothing more to give
+        offset = new_offset
+    got = os.path.getsize(partial)
+    if got > size:
+        _discard(partial, sidecar)
+        raise ValueError("size mismatch after download: %s has %d bytes, the source lists %d" % (rel, got, size))
+    if got < size:
+        raise Incomplete("%s has %d of %d bytes after download (kept; the next run resumes)" % (rel, got, size))
+    if resumed_at and info.get("sha256") and sha256_of(partial) != info["sha256"]:
+        _discard(partial, sidecar)
+        raise ValueError("sha256 mismatch after resuming %s: fetched again on the next run" % rel)
+    final = os.path.join(dest, rel)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    os.replace(partial, final)
+    _discard(sidecar)
+    return transferred, resumed_at
+
+
 def write_marker(dest, source, listing):
     doc = {
         "source": source.describe(),
@@ -239,35 +385,33 @@ def write_marker(dest, source, listing):
 
 def stage(source, dest, workers, excludes):
     listing = source.listing()
-    listing = {rel: size for rel, size in listing.items() if not any(fnmatch.fnmatch(rel, p) for p in excludes)}
+    listing = {rel: info for rel, info in listing.items() if not any(fnmatch.fnmatch(rel, p) for p in excludes)}
     check_names(listing)
     if not listing:
         raise SourceError("the source lists no files")
+    sizes = {rel: info["size"] for rel, info in listing.items()}
     os.makedirs(dest, exist_ok=True)
     marker = os.path.join(dest, MARKER_NAME)
-    todo = [rel for rel in sorted(listing) if not complete(os.path.join(dest, rel), listing[rel])]
+    todo = [rel for rel in sorted(listing) if not complete(os.path.join(dest, rel), sizes[rel])]
     skipped = len(listing) - len(todo)
-    log("%s: %d files, %d bytes; %d complete, %d to fetch" % (source.describe(), len(listing), sum(listing.values()), skipped, len(todo)))
+    log("%s: %d files, %d bytes; %d complete, %d to fetch" % (source.describe(), len(listing), sum(sizes.values()), skipped, len(todo)))
     if todo and os.path.exists(marker):
         os.remove(marker)
         log("removed the old completion marker: files are about to change")
     staging = os.path.join(dest, STAGING_DIR_NAME)
+    moved = {"bytes": 0, "resumed": 0}
+    lock = threading.Lock()
+
+    def tally(n):
+        with lock:
+            moved["bytes"] += n
 
     def fetch(rel):
-        size = listing[rel]
-        tmp = os.path.join(staging, rel)
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        got_path = source.fetch(rel, tmp)
-        got = os.path.getsize(got_path)
-        if got != size:
-            os.remove(got_path)
-            raise ValueError("size mismatch after download: %s has %d bytes, the source lists %d" % (rel, got, size))
-        final = os.path.join(dest, rel)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        os.replace(got_path, final)
-        log("fetched %s (%d bytes)" % (rel, size))
+        transferred, resumed_at = fetch_file(source, rel, listing[rel], staging, dest, tally)
+        with lock:
+            moved["resumed"] += 1 if resumed_at else 0
+        how = " (resumed at byte %d)" % resumed_at if resumed_at else ""
+        log("fetched %s (%d bytes, %d transferred)%s" % (rel, sizes[rel], transferred, how))
 
     failed = []
     if todo:
@@ -279,16 +423,19 @@ def stage(source, dest, workers, excludes):
                     failed.append(futures[future])
                     log("FAILED %s: %s" % (futures[future], exc))
     fetched = len(todo) - len(failed)
-    bad = [rel for rel in sorted(listing) if not complete(os.path.join(dest, rel), listing[rel])]
-    log("summary: files=%d fetched=%d skipped=%d failed=%d bad=%d" % (len(listing), fetched, skipped, len(failed), len(bad)))
+    bad = [rel for rel in sorted(listing) if not complete(os.path.join(dest, rel), sizes[rel])]
+    log(
+        "summary: files=%d fetched=%d skipped=%d failed=%d bad=%d resumed=%d transferred=%d"
+        % (len(listing), fetched, skipped, len(failed), len(bad), moved["resumed"], moved["bytes"])
+    )
     if bad:
         for rel in bad[:20]:
             path = os.path.join(dest, rel)
             have = os.path.getsize(path) if os.path.isfile(path) else None
-            log("incomplete: %s has %s bytes, the source lists %d" % (rel, have, listing[rel]))
+            log("incomplete: %s has %s bytes, the source lists %d" % (rel, have, sizes[rel]))
         log("no completion marker written")
         return EXIT_INCOMPLETE
-    write_marker(dest, source, listing)
+    write_marker(dest, source, sizes)
     shutil.rmtree(staging, ignore_errors=True)
     log("complete: wrote " + marker)
     return 0
