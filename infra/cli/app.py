@@ -361,7 +361,7 @@ def scan(
                 t.add_row(escape(f.check), escape(f.resource), escape(r.reason))
             console.print(t)
         for r in result.stale:
-            console.print(f"[yellow]stale:[/yellow] {escape(r.check)} on {escape(r.resource)} matches no finding: remove it from the accepted risks", soft_wrap=True)
+            console.print(f"[yellow]stale:[/yellow] {escape(r.check)} on {escape(r.resource)} matches no finding of stack {escape(stack)}: remove it from the accepted risks unless another stack needs it", soft_wrap=True)
         for g in result.gaps:
             console.print(f"[dim]not scanned:[/dim] {escape(g.resource)} ({escape(g.type)}): {escape(g.reason)}", soft_wrap=True)
         verdict = "every finding is accepted" if result.passed else f"{len(result.not_accepted)} finding(s) not accepted"

@@ -251,13 +251,15 @@ def checkov_env(home: Path) -> dict[str, str]:
     return env
 
 
-def checkov_command(checkov: Path, framework: str, directory: Path) -> list[str]:
-    return [str(checkov), "--framework", framework, "--directory", str(directory), "--output", "json", "--soft-fail", "--quiet", *OFFLINE_FLAGS]
+def checkov_command(checkov: Path, framework: str, directory: Path, quiet: bool = True) -> list[str]:
+    """checkov over `directory`: a JSON report on stdout, exit 0 whatever it finds; `quiet` leaves out the passed checks (not their count)."""
+    cmd = [str(checkov), "--framework", framework, "--directory", str(directory), "--output", "json", "--soft-fail", *OFFLINE_FLAGS]
+    return [*cmd, "--quiet"] if quiet else cmd
 
 
-def run_checkov(checkov: Path, framework: str, directory: Path, home: Path, timeout: float = TIMEOUT_S) -> list[dict[str, Any]]:
+def run_checkov(checkov: Path, framework: str, directory: Path, home: Path, timeout: float = TIMEOUT_S, quiet: bool = True) -> list[dict[str, Any]]:
     """checkov's JSON reports (one per framework it ran) over `directory`."""
-    cmd = checkov_command(checkov, framework, directory)
+    cmd = checkov_command(checkov, framework, directory, quiet)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=checkov_env(home), cwd=directory, timeout=timeout)
     except FileNotFoundError:
@@ -422,7 +424,8 @@ def render_markdown(result: ScanResult) -> str:
             lines.append(f"| {r.check} | {'<br>'.join(f'`{_cell(f.resource)}`' for f in fs)} | {_cell(r.reason)} |")
         lines += ["", "</details>", ""]
     if result.stale:
-        lines += [f"**Stale accepted risks ({len(result.stale)}), matching no finding: remove them from `{ACCEPTED_RISKS}`:**", ""]
+        lines += [f"**Stale accepted risks ({len(result.stale)}): they match no finding of stack `{result.stack}`; "
+                  f"remove from `{ACCEPTED_RISKS}` those that no stack needs:**", ""]
         lines += [f"- {r.check} on `{_cell(r.resource)}`" for r in result.stale]
         lines.append("")
     if result.gaps:

@@ -14,7 +14,8 @@ that reads Terraform plans (checkov's `terraform_plan` framework) sees the stack
   listed per type (`encryptionConfigurations` -> `encryption_configuration`).
   Map-typed arguments (`tags`, a node group's `labels`) keep their keys.
 - nested objects: a Terraform block is a list of objects in a plan, so an
-  object the bridge flattened (a block of at most one) becomes a list of one.
+  object the bridge flattened (a block of at most one) becomes a list of one;
+  so does a plain value the bridge made of a list of at most one (`lists`).
 - `tags_all`: the resource's `tags` over its provider's default tags (the
   `pulumi:providers:aws` resource the synth records as its provider), as the
   provider computes it, for every type that has tags.
@@ -66,6 +67,8 @@ class TerraformType:
     renames: Mapping[str, str] = field(default_factory=dict)
     # Property paths whose values are maps (keys are data, not attribute names), besides `tags`.
     maps: frozenset[str] = frozenset()
+    # Property paths of Terraform lists of at most one value that the bridge made a plain value.
+    lists: frozenset[str] = frozenset()
 
 
 # Every aws:* type the stack's components declare (prod and test, and the options they
@@ -108,7 +111,7 @@ TYPES: dict[str, TerraformType] = {
     ),
     "aws:eks/nodeGroup:NodeGroup": TerraformType("aws_eks_node_group", renames={"taints": "taint"}, maps=frozenset({"labels"})),
     "aws:eks/podIdentityAssociation:PodIdentityAssociation": TerraformType("aws_eks_pod_identity_association"),
-    "aws:fsx/lustreFileSystem:LustreFileSystem": TerraformType("aws_fsx_lustre_file_system"),
+    "aws:fsx/lustreFileSystem:LustreFileSystem": TerraformType("aws_fsx_lustre_file_system", lists=frozenset({"subnetIds"})),
     "aws:iam/role:Role": TerraformType("aws_iam_role", renames={"inlinePolicies": "inline_policy"}),
     "aws:iam/rolePolicy:RolePolicy": TerraformType("aws_iam_role_policy", taggable=False),
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": TerraformType("aws_iam_role_policy_attachment", taggable=False),
@@ -251,6 +254,8 @@ class _Converter:
                 if isinstance(v, dict):
                     values[name] = {str(k): x for k, x in v.items() if not _is_secret(x) and x != COMPUTED}
                 continue
+            if p in spec.lists and not isinstance(v, list):
+                v = [v]
             value, expr = self.value(v, p, spec)
             if value is not UNKNOWN:
                 values[name] = value
