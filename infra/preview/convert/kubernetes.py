@@ -16,8 +16,11 @@ stack shows; a scanner of workloads would never see them. For each template,
 namespace, named after it: for a `ray.io` RayCluster `<cluster>-head` (its
 `headGroupSpec.template`) and `<cluster>-<group>-worker` (each
 `workerGroupSpecs[].template`); for any other kind, every `template` with
-`spec.containers` under its `spec`, named `<name>-<path to it>`. Jobs and other
-built-in workloads are scanned as they are (scanners read their templates).
+`spec.containers` under its `spec`, named `<name>-<path to it>`. A Pod is its
+template as written: what the operator adds when it creates the pod (KubeRay's
+labels, environment, log volume, and the worker probes it injects) is not in
+it. Jobs and other built-in workloads are scanned as they are (scanners read
+their pod templates).
 
 Gaps (`Manifests.gaps`): Helm releases and charts (`kubernetes:helm.sh/*`) and
 other resources that only a cluster-side render would expand (`yaml`,
