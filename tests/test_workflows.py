@@ -158,7 +158,7 @@ def help_exit_code(path: tuple[str, ...]) -> tuple[int, str]:
 
 def test_the_workflows_call_the_project():
     called = {c[2][:2] if c[2][:1] == ("ephemeral",) else c[2][:1] for c in CALLS}
-    for expected in [("synth",), ("diff",), ("check",), ("ephemeral", "up"), ("ephemeral", "test"),
+    for expected in [("synth",), ("diff",), ("check",), ("scan",), ("ephemeral", "up"), ("ephemeral", "test"),
                      ("ephemeral", "down"), ("sweep",)]:
         assert expected in called, f"no workflow runs `python -m infra {' '.join(expected)}`"
 
@@ -363,6 +363,7 @@ def test_pull_request_offline_job():
     assert ["synth", "--stack", "$stack", "--out", "../out/base-$stack.json"] in calls
     assert ["diff", "../out/base-$stack.json", "../out/head-$stack.json"] in calls
     assert ["check", "--stack", "$stack"] in calls
+    assert ["scan", "--stack", "$stack", "--markdown", "../out/scan-$stack.md"] in calls
     assert "for stack in prod test" in report
     # One sticky comment, updated in place, holding both the diff and the policy results.
     comment = uses(offline, "actions/github-script")

@@ -5,6 +5,7 @@
     python -m infra synth --stack prod [--out prod.json]
     python -m infra diff base.json head.json
     python -m infra check --stack prod [--json]
+    python -m infra scan --stack prod [--json] [--markdown out.md]   (checkov, offline)
     python -m infra ephemeral up [--from test] [--ttl 6] | test | down   (Pulumi CLI + AWS credentials)
     python -m infra preflight --stack prod [--region R] [--json] [--allow-unknown]   (AWS credentials, read-only)
     python -m infra sweep [--yes] [--region R ...] [--wait S] [--json]               (AWS credentials)
@@ -342,6 +343,72 @@ def check(
         else:
             console.print(f"All {len(result['rules'])} policy rules passed: stack {escape(stack)}, {result['resources']} resources.", soft_wrap=True)
     if not result["passed"]:
+        raise typer.Exit(1)
+
+
+@app.command(no_args_is_help=True)
+def scan(
+    stack: str = typer.Option(..., help="Scan the stack of Pulumi.<stack>.yaml."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the result as Markdown (a pull-request comment) to FILE."),
+    accepted: Optional[Path] = typer.Option(None, "--accepted", help="The accepted risks (default: policies/accepted-risks.yaml)."),
+    checkov: Optional[Path] = typer.Option(None, "--checkov", help="The checkov executable (default: venv-scan/bin/checkov, installed from requirements-scan.txt on first use)."),
+    no_install: bool = typer.Option(False, "--no-install", help="Do not install checkov into venv-scan/ when it is missing or out of date: fail instead."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="The Pulumi project directory (Pulumi.yaml, __main__.py, stack files)."),
+) -> None:
+    """Synthesise the stack offline, convert it to a Terraform plan and Kubernetes manifests, and run checkov over them.
+
+    Exit status: 0 when every finding is accepted, 1 when one is not (or the conversion or checkov failed),
+    2 on a usage, config or accepted-risks error, or a missing checkov.
+    """
+    from infra.preview.scan import FRAMEWORK_TITLES, FRAMEWORKS, render_markdown, scan_stack
+
+    err = Console(stderr=True)
+    try:
+        result = scan_stack(stack, root, accepted_path=accepted, checkov=checkov, install=not no_install,
+                            log=lambda m: err.print(escape(m), soft_wrap=True))  # fmt: skip
+    except UserError as e:
+        _fail(str(e))
+    if markdown is not None:
+        try:
+            markdown.write_text(render_markdown(result) + "\n")
+        except OSError as e:
+            _fail(f"cannot write --markdown {markdown}: {e.strerror or e}")
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json_dict(), indent=2) + "\n")
+    else:
+        console = Console()
+        t = _table(f"checkov {result.checkov_version}: stack {escape(stack)}", "framework", "resources", "passed", "failed", "accepted", "not accepted")
+        for fw in FRAMEWORKS:
+            c = result.counts[fw]
+            acc = sum(1 for f, _ in result.accepted if f.framework == fw)
+            t.add_row(FRAMEWORK_TITLES[fw], str(c.resources), str(c.passed), str(c.failed), str(acc), str(c.failed - acc))
+        console.print(t)
+        for e in result.errors:
+            console.print(f"[red]error:[/red] {escape(e)}", soft_wrap=True)
+        if result.not_accepted:
+            t = Table(title="Findings not accepted", title_justify="left", title_style="bold")
+            t.add_column("check", no_wrap=True)
+            t.add_column("resource", overflow="fold")
+            t.add_column("title", overflow="fold", ratio=1)
+            for f in result.not_accepted:
+                t.add_row(escape(f.check), escape(f.resource), escape(f.name))
+            console.print(t)
+        if result.accepted:
+            t = Table(title="Accepted", title_justify="left", title_style="bold")
+            t.add_column("check", no_wrap=True)
+            t.add_column("resource", overflow="fold")
+            t.add_column("reason", overflow="fold", ratio=1)
+            for f, r in result.accepted:
+                t.add_row(escape(f.check), escape(f.resource), escape(r.reason))
+            console.print(t)
+        for r in result.stale:
+            console.print(f"[yellow]stale:[/yellow] {escape(r.check)} on {escape(r.resource)} matches no finding of stack {escape(stack)}: remove it from the accepted risks unless another stack needs it", soft_wrap=True)
+        for g in result.gaps:
+            console.print(f"[dim]not scanned:[/dim] {escape(g.resource)} ({escape(g.type)}): {escape(g.reason)}", soft_wrap=True)
+        verdict = "every finding is accepted" if result.passed else f"{len(result.not_accepted)} finding(s) not accepted"
+        console.print(f"{verdict}: stack {escape(stack)}", soft_wrap=True)
+    if not result.passed:
         raise typer.Exit(1)
 
 

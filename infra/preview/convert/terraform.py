@@ -1,0 +1,349 @@
+"""The `aws:*` resources of a synth document as a Terraform plan (`terraform show -json`).
+
+pulumi-aws is the bridged Terraform AWS provider: every `aws:*` resource is a
+Terraform resource under a Pulumi name, and its inputs are that resource's
+arguments in camelCase. `plan(doc)` undoes the bridge's renaming, so a scanner
+that reads Terraform plans (checkov's `terraform_plan` framework) sees the stack:
+
+- type: the Pulumi type token's Terraform type from `TYPES` (`aws:ec2/vpc:Vpc`
+  is `aws_vpc`). The table is explicit: a token missing from it is a gap, not a
+  guess. Its address is `<type>.<synth resource name>` (characters Terraform
+  does not allow in a name become `_`).
+- attributes: camelCase to snake_case (`enableDnsHostnames` ->
+  `enable_dns_hostnames`), except the names the bridge pluralised or changed,
+  listed per type (`encryptionConfigurations` -> `encryption_configuration`).
+  Map-typed arguments (`tags`, a node group's `labels`) keep their keys.
+- nested objects: a Terraform block is a list of objects in a plan, so an
+  object the bridge flattened (a block of at most one) becomes a list of one;
+  so does a plain value the bridge made of a list of at most one (`lists`).
+- `tags_all`: the resource's `tags` over its provider's default tags (the
+  `pulumi:providers:aws` resource the synth records as its provider), as the
+  provider computes it, for every type that has tags.
+- references: a value only the cloud knows is a placeholder in the synth
+  (`<id:NAME>`, `<arn:NAME>`, `<key-id:NAME>`, `<cluster-sg:NAME>`: the
+  recording engine's answer for that output of resource NAME). Terraform leaves
+  such a value out of `planned_values` and names what it comes from in the
+  configuration's `expressions` (`"vpc_id": {"references": ["aws_vpc.X.id",
+  "aws_vpc.X"]}`); so does `plan`, and checkov's graph checks connect the two
+  resources through it (a flow log to its VPC, a security group to the network
+  interfaces that use it). `<computed>` values and secrets are left out, with
+  no reference.
+
+Gaps (`Plan.gaps`): a token missing from `TYPES`, a placeholder naming no
+resource of the document. Values the recording engine answers with a concrete
+value instead of a placeholder (a role's or cluster's `name`, a repository's
+URL) stay literal values: they do not become references.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from infra.preview.convert import Gap
+
+PROVIDER = "registry.terraform.io/hashicorp/aws"
+PROVIDER_TYPE = "pulumi:providers:aws"
+# checkov reads a JSON file as a plan only when it has `terraform_version` and `planned_values`.
+TERRAFORM_VERSION = "1.9.8"
+FORMAT_VERSION = "1.2"
+
+COMPUTED = "<computed>"
+SECRET_KEY = "<secret>"
+_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")
+
+
+@dataclass(frozen=True)
+class TerraformType:
+    """A Terraform resource type, and how the bridge renamed its arguments."""
+
+    name: str
+    # Has `tags` and the computed `tags_all` (the provider's default tags merged in).
+    taggable: bool = True
+    # Pulumi property path (dotted camelCase names, list items not marked) -> Terraform name,
+    # where it is not the snake_case of the Pulumi name.
+    renames: Mapping[str, str] = field(default_factory=dict)
+    # Property paths whose values are maps (keys are data, not attribute names), besides `tags`.
+    maps: frozenset[str] = frozenset()
+    # Property paths of Terraform lists of at most one value that the bridge made a plain value.
+    lists: frozenset[str] = frozenset()
+
+
+# Every aws:* type the stack's components declare (prod and test, and the options they
+# switch on: FSx for Lustre, EKS access entries). pulumi-aws names a resource
+# `aws:<module>/<camelName>:<Name>`; its Terraform type is `aws_<module>_<snake_name>`,
+# except in the ec2 module (and a few others) where Terraform has no module prefix.
+TYPES: dict[str, TerraformType] = {
+    "aws:cloudwatch/logGroup:LogGroup": TerraformType("aws_cloudwatch_log_group"),
+    "aws:ec2/eip:Eip": TerraformType("aws_eip"),
+    "aws:ec2/internetGateway:InternetGateway": TerraformType("aws_internet_gateway"),
+    "aws:ec2/launchTemplate:LaunchTemplate": TerraformType(
+        "aws_launch_template",
+        # blockDeviceMappings, networkInterfaces, tagSpecifications: plural in Terraform too.
+        renames={"licenseSpecifications": "license_specification"},
+    ),
+    "aws:ec2/natGateway:NatGateway": TerraformType("aws_nat_gateway"),
+    "aws:ec2/placementGroup:PlacementGroup": TerraformType("aws_placement_group"),
+    "aws:ec2/route:Route": TerraformType("aws_route", taggable=False),
+    "aws:ec2/routeTable:RouteTable": TerraformType("aws_route_table"),
+    "aws:ec2/routeTableAssociation:RouteTableAssociation": TerraformType("aws_route_table_association", taggable=False),
+    "aws:ec2/securityGroup:SecurityGroup": TerraformType("aws_security_group"),
+    "aws:ec2/subnet:Subnet": TerraformType("aws_subnet"),
+    "aws:ec2/vpc:Vpc": TerraformType("aws_vpc"),
+    "aws:ec2/vpcEndpoint:VpcEndpoint": TerraformType("aws_vpc_endpoint"),
+    "aws:ecr/repository:Repository": TerraformType(
+        "aws_ecr_repository",
+        renames={
+            "encryptionConfigurations": "encryption_configuration",
+            "imageTagMutabilityExclusionFilters": "image_tag_mutability_exclusion_filter",
+        },
+    ),
+    "aws:efs/fileSystem:FileSystem": TerraformType("aws_efs_file_system", renames={"lifecyclePolicies": "lifecycle_policy"}),
+    "aws:efs/mountTarget:MountTarget": TerraformType("aws_efs_mount_target", taggable=False),
+    "aws:eks/accessEntry:AccessEntry": TerraformType("aws_eks_access_entry"),
+    "aws:eks/accessPolicyAssociation:AccessPolicyAssociation": TerraformType("aws_eks_access_policy_association", taggable=False),
+    "aws:eks/addon:Addon": TerraformType("aws_eks_addon", renames={"podIdentityAssociations": "pod_identity_association"}),
+    "aws:eks/cluster:Cluster": TerraformType(
+        "aws_eks_cluster",
+        renames={"identities": "identity", "identities.oidcs": "oidc"},
+    ),
+    "aws:eks/nodeGroup:NodeGroup": TerraformType("aws_eks_node_group", renames={"taints": "taint"}, maps=frozenset({"labels"})),
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation": TerraformType("aws_eks_pod_identity_association"),
+    "aws:fsx/lustreFileSystem:LustreFileSystem": TerraformType("aws_fsx_lustre_file_system", lists=frozenset({"subnetIds"})),
+    "aws:iam/role:Role": TerraformType("aws_iam_role", renames={"inlinePolicies": "inline_policy"}),
+    "aws:iam/rolePolicy:RolePolicy": TerraformType("aws_iam_role_policy", taggable=False),
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment": TerraformType("aws_iam_role_policy_attachment", taggable=False),
+    "aws:kms/alias:Alias": TerraformType("aws_kms_alias", taggable=False),
+    "aws:kms/key:Key": TerraformType("aws_kms_key"),
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": TerraformType("aws_vpc_security_group_egress_rule"),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": TerraformType("aws_vpc_security_group_ingress_rule"),
+}
+
+# What each placeholder kind of the recording engine (infra/preview/recording.py) stands for:
+# the Terraform attribute of the resource it names.
+PLACEHOLDER_ATTRIBUTES: dict[str, str] = {
+    "id": "id",
+    "arn": "arn",
+    "key-id": "key_id",
+    "cluster-sg": "vpc_config[0].cluster_security_group_id",
+    "endpoint": "endpoint",
+    "ca-data": "certificate_authority[0].data",
+    "oidc": "identity[0].oidc[0].issuer",
+    "fsx": "dns_name",
+}
+
+
+def snake(name: str) -> str:
+    """A Pulumi property name as the Terraform attribute it came from (`vpcId` -> `vpc_id`)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def address_name(name: str) -> str:
+    """A synth resource name as a Terraform resource name (letters, digits, `_` and `-`; not starting with a digit)."""
+    out = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    return out if re.match(r"[A-Za-z_]", out) else f"_{out}"
+
+
+def placeholder(value: Any) -> tuple[str, str] | None:
+    """(kind, resource name) of a recording-engine placeholder (`<id:NAME>`), or None."""
+    if isinstance(value, str):
+        m = _PLACEHOLDER.match(value)
+        if m:
+            return m.group(1), m.group(2)
+    return None
+
+
+def _is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(SECRET_KEY) is True and len(value) == 1
+
+
+class _Unknown:
+    """A value Terraform does not know at plan time: left out of `planned_values`."""
+
+
+UNKNOWN = _Unknown()
+
+
+@dataclass
+class Plan:
+    """The plan document and what did not convert."""
+
+    document: dict[str, Any]
+    gaps: list[Gap]
+    addresses: dict[str, str]  # synth URN -> Terraform address
+
+    @property
+    def resources(self) -> list[dict[str, Any]]:
+        return self.document["planned_values"]["root_module"]["resources"]
+
+
+class _Converter:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.gaps: list[Gap] = []
+        self.addresses: dict[str, str] = {}
+        self.by_name: dict[str, str] = {}  # synth name of an aws resource -> its Terraform address
+        taken: set[str] = set()
+        for r in doc.get("resources", []):
+            spec = TYPES.get(r.get("type", ""))
+            if spec is None or not r.get("custom", True):
+                continue
+            base = f"{spec.name}.{address_name(r['name'])}"
+            address, n = base, 1
+            while address in taken:
+                n += 1
+                address = f"{base}_{n}"
+            taken.add(address)
+            self.addresses[r["urn"]] = address
+            self.by_name.setdefault(r["name"], address)
+        self.current = ("", "")
+
+    def reference(self, value: str) -> list[str] | None:
+        found = placeholder(value)
+        if found is None:
+            return None
+        kind, name = found
+        address = self.by_name.get(name)
+        attribute = PLACEHOLDER_ATTRIBUTES.get(kind)
+        if address is None or attribute is None:
+            self.gaps.append(Gap(self.current[0], self.current[1], f"{value}: names no AWS resource of the stack; left out, no reference"))
+            return []
+        return [f"{address}.{attribute}", address]
+
+    def value(self, v: Any, path: str, spec: TerraformType) -> tuple[Any, Any]:
+        """(planned value or UNKNOWN, configuration expression or None)."""
+        if v is None:
+            return None, None
+        if isinstance(v, str):
+            if v == COMPUTED:
+                return UNKNOWN, None
+            refs = self.reference(v)
+            if refs is None:
+                return v, None
+            return UNKNOWN, ({"references": refs} if refs else None)
+        if _is_secret(v):
+            return UNKNOWN, None
+        if isinstance(v, dict):
+            values, exprs = self.block(v, path, spec)
+            return [values], ([exprs] if exprs else None)
+        if isinstance(v, list):
+            if any(isinstance(x, dict) and not _is_secret(x) for x in v):
+                pairs = [self.block(x, path, spec) if isinstance(x, dict) else (x, {}) for x in v]
+                exprs = [e for _, e in pairs]
+                return [p for p, _ in pairs], (exprs if any(exprs) else None)
+            items, refs = [], []
+            for x in v:
+                item, expr = self.value(x, path, spec)
+                items.append(None if item is UNKNOWN else item)
+                if expr:
+                    refs += expr["references"]
+            if items and all(i is None for i in items) and any(x is not None for x in v):
+                return UNKNOWN, ({"references": refs} if refs else None)
+            return items, ({"references": refs} if refs else None)
+        return v, None
+
+    def block(self, obj: dict[str, Any], path: str, spec: TerraformType) -> tuple[dict[str, Any], dict[str, Any]]:
+        values: dict[str, Any] = {}
+        exprs: dict[str, Any] = {}
+        for key in sorted(obj):
+            v = obj[key]
+            p = f"{path}.{key}" if path else key
+            name = spec.renames.get(p) or snake(key)
+            if key in ("tags", "tagsAll") or p in spec.maps:
+                if isinstance(v, dict):
+                    values[name] = {str(k): x for k, x in v.items() if not _is_secret(x) and x != COMPUTED}
+                continue
+            if p in spec.lists and not isinstance(v, list):
+                v = [v]
+            value, expr = self.value(v, p, spec)
+            if value is not UNKNOWN:
+                values[name] = value
+            if expr:
+                exprs[name] = expr
+        return values, exprs
+
+
+def default_tags(provider: dict[str, Any] | None) -> dict[str, str]:
+    """The default tags of a `pulumi:providers:aws` resource (its `defaultTags` input is JSON)."""
+    if not provider:
+        return {}
+    raw = (provider.get("inputs") or {}).get("defaultTags")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return {}
+    tags = raw.get("tags") if isinstance(raw, dict) else None
+    return {str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {}
+
+
+def plan(doc: dict[str, Any]) -> Plan:
+    """The `aws:*` resources of a synth document as a Terraform plan (see the module docstring)."""
+    conv = _Converter(doc)
+    resources = doc.get("resources", [])
+    providers = {r["name"]: r for r in resources if r.get("type") == PROVIDER_TYPE}
+    provider_keys = {name: ("aws" if i == 0 else f"aws.{address_name(name)}") for i, name in enumerate(sorted(providers))}
+
+    planned, configured = [], []
+    for r in resources:
+        typ = r.get("type", "")
+        if not typ.startswith("aws:") or not r.get("custom", True):
+            continue
+        spec = TYPES.get(typ)
+        if spec is None:
+            conv.gaps.append(Gap(r["name"], typ, "no Terraform type known for this Pulumi type (infra/preview/convert/terraform.py TYPES); not scanned", blocking=True))
+            continue
+        conv.current = (r["name"], typ)
+        address = conv.addresses[r["urn"]]
+        name = address.split(".", 1)[1]
+        values, exprs = conv.block(r.get("inputs") or {}, "", spec)
+        provider_name = (r.get("options") or {}).get("provider", "")
+        if spec.taggable:
+            values["tags_all"] = {**default_tags(providers.get(provider_name)), **values.get("tags", {})}
+            values.setdefault("tags", {})
+        planned.append(
+            {
+                "address": address,
+                "mode": "managed",
+                "type": spec.name,
+                "name": name,
+                "provider_name": PROVIDER,
+                "schema_version": 0,
+                "values": values,
+                "sensitive_values": {},
+            }
+        )
+        configured.append(
+            {
+                "address": address,
+                "mode": "managed",
+                "type": spec.name,
+                "name": name,
+                "provider_config_key": provider_keys.get(provider_name, "aws"),
+                "expressions": exprs,
+                "schema_version": 0,
+            }
+        )
+
+    provider_config = {}
+    for name, key in provider_keys.items():
+        inputs = providers[name].get("inputs") or {}
+        expressions: dict[str, Any] = {}
+        if isinstance(inputs.get("region"), str):
+            expressions["region"] = {"constant_value": inputs["region"]}
+        tags = default_tags(providers[name])
+        if tags:
+            expressions["default_tags"] = [{"tags": {"constant_value": tags}}]
+        entry: dict[str, Any] = {"name": "aws", "full_name": PROVIDER, "expressions": expressions}
+        if key != "aws":
+            entry["alias"] = key.split(".", 1)[1]
+        provider_config[key] = entry
+
+    document = {
+        "format_version": FORMAT_VERSION,
+        "terraform_version": TERRAFORM_VERSION,
+        "planned_values": {"root_module": {"resources": planned}},
+        "configuration": {"provider_config": provider_config, "root_module": {"resources": configured}},
+    }
+    return Plan(document, conv.gaps, conv.addresses)
