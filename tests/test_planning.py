@@ -249,3 +249,14 @@ def test_replicas_that_span_nodes_need_efa():
     # One replica per node needs no fabric between nodes.
     small = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g6e.xlarge", nodes=2))
     assert small.feasible and small.layout.dp == 2
+
+
+def test_deepseek_v4_refuses_a_kv_dtype_its_packed_layout_refuses():
+    """vLLM 0.34 models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype raises for a
+    non-fp8 KV dtype on the FlashMLA path (every CUDA GPU but SM12)."""
+    from infra.planning import PlanRequest, make_plan
+
+    req = PlanRequest(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4)
+    refused = make_plan(req.replace(kv_cache_dtype="bfloat16"))
+    assert not refused.feasible and any("packed" in e for e in refused.errors)
+    assert make_plan(req.replace(kv_cache_dtype="fp8")).feasible
