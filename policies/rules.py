@@ -463,7 +463,12 @@ def check_encryption(resource_type: str, props: Mapping, options: Mapping, conte
             elif _kms_missing(ebs, "kmsKeyId", context):
                 out.append(f"block device {device}: no kmsKeyId, and customer-managed keys are required")
     elif resource_type == INSTANCE:
-        devices = [("root block device", props.get("rootBlockDevice"))] + [
+        # An instance launched from a template without a root device of its own gets the template's
+        # block device mappings (EC2 RunInstances: the request's settings override the template's),
+        # which this rule checks on the template.
+        from_template = isinstance(props.get("launchTemplate"), Mapping) and props.get("rootBlockDevice") is None
+        devices = [] if from_template else [("root block device", props.get("rootBlockDevice"))]
+        devices += [
             (f"EBS device {_map(d).get('deviceName', '?')}", d) for d in _list(props.get("ebsBlockDevices"))
         ]
         for label, dev in devices:
