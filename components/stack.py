@@ -23,7 +23,7 @@ from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
 from infra.planning.contract import Deployment
 from infra.k8s.serving_spec import ServingSpec
-from infra.aws.tags import default_tags
+from infra.aws.tags import cluster_name as stack_cluster_name, default_tags
 from infra.catalog import eks_versions
 
 # The weight-staging Job runs on the system nodes: a slim Python image plus the
@@ -34,8 +34,8 @@ STAGING_PACKAGES = {"hf": ("huggingface_hub==2.4.0",), "s3": ("boto3==1.44.8",)}
 
 
 def cluster_name(stack: str) -> str:
-    """EKS cluster name: project and stack (EKS allows 100 characters)."""
-    return f"{PROJECT}-{stack.rsplit('/', 1)[-1]}"[:100]
+    """EKS cluster name: project and stack (infra/aws/tags.py; the leak sweeper derives it the same way)."""
+    return stack_cluster_name(PROJECT, stack)
 
 
 def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:

@@ -43,3 +43,9 @@ def tag_specifications(tags: Mapping[str, str], name: str) -> list[dict]:
     TagSpecification; the node group's own tags do not reach its instances.
     """
     return [{"resource_type": kind, "tags": {**dict(tags), "Name": name}} for kind in TAGGED_RESOURCE_TYPES]
+
+
+def cluster_name(project: str, stack: str) -> str:
+    """The EKS cluster of a stack: project and stack (EKS allows 100 characters). The leak sweeper reads the
+    stack back out of it, for what EKS creates in the cluster's name without the stack's tags."""
+    return f"{project}-{stack.rsplit('/', 1)[-1]}"[:100]
