@@ -223,3 +223,13 @@ def test_production_never_opens_the_endpoint_to_the_internet():
     with pytest.raises(pulumi.RunError) as info:
         record(lambda: runpy.run_path(str(REPO), run_name="__main__"), stack="prod", config=config, into=partial)
     assert "gpu-serving:cluster.deployerCidrs: 0.0.0.0/0 opens the API endpoint of a production cluster" in str(info.value)
+
+
+def test_the_readmes_two_step_first_up_excludes_the_real_provider():
+    # The first step skips the Kubernetes provider by its URN: the one the engine gives it in the prod stack.
+    from infra.preview.synth import synthesize
+
+    (provider,) = [r for r in synthesize("prod", REPO)["resources"] if r["type"] == K8S_PROVIDER]
+    readme = (REPO / "README.md").read_text()
+    assert f"--exclude '{provider['urn']}'" in readme.replace("\\\n  ", "")
+    assert "--exclude-dependents" in readme and access.TUNNEL_DOCUMENT in readme
