@@ -184,6 +184,11 @@ def test_capacity_block_reaches_template_and_node_group():
     # The block fixes placement: no placement group.
     assert not rec.of_type("aws:ec2/placementGroup:PlacementGroup")
     assert "placement" not in lt or not lt["placement"].get("groupName")
+    # A block made in a cluster placement group launches into that one (the stack creates none).
+    rec = _run(_with(config, "network", placementGroupName="p5-blocks"), "prod")
+    assert not rec.of_type("aws:ec2/placementGroup:PlacementGroup")
+    lt = _inputs(rec, "aws:ec2/launchTemplate:LaunchTemplate", f"gpu-serving-prod-gpu-lt-{key}")
+    assert lt["placement"] == {"groupName": "p5-blocks"}
 
 
 # --- Mistakes stop the program before anything is created ----------------------------
