@@ -64,6 +64,7 @@ from infra.catalog import eks_versions
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
+from infra.errors import UserError
 from infra.ops import aws
 
 # --------------------------------------------------------------------------- data
@@ -189,7 +190,10 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
     version = cfg.kubernetes_version(eks_versions.today())
     pinned = eks_versions.addon_versions(version)
     installed = [a for a in eks_versions.PINNED_ADDONS if a != "aws-fsx-csi-driver" or cfg.cluster.fsx_csi]
-    cold = plan.deployment().storage.estimated_cold_start_s if plan.feasible else 0.0
+    try:
+        cold = plan.deployment().storage.estimated_cold_start_s
+    except UserError:  # a plan that cannot be served: the other checks still answer, the window check has no cold start
+        cold = 0.0
     return Target(
         stack=stack,
         region=region,
