@@ -461,7 +461,7 @@ def _reason_text(c: ResourceChange, reason: str) -> str:
 
 CONSEQUENCE = {
     NODE_GROUP: "a new node group is created and this one deleted: every node is drained and terminated, "
-    "and the GPU capacity is launched again (a Capacity Block or reservation must have room for both)",
+    "and the nodes are launched again (into a reservation, only if it has room for both groups)",
     CLUSTER: "a new cluster is created and this one deleted, with every node group, add-on and workload on it",
     LAUNCH_TEMPLATE: "a new launch template is created; node groups using it are updated onto it",
 }
