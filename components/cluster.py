@@ -10,20 +10,31 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
   created before the cluster so EKS does not create one that never expires and
   outlives the stack;
 - the cluster: authentication through the EKS API only (access entries, no
-  aws-auth ConfigMap); api, audit and authenticator logs; a private endpoint,
-  public only from the CIDRs given; no self-managed add-ons (the managed ones
-  below are ours);
+  aws-auth ConfigMap); api, audit and authenticator logs; the API endpoint of
+  the endpoint access mode (`infra/aws/access.py`): public only from the
+  deployer's CIDRs, or private only with a way in from the VPC; no self-managed
+  add-ons (the managed ones below are ours);
+- the deployer's way in: with `private-ssm` an SSM-managed bastion (its role,
+  instance profile, a security group with no inbound rules, a launch template,
+  the instance in a private subnet) and a 443 rule from it on the cluster
+  security group; with `private-vpc` a 443 rule per deployer CIDR;
 - one node IAM role for every node group (the GPU node groups use it too);
-- managed add-ons: vpc-cni (a pinned version that supports `efa-only`
-  interfaces), kube-proxy and eks-pod-identity-agent before any node (a node
+- managed add-ons, every one at the version pinned for the Kubernetes version
+  (`infra/catalog/eks_versions.py`; vpc-cni must support `efa-only`
+  interfaces): vpc-cni, kube-proxy and eks-pod-identity-agent before any node (a node
   without a CNI never becomes Ready, so its node group would never finish), then
   coredns and the EFS CSI driver (and the FSx CSI driver when asked), whose pods
   need a node to run on; each CSI driver's controller gets its IAM role through
   EKS Pod Identity;
-- a small on-demand system node group (AL2023 x86_64) for operators and add-ons;
+- a small on-demand system node group (AL2023 x86_64, the pinned AMI release)
+  for operators and add-ons, on a launch template that requires IMDSv2 and tags
+  its instances, volumes and interfaces with the stack's tags;
 - access entries with the cluster-admin access policy for the given principals;
-- a kubeconfig (exec auth through `aws eks get-token`), exported as a secret,
-  and a Kubernetes provider built from it for the next layer (`k8s_provider`).
+- a kubeconfig for the endpoint mode (exec auth through `aws eks get-token`;
+  with `private-ssm` it points at the local end of the SSM tunnel), exported
+  as a secret, and a Kubernetes provider built from it for the next layer
+  (`k8s_provider`), which waits for the nodes, the add-ons and the way in, so
+  that on destroy everything deployed through it goes while the way in remains.
 
 Resource options that matter are computed by the small functions below
 (`cluster_ignore_changes`, `ADDONS_BEFORE_NODES`, ...) and tested directly.
@@ -36,13 +47,15 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.aws import access
 from infra.aws.iam import assume_role_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
+from infra.aws.tags import tag_specifications
 from infra.errors import UserError
 from infra.k8s.scheduling import system_labels
 
@@ -56,12 +69,8 @@ SYSTEM_CAPACITY_TYPE = "ON_DEMAND"
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 
 # vpc-cni: `efa-only` network interfaces need VPC CNI >= 1.18.4 (EKS User Guide,
-# "Manage EFA devices on Amazon EKS": efa-only interfaces).
-# v1.21.1-eksbuild.7 is the version the EKS user guide lists as the latest for
-# Kubernetes 1.29 to 1.35 ("Amazon VPC CNI versions" table in
-# https://docs.amazonaws.cn/eks/latest/userguide/managing-vpc-cni.md); the
-# table for 1.28-1.34 a release earlier listed v1.20.4-eksbuild.1.
-VPC_CNI_VERSION = "v1.21.1-eksbuild.7"
+# "Manage EFA devices on Amazon EKS": efa-only interfaces). The version itself is
+# pinned per Kubernetes version in infra/catalog/eks_versions.py.
 VPC_CNI_MIN_EFA_ONLY = (1, 18, 4)
 
 # Add-ons that must be running before a node can become Ready: without a CNI the
@@ -99,34 +108,44 @@ FSX_CSI = CsiDriver(FSX_CSI_ADDON, "kube-system", "fsx-csi-controller-sa", "Amaz
 class ClusterArgs:
     """What the cluster needs. Validated when built (a `UserError` says what is wrong).
 
-    `public_access_cidrs`: empty = the API endpoint is reachable only from inside
-    the VPC; otherwise it is public, limited to exactly these CIDRs (0.0.0.0/0
-    only if written here). `admin_principal_arns` get cluster-admin through
-    access entries; do not list the identity that runs `pulumi up`: it is
-    already admin (bootstrap_cluster_creator_admin_permissions) and EKS rejects
-    a second entry for it.
+    `endpoint_access` and `deployer_cidrs`: the deployer's way in (see
+    `infra/aws/access.py`); `bastion_subnet_id` is the private subnet of the
+    `private-ssm` bastion. `addon_versions`: add-on name -> version, one for
+    every add-on the cluster installs. `admin_principal_arns` get cluster-admin
+    through access entries; do not list the identity that runs `pulumi up`: it
+    is already admin (bootstrap_cluster_creator_admin_permissions) and EKS
+    rejects a second entry for it. `instance_tags`: the stack's tags, for what
+    the system node group's launch template launches (the provider's default
+    tags do not reach instances an Auto Scaling group launches).
     """
 
     version: str
     vpc_id: pulumi.Input[str]  # not sent to EKS (it derives the VPC from the subnets); exposed for the next layer
     subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]]
     region: str
-    public_access_cidrs: tuple[str, ...] = ()
+    addon_versions: Mapping[str, str]
+    endpoint_access: str = access.PRIVATE_SSM
+    deployer_cidrs: tuple[str, ...] = ()
+    api_tunnel_port: int = 9443
+    bastion_subnet_id: Optional[pulumi.Input[str]] = None  # private-ssm: the bastion's private subnet
     admin_principal_arns: tuple[str, ...] = ()
     system_instance_type: str = "m7i.xlarge"
     system_node_count: int = 2
     system_subnet_ids: Optional[pulumi.Input[Sequence[pulumi.Input[str]]]] = None  # None: subnet_ids
+    system_release_version: Optional[str] = None  # the AL2023 AMI release of the system nodes; None: EKS's latest
     enable_fsx_csi: bool = False
     protect: bool = False
     cluster_name: Optional[str] = None  # None: the component's name (must match the network's subnet tags)
-    vpc_cni_version: str = VPC_CNI_VERSION
     node_ssm_access: bool = False  # AmazonSSMManagedInstanceCore on the node role (shell on nodes without SSH)
     log_retention_days: int = 90
     tags: dict[str, str] = field(default_factory=dict)  # extra tags on top of the provider's default tags
+    instance_tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "public_access_cidrs", tuple(self.public_access_cidrs))
+        object.__setattr__(self, "deployer_cidrs", tuple(self.deployer_cidrs))
         object.__setattr__(self, "admin_principal_arns", tuple(self.admin_principal_arns))
+        object.__setattr__(self, "addon_versions", dict(self.addon_versions))
+        object.__setattr__(self, "instance_tags", dict(self.instance_tags))
         validate_cluster_args(self)
 
 
@@ -139,11 +158,24 @@ def validate_cluster_args(args: ClusterArgs) -> None:
         raise UserError(f"cluster: Kubernetes version {args.version!r} should look like 1.33")
     if args.system_node_count < 1:
         raise UserError(f"cluster: system_node_count is {args.system_node_count}; coredns and the CSI controllers need at least 1 node")
-    for cidr in args.public_access_cidrs:
+    if args.endpoint_access not in access.MODES:
+        raise UserError(f"cluster: endpoint access {args.endpoint_access!r} is not one of {', '.join(access.MODES)}")
+    for cidr in args.deployer_cidrs:
         try:
             ipaddress.ip_network(cidr, strict=True)
         except ValueError as exc:
-            raise UserError(f"cluster: public access CIDR {cidr!r} is not a network address ({exc})") from exc
+            raise UserError(f"cluster: deployer CIDR {cidr!r} is not a network address ({exc})") from exc
+    if args.endpoint_access == access.PUBLIC_RESTRICTED and not args.deployer_cidrs:
+        raise UserError("cluster: public-restricted needs deployer CIDRs; a public endpoint open to no one is no way in")
+    if args.endpoint_access == access.PRIVATE_VPC and not args.deployer_cidrs:
+        raise UserError("cluster: private-vpc needs the deployer's in-VPC CIDRs (the cluster security group admits 443 only from itself)")
+    if access.needs_bastion(args.endpoint_access) and args.bastion_subnet_id is None:
+        raise UserError("cluster: private-ssm needs bastion_subnet_id, a private subnet for the SSM bastion")
+    missing = [a for a in addon_names(args.enable_fsx_csi) if a not in args.addon_versions]
+    if missing:
+        raise UserError(f"cluster: no pinned version for the add-on(s) {', '.join(missing)} (infra/catalog/eks_versions.py)")
+    for version in args.addon_versions.values():
+        parse_addon_version(version)
     for arn in args.admin_principal_arns:
         if not _ARN.match(arn):
             raise UserError(f"cluster: admin principal {arn!r} is not an IAM role or user ARN (arn:aws:iam::<account>:role/<name>)")
@@ -151,7 +183,7 @@ def validate_cluster_args(args: ClusterArgs) -> None:
         raise UserError("cluster: an admin principal ARN is listed twice")
     if args.log_retention_days not in LOG_RETENTION_DAYS:
         raise UserError(f"cluster: log_retention_days {args.log_retention_days} is not one CloudWatch accepts: {LOG_RETENTION_DAYS}")
-    check_vpc_cni_version(args.vpc_cni_version)
+    check_vpc_cni_version(args.addon_versions["vpc-cni"])
 
 
 # ---- pure helpers (tested directly) -------------------------------------------------
@@ -187,7 +219,7 @@ def parse_addon_version(version: str) -> tuple[int, int, int]:
 def check_vpc_cni_version(version: str) -> None:
     if parse_addon_version(version) < VPC_CNI_MIN_EFA_ONLY:
         minimum = ".".join(map(str, VPC_CNI_MIN_EFA_ONLY))
-        raise UserError(f"vpc-cni {version} cannot drive efa-only interfaces; use v{minimum} or later (e.g. {VPC_CNI_VERSION})")
+        raise UserError(f"vpc-cni {version} cannot drive efa-only interfaces; use v{minimum} or later")
 
 
 def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
@@ -197,16 +229,6 @@ def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
 
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:
     return (EFS_CSI, FSX_CSI) if enable_fsx_csi else (EFS_CSI,)
-
-
-def endpoint_access(public_access_cidrs: Sequence[str]) -> dict[str, Any]:
-    """vpc_config fields for the API endpoint: always private, public only with CIDRs."""
-    cidrs = list(public_access_cidrs)
-    return {
-        "endpoint_private_access": True,
-        "endpoint_public_access": bool(cidrs),
-        "public_access_cidrs": cidrs or None,
-    }
 
 
 def principal_slug(arn: str) -> str:
@@ -219,38 +241,39 @@ def principal_slug(arn: str) -> str:
     return f"{tail}-{hashlib.sha256(arn.encode()).hexdigest()[:6]}"
 
 
-def k8s_provider_depends_on(system_node_group: pulumi.Resource, addons: dict[str, pulumi.Resource]) -> list[pulumi.Resource]:
-    """What the Kubernetes provider waits for: a schedulable node and every add-on.
+def k8s_provider_depends_on(
+    system_node_group: pulumi.Resource, addons: dict[str, pulumi.Resource], way_in: Sequence[pulumi.Resource] = ()
+) -> list[pulumi.Resource]:
+    """What the Kubernetes provider waits for: a schedulable node, every add-on, and the deployer's way in.
 
     Charts and operators installed through the provider need DNS (coredns) and
     storage drivers before their pods work, and on `pulumi destroy` their load
     balancers and ENIs must be cleaned up by controllers that are still running.
+    The way in (the bastion, its instance profile and security group rules)
+    must exist before the provider is used and outlive everything deployed
+    through it: destroy deletes dependents first, so the tunnel stays usable
+    until the last Kubernetes object is gone.
     """
-    return [system_node_group, *addons.values()]
+    return [system_node_group, *addons.values(), *way_in]
 
 
-def kubeconfig_document(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict[str, Any]:
-    """A kubeconfig that gets a token from `aws eks get-token` (the AWS CLI must be installed)."""
+def system_launch_template_args(name: str, instance_tags: Mapping[str, str]) -> dict[str, Any]:
+    """The system node group's launch template (pulumi_aws argument names).
+
+    No instance type, image or security groups: the node group sets the type,
+    EKS the AMI (and merges its bootstrap user data), and EKS adds the cluster
+    security group because the template names none. IMDSv2 only, hop limit 1
+    (nothing on the system nodes uses the node role through IMDS; the CSI
+    controllers use Pod Identity). The tag specifications carry the stack's
+    tags to the instances, their volumes and interfaces (EKS User Guide,
+    "Customize managed nodes with launch templates", "Tagging Amazon EC2
+    instances").
+    """
     return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
-        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
-        "current-context": cluster_name,
-        "preferences": {},
-        "users": [
-            {
-                "name": cluster_name,
-                "user": {
-                    "exec": {
-                        "apiVersion": "client.authentication.k8s.io/v1beta1",
-                        "command": "aws",
-                        "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
-                        "interactiveMode": "Never",
-                    }
-                },
-            }
-        ],
+        "description": "System nodes: IMDSv2, the stack's tags on instances, volumes and interfaces",
+        "update_default_version": True,
+        "metadata_options": {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+        "tag_specifications": tag_specifications(instance_tags, name),
     }
 
 
@@ -337,7 +360,9 @@ class EksCluster(pulumi.ComponentResource):
                 resources=list(ENCRYPTED_RESOURCES),
             ),
             enabled_cluster_log_types=list(LOG_TYPES),
-            vpc_config=aws.eks.ClusterVpcConfigArgs(subnet_ids=args.subnet_ids, **endpoint_access(args.public_access_cidrs)),
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=args.subnet_ids, **access.endpoint_settings(args.endpoint_access, args.deployer_cidrs)
+            ),
             deletion_protection=args.protect,
             tags=tags,
             opts=pulumi.ResourceOptions.merge(
@@ -376,6 +401,15 @@ class EksCluster(pulumi.ComponentResource):
             self.addons[addon] = self._addon(name, addon, args, child)
 
         # -- system node group ---------------------------------------------------------
+        lt = system_launch_template_args(f"{cluster_name}-system", args.instance_tags)
+        self.system_launch_template = aws.ec2.LaunchTemplate(
+            f"{name}-system-lt",
+            description=lt["description"],
+            update_default_version=lt["update_default_version"],
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**lt["metadata_options"]),
+            tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(**t) for t in lt["tag_specifications"]],
+            opts=child,
+        )
         self.system_node_group = aws.eks.NodeGroup(
             f"{name}-system",
             cluster_name=self.cluster.name,
@@ -384,6 +418,11 @@ class EksCluster(pulumi.ComponentResource):
             instance_types=[args.system_instance_type],
             ami_type=SYSTEM_AMI_TYPE,
             capacity_type=SYSTEM_CAPACITY_TYPE,
+            release_version=args.system_release_version,
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.system_launch_template.id,
+                version=self.system_launch_template.latest_version.apply(_template_version),
+            ),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.system_node_count,
                 max_size=args.system_node_count,
@@ -440,18 +479,28 @@ class EksCluster(pulumi.ComponentResource):
         self.node_role_arn = self.node_role.arn
         self.node_role_name = self.node_role.name
         self.oidc_issuer = self.cluster.identities.apply(_oidc_issuer)
+
+        # -- the deployer's way in ------------------------------------------------------------
+        self.bastion: Optional[aws.ec2.Instance] = None
+        way_in = self._way_in(name, cluster_name, args, child)
+        mode, port = args.endpoint_access, args.api_tunnel_port
+        bastion_id = self.bastion.id if self.bastion is not None else None
         self.kubeconfig = pulumi.Output.secret(
-            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data).apply(
-                lambda v: json.dumps(kubeconfig_document(v[0], v[1], v[2], region), sort_keys=True)
+            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data, bastion_id).apply(
+                lambda v: json.dumps(
+                    access.kubeconfig_document(v[0], v[1], v[2], region, mode=mode, local_port=port, bastion_id=v[3]),
+                    sort_keys=True,
+                )
             )
         )
-        # Everything deployed through this provider waits for a node and the add-ons
-        # (DNS, CSI) and, on destroy, is deleted while they still exist.
+        # Everything deployed through this provider waits for a node, the add-ons (DNS,
+        # CSI) and the way in and, on destroy, is deleted while they still exist.
         self.k8s_provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=self.kubeconfig,
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=k8s_provider_depends_on(self.system_node_group, self.addons))
+                child,
+                pulumi.ResourceOptions(depends_on=k8s_provider_depends_on(self.system_node_group, self.addons, way_in)),
             ),
         )
         # For GPU node groups: they must wait for the add-ons a node needs, as the system group does.
@@ -469,6 +518,107 @@ class EksCluster(pulumi.ComponentResource):
             }
         )
 
+    def _way_in(self, name: str, cluster_name: str, args: ClusterArgs, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+        """The security group rules (and, for private-ssm, the SSM bastion) that let the deployer reach the API."""
+        cluster_sg = self.cluster.vpc_config.cluster_security_group_id
+        created: list[pulumi.Resource] = []
+        for cidr in access.cluster_sg_ingress_cidrs(args.endpoint_access, args.deployer_cidrs):
+            created.append(
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-api-from-{access.cidr_slug(cidr)}",
+                    security_group_id=cluster_sg,
+                    cidr_ipv4=cidr,
+                    ip_protocol="tcp",
+                    from_port=access.API_PORT,
+                    to_port=access.API_PORT,
+                    description="Kubernetes API from the deployer (in the VPC)",
+                    opts=child,
+                )
+            )
+        if not access.needs_bastion(args.endpoint_access):
+            return created
+        tags = dict(args.tags)
+        role = aws.iam.Role(
+            f"{name}-bastion-role",
+            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
+            description=f"SSM bastion to the private API endpoint of {cluster_name}",
+            tags=tags,
+            opts=child,
+        )
+        ssm = aws.iam.RolePolicyAttachment(
+            f"{name}-bastion-{access.SSM_POLICY}",
+            role=role.name,
+            policy_arn=managed_policy_arn(args.region, access.SSM_POLICY),
+            opts=child,
+        )
+        profile = aws.iam.InstanceProfile(f"{name}-bastion", role=role.name, tags=tags, opts=child)
+        group = aws.ec2.SecurityGroup(
+            f"{name}-bastion",
+            vpc_id=args.vpc_id,
+            description="SSM bastion: no inbound rules; HTTPS out (SSM and the cluster API)",
+            tags={**tags, "Name": f"{cluster_name}-bastion"},
+            opts=child,
+        )
+        out = aws.vpc.SecurityGroupEgressRule(
+            f"{name}-bastion-out-https",
+            security_group_id=group.id,
+            cidr_ipv4="0.0.0.0/0",
+            ip_protocol="tcp",
+            from_port=access.API_PORT,
+            to_port=access.API_PORT,
+            description="HTTPS: the SSM endpoints and the private API endpoint",
+            opts=child,
+        )
+        api = aws.vpc.SecurityGroupIngressRule(
+            f"{name}-api-from-bastion",
+            security_group_id=cluster_sg,
+            referenced_security_group_id=group.id,
+            ip_protocol="tcp",
+            from_port=access.API_PORT,
+            to_port=access.API_PORT,
+            description="Kubernetes API from the SSM bastion",
+            opts=child,
+        )
+        template = aws.ec2.LaunchTemplate(
+            f"{name}-bastion-lt",
+            description="SSM bastion to the private API endpoint",
+            image_id=access.BASTION_IMAGE,
+            instance_type=access.BASTION_INSTANCE_TYPE,
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
+            vpc_security_group_ids=[group.id],
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=access.BASTION_ROOT_DEVICE,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=access.BASTION_ROOT_GIB, volume_type="gp3", encrypted="true", delete_on_termination="true"
+                    ),
+                )
+            ],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(**t) for t in tag_specifications(args.instance_tags, f"{cluster_name}-bastion")
+            ],
+            update_default_version=True,
+            opts=child,
+        )
+        self.bastion = aws.ec2.Instance(
+            f"{name}-bastion",
+            subnet_id=args.bastion_subnet_id,
+            associate_public_ip_address=False,
+            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            launch_template=aws.ec2.InstanceLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(_template_version)
+            ),
+            tags={**tags, "Name": f"{cluster_name}-bastion"},
+            # The instance profile's role needs its SSM policy before the agent registers.
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[ssm])),
+        )
+        return [*created, out, api, self.bastion]
+
     def _addon(
         self,
         name: str,
@@ -481,9 +631,8 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
-            # Only vpc-cni is pinned (efa-only support); the others take EKS's default
-            # for the cluster's Kubernetes version.
-            addon_version=args.vpc_cni_version if addon == "vpc-cni" else None,
+            # Every add-on at the version pinned for the cluster's Kubernetes version.
+            addon_version=args.addon_versions[addon],
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=dict(args.tags),
@@ -517,6 +666,11 @@ class EksCluster(pulumi.ComponentResource):
             tags=tags,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[attachment])),
         )
+
+
+def _template_version(version: Any) -> Optional[str]:
+    # A launch template's latest version is an integer (a float under the mocks); EKS and EC2 want a string.
+    return None if version is None else str(int(version))
 
 
 def _oidc_issuer(identities: Any) -> Optional[str]:

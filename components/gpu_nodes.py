@@ -8,20 +8,33 @@ One `GpuNodeGroup` component (`gpu-serving:gpu:GpuNodeGroup`) creates:
     other card one `efa-only`), the security groups on each interface;
   - the instance type (see "Where the instance type is set" below);
   - IMDSv2 required, hop limit 1 (see "IMDS" below);
-  - an encrypted gp3 volume for the OS, container images and caches, sized by the plan;
+  - an encrypted gp3 root volume sized by the plan, its IOPS and throughput set from
+    what it holds (`root_volume_performance`);
+  - on AL2023, where the type has instance-store NVMe (every GPU type in the catalog),
+    a nodeadm NodeConfig in the user data that puts containerd and the kubelet on the
+    NVMe devices as RAID0 (`node_user_data`), so images and caches are on local disk;
   - the capacity settings: Capacity Block market type and reservation target, or a
     capacity reservation target, or nothing for on demand;
   - the cluster placement group when one is given;
-  - Name tags on the instances, their volumes and network interfaces;
+  - the stack's tags (project, stack, owner, lifecycle, expires-at) and a Name on the
+    instances, their volumes and network interfaces (the provider's default tags do
+    not reach what the Auto Scaling group launches);
   - no subnet (EKS rejects a managed node group template that sets one), no
     template-level security groups (with interfaces declared they go on each
     interface), no image id (the node group's AMI type picks the EKS-optimised
     NVIDIA AMI and EKS merges its bootstrap user data), no IAM instance profile
     (EKS sets it from the node role);
-- an EKS managed node group on that template: the GPU subnet, the AMI type,
-  the capacity type, min = max = desired = the plan's node count, an update
-  policy that never takes more than one GPU node away at once, the GPU taint
-  and the labels the serving layer selects on.
+- an EKS managed node group on that template: the GPU subnet, the AMI type and
+  its pinned release version, the capacity type, min = max = desired = the plan's
+  node count, an update policy that never takes more than one GPU node away at
+  once, node auto repair (one node at a time), the GPU taint and the labels the
+  serving layer selects on.
+
+Capacity Blocks: the node group and its template are named after the block
+(`resource_names`), so a new block (a new reservation id) brings a new group,
+created before the old one is deleted; and a change that would update a block's
+group in place replaces it, deleting the old group first (`replacement_options`),
+because EKS updates a Capacity Block group only at desired size 0.
 
 Where the instance type is set: in the launch template, never on the node group
 (EKS rejects it in both places). A Capacity Block template must carry it (EKS
@@ -54,10 +67,18 @@ from infra.aws.gpu_nodes import (
     capacity_settings,
     efa_interface_count,
     efa_interfaces,
+    encode_user_data,
+    node_user_data,
+    repair_config,
+    replacement_options,
+    resource_names,
     root_device_name,
+    root_volume_performance,
     update_config,
+    uses_instance_store,
 )
-from infra.catalog.capacity import ON_DEMAND, takes_placement_group
+from infra.aws.tags import tag_specifications
+from infra.catalog.capacity import ON_DEMAND
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, GPU_AMI_TYPES
 from infra.catalog.instances import InstanceType
 from infra.k8s.scheduling import gpu_labels, gpu_taints
@@ -67,7 +88,6 @@ TYPE = "gpu-serving:gpu:GpuNodeGroup"
 ROOT_VOLUME_TYPE = "gp3"  # EC2 VolumeType
 IMDS_TOKENS = "required"  # EC2 LaunchTemplateHttpTokensState: IMDSv2 only
 IMDS_ENDPOINT = "enabled"
-TAGGED_RESOURCE_TYPES = ("instance", "volume", "network-interface")  # EC2 ResourceType
 
 
 @dataclass(frozen=True)
@@ -80,9 +100,11 @@ class GpuNodeGroupArgs:
     nodes cannot reach the control plane.
     `subnet_id`: the GPU subnet (one zone; with a reservation or Capacity Block,
     the reservation's zone).
-    `tags`: extra tags for the instances, volumes and interfaces the node group
-    launches (the provider's default tags reach the template, not what the
-    Auto Scaling group launches from it).
+    `tags`: the stack's tags, for the instances, volumes and interfaces the node
+    group launches (the provider's default tags reach the template, not what
+    the Auto Scaling group launches from it). `release_version`: the AMI
+    release (None: EKS's latest for the Kubernetes version, which the stack
+    never leaves to chance: it passes the pinned one).
     """
 
     cluster_name: pulumi.Input[str]
@@ -97,6 +119,7 @@ class GpuNodeGroupArgs:
     reservation_id: Optional[str] = None
     placement_group_name: Optional[pulumi.Input[str]] = None
     kubernetes_version: Optional[str] = None
+    release_version: Optional[str] = None
     imds_hop_limit: int = 1
     tags: Optional[Mapping[str, str]] = None
 
@@ -104,6 +127,12 @@ class GpuNodeGroupArgs:
 def _template_version(version) -> Optional[str]:
     # The template's latest version is an integer (a float under the mocks); EKS wants a string.
     return None if version is None else str(int(version))
+
+
+def node_group_options(capacity_kind: str) -> pulumi.ResourceOptions:
+    """The node group's resource options that decide how its nodes change (see `replacement_options`)."""
+    o = replacement_options(capacity_kind)
+    return pulumi.ResourceOptions(replace_on_changes=o["replace_on_changes"], delete_before_replace=o["delete_before_replace"])
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -129,11 +158,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
             raise ValueError(f"root_volume_gib must be at least 1, got {args.root_volume_gib}")
         if args.imds_hop_limit not in (1, 2):
             raise ValueError(f"imds_hop_limit must be 1 or 2, got {args.imds_hop_limit}")
-        if args.placement_group_name is not None and not takes_placement_group(args.capacity_kind):
-            raise ValueError(
-                f"placement_group_name is given but capacity_kind {args.capacity_kind!r} fixes placement "
-                "already (launching a reservation into a placement group fails)"
-            )
         capacity = capacity_settings(args.capacity_kind, args.reservation_id)
         updates = update_config(args.node_count, args.capacity_kind)
         interfaces = efa_interfaces(args.instance_type, args.security_group_ids)
@@ -143,9 +167,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         self.efa_interface_count = efa_interface_count(interfaces)
         instance_tags = {**dict(args.tags or {}), "Name": name}  # the component name already starts with the cluster name
+        lt_name, ng_name = resource_names(name, args.capacity_kind, args.reservation_id)
+        self.on_instance_store = uses_instance_store(args.ami_type, args.instance_type)
+        self.root_volume = root_volume_performance(args.root_volume_gib, self.on_instance_store)
 
         self.launch_template = aws.ec2.LaunchTemplate(
-            f"{name}-lt",
+            lt_name,
             description=f"{args.instance_type.name} GPU nodes with {self.efa_interface_count} EFA interfaces",
             instance_type=args.instance_type.name,
             update_default_version=True,
@@ -171,6 +198,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
                         volume_size=args.root_volume_gib,
                         volume_type=ROOT_VOLUME_TYPE,
+                        iops=self.root_volume.iops,
+                        throughput=self.root_volume.throughput_mibps,
                         encrypted="true",
                         delete_on_termination="true",
                     ),
@@ -195,9 +224,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 if capacity.capacity_reservation_specification
                 else None
             ),
+            user_data=encode_user_data(node_user_data(args.ami_type, args.instance_type)),
             tag_specifications=[
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=instance_tags)
-                for kind in TAGGED_RESOURCE_TYPES
+                aws.ec2.LaunchTemplateTagSpecificationArgs(**t) for t in tag_specifications(args.tags or {}, name)
             ],
             opts=child,
         )
@@ -209,13 +238,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
         # ends; a later `pulumi up --refresh` then shows that drift and asks for the plan's size back,
         # which is what should happen when a new block is configured.
         self.node_group = aws.eks.NodeGroup(
-            f"{name}-ng",
+            ng_name,
             cluster_name=args.cluster_name,
             node_role_arn=args.node_role_arn,
             subnet_ids=[args.subnet_id],
             ami_type=args.ami_type,
             capacity_type=capacity.node_group_capacity_type,
             version=args.kubernetes_version,
+            release_version=args.release_version,
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.launch_template.id,
                 version=self.launch_template.latest_version.apply(_template_version),
@@ -226,10 +256,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 desired_size=args.node_count,
             ),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(**updates),
+            node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(**repair_config()),
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in gpu_taints()],
             labels=gpu_labels(args.instance_type),
             tags=instance_tags,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, node_group_options(args.capacity_kind)),
         )
 
         self.node_group_name = self.node_group.node_group_name

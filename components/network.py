@@ -21,8 +21,9 @@ One `Network` component (`gpu-serving:network:Network`) creates, for a new VPC:
   traffic is not IP and is only allowed by a self-referencing rule), plus
   egress anywhere;
 - a `cluster` placement group for the GPU nodes, unless a capacity reservation
-  or Capacity Block already fixes their placement (forcing a group on those
-  breaks launches).
+  or Capacity Block already fixes their placement; a reservation made in a
+  cluster placement group passes that group's name through
+  (`existing_placement_group_name`) instead.
 
 With `existing_vpc_id` nothing of the VPC is created (no VPC, subnets, gateways,
 NAT or route tables): the given subnet ids are passed through, and only the EFA
@@ -79,6 +80,8 @@ class NetworkArgs:
     existing_public_subnet_ids: tuple[str, ...] = ()
     existing_gpu_subnet_id: Optional[str] = None
     existing_private_route_table_ids: tuple[str, ...] = ()
+    # An existing cluster placement group for the GPU nodes (a reservation's own); never with create_placement_group.
+    existing_placement_group_name: Optional[str] = None
     tags: dict[str, str] = field(default_factory=dict)  # extra tags on top of the provider's default tags
 
     def __post_init__(self) -> None:
@@ -114,6 +117,11 @@ def validate_network_args(args: NetworkArgs) -> None:
     check_zones(args.availability_zones, args.gpu_availability_zone)
     if args.region is None:
         region_of_zones(args.availability_zones)
+    if args.create_placement_group and args.existing_placement_group_name:
+        raise UserError(
+            "network: create_placement_group and existing_placement_group_name both given; the GPU nodes go into "
+            "one placement group: a new one, or the named one"
+        )
     if not args.uses_existing_vpc:
         subnet_layout(args.cidr, args.availability_zones, args.gpu_availability_zone)
         extra = [
@@ -262,7 +270,8 @@ class Network(pulumi.ComponentResource):
             self.placement_group_name = self.placement_group.name
         else:
             self.placement_group = None
-            self.placement_group_name = None
+            name_given = args.existing_placement_group_name
+            self.placement_group_name = pulumi.Output.from_input(name_given) if name_given else None
 
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.private_subnet_ids = pulumi.Output.all(*private_ids).apply(list)

@@ -23,7 +23,8 @@ from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
 from infra.planning.contract import Deployment
 from infra.k8s.serving_spec import ServingSpec
-from infra.aws.tags import default_tags
+from infra.aws.tags import cluster_name as stack_cluster_name, default_tags
+from infra.catalog import eks_versions
 
 # The weight-staging Job runs on the system nodes: a slim Python image plus the
 # source's client, pinned (not the ~20 GB serving image, which would not fit
@@ -33,8 +34,8 @@ STAGING_PACKAGES = {"hf": ("huggingface_hub==2.4.0",), "s3": ("boto3==1.44.8",)}
 
 
 def cluster_name(stack: str) -> str:
-    """EKS cluster name: project and stack (EKS allows 100 characters)."""
-    return f"{PROJECT}-{stack.rsplit('/', 1)[-1]}"[:100]
+    """EKS cluster name: project and stack (infra/aws/tags.py; the leak sweeper derives it the same way)."""
+    return stack_cluster_name(PROJECT, stack)
 
 
 def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:
@@ -76,6 +77,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             availability_zones=tuple(net.zones(cfg.region)),
             gpu_availability_zone=net.gpu_zone(cfg.region),
             create_placement_group=cfg.placement_group,
+            existing_placement_group_name=net.placement_group_name,
             cluster_name=name,
             nat_gateway_per_az=net.nat_gateway_per_az,
             region=cfg.region,
@@ -87,14 +89,22 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         opts=opts,
     )
     cl = cfg.cluster
+    day = eks_versions.today()  # the Kubernetes version and AMI release: the config's, or the defaults on the day of `up`
+    kubernetes_version = cfg.kubernetes_version(day)
     cluster = EksCluster(
         name,
         ClusterArgs(
-            version=cl.kubernetes_version,
+            version=kubernetes_version,
             vpc_id=network.vpc_id,
             subnet_ids=network.private_subnet_ids,
             region=cfg.region,
-            public_access_cidrs=tuple(cl.public_access_cidrs),
+            addon_versions=eks_versions.addon_versions(kubernetes_version),
+            endpoint_access=cl.endpoint_access,
+            deployer_cidrs=tuple(cl.deployer_cidrs),
+            api_tunnel_port=cl.api_tunnel_port,
+            bastion_subnet_id=network.private_subnet_ids.apply(lambda ids: ids[0]),
+            system_release_version=cfg.system_ami_release_version(day),
+            instance_tags=tags,
             admin_principal_arns=tuple(cl.admin_principal_arns),
             system_instance_type=cl.system_instance_type,
             system_node_count=cl.system_node_count,
@@ -120,7 +130,9 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             capacity_kind=cfg.gpu.capacity.type,
             reservation_id=cfg.gpu.capacity.reservation_id,
             placement_group_name=network.placement_group_name,
-            kubernetes_version=cl.kubernetes_version,
+            kubernetes_version=kubernetes_version,
+            release_version=cfg.ami_release_version(day),
+            tags=tags,
         ),
         # A GPU node without the VPC CNI (efa-only support), kube-proxy and the pod
         # identity agent never becomes Ready.

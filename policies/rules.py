@@ -31,13 +31,8 @@ again with resolved inputs during `pulumi up`, before the resource is created.
 
 - `production`: the stack is a production stack (the AWS provider's default
   tag `lifecycle: production`, infra/aws/tags.py);
-- `allow_internet_facing`: internet-facing load balancers are allowed. The stack
-  config has no such option today, so it is always False. To add one: a
-  `gpu-serving:serving.internetFacing` config key (infra/config/areas.py), read into
-  this key by infra/preview/policy_check.py; in CrossGuard, the policy's
-  `allowInternetFacing` config (`pulumi preview --policy-pack policies
-  --policy-pack-config cfg.json`, cfg.json:
-  `{"no-internet-facing-load-balancer": {"allowInternetFacing": true}}`);
+- `allow_internet_facing`: internet-facing load balancers are allowed (no stack
+  config sets it; in CrossGuard, the policy's `allowInternetFacing` config);
 - `gpus_per_node`: the GPU instance type's GPU count, when known (the offline
   check reads it from the catalog; CrossGuard from the `gpusPerNode` config);
 - `require_customer_managed_keys`: EBS, EFS and FSx must name a KMS key of
@@ -463,7 +458,12 @@ def check_encryption(resource_type: str, props: Mapping, options: Mapping, conte
             elif _kms_missing(ebs, "kmsKeyId", context):
                 out.append(f"block device {device}: no kmsKeyId, and customer-managed keys are required")
     elif resource_type == INSTANCE:
-        devices = [("root block device", props.get("rootBlockDevice"))] + [
+        # An instance launched from a template without a root device of its own gets the template's
+        # block device mappings (EC2 RunInstances: the request's settings override the template's),
+        # which this rule checks on the template.
+        from_template = isinstance(props.get("launchTemplate"), Mapping) and props.get("rootBlockDevice") is None
+        devices = [] if from_template else [("root block device", props.get("rootBlockDevice"))]
+        devices += [
             (f"EBS device {_map(d).get('deviceName', '?')}", d) for d in _list(props.get("ebsBlockDevices"))
         ]
         for label, dev in devices:

@@ -21,16 +21,15 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from components.cluster import (
     ADDONS_AFTER_NODES,
     ADDONS_BEFORE_NODES,
-    VPC_CNI_VERSION,
     ClusterArgs,
     EksCluster,
     addon_names,
     check_vpc_cni_version,
     cluster_ignore_changes,
-    endpoint_access,
     parse_addon_version,
     principal_slug,
 )
+from infra.catalog.eks_versions import ADDON_VERSIONS, addon_versions
 from infra.aws.iam import assume_role_policy, managed_policy_arn, node_policies
 from infra.errors import UserError
 from infra.preview.recording import placeholder, record
@@ -56,8 +55,13 @@ def eks_model():
     return botocore.session.get_session().get_service_model("eks")
 
 
+TAGS = {"project": "gpu-serving", "stack": "test", "owner": "ci", "lifecycle": "ephemeral", "expires-at": "2026-12-31T23:00:00Z"}
+
+
 def _args(**overrides) -> ClusterArgs:
-    base = dict(version="1.33", vpc_id="vpc-0123", subnet_ids=SUBNETS, region="us-east-1", cluster_name="gs-test")
+    base = dict(version="1.35", vpc_id="vpc-0123", subnet_ids=SUBNETS, region="us-east-1", cluster_name="gs-test",
+                addon_versions=addon_versions("1.35"), bastion_subnet_id="subnet-a", instance_tags=TAGS,
+                system_release_version="1.35.6-20260714")
     base.update(overrides)
     return ClusterArgs(**base)
 
@@ -79,7 +83,7 @@ def private_cluster():
 @pytest.fixture(scope="module")
 def public_cluster():
     """An ephemeral shape: public endpoint from two CIDRs, FSx CSI, not protected."""
-    return _record(_args(public_access_cidrs=("203.0.113.0/24", "198.51.100.7/32"), enable_fsx_csi=True))
+    return _record(_args(endpoint_access="public-restricted", deployer_cidrs=("203.0.113.0/24", "198.51.100.7/32"), enable_fsx_csi=True))
 
 
 def _depends_on(rec, name: str) -> set[str]:
@@ -112,7 +116,7 @@ def test_cluster_role_can_use_the_key_and_has_only_the_cluster_policy(private_cl
     trust = json.loads(role["assumeRolePolicy"])
     assert trust["Statement"][0]["Principal"] == {"Service": "eks.amazonaws.com"}
     attachments = private_cluster.of_type(ATTACHMENT)
-    assert len(attachments) == 5  # cluster role 1, node role 3, EFS CSI role 1
+    assert len(attachments) == 6  # cluster role 1, node role 3, EFS CSI role 1, bastion role 1 (SSM)
     attached = [a.inputs["policyArn"] for a in attachments if a.inputs["role"] == "gs-cluster-role"]
     assert attached == ["arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"]
     inline = json.loads(private_cluster.named("gs-cluster-encryption").inputs["policy"])
@@ -129,7 +133,7 @@ def test_control_plane_logs(private_cluster, eks_model):
     assert "gs-control-plane-logs" in _depends_on(private_cluster, "gs-eks")
 
 
-def test_endpoint_private_only_without_cidrs(private_cluster):
+def test_endpoint_private_only_in_private_ssm(private_cluster):
     vpc = private_cluster.one(CLUSTER).inputs["vpcConfig"]
     assert vpc["endpointPrivateAccess"] is True
     assert vpc["endpointPublicAccess"] is False
@@ -187,14 +191,14 @@ def test_addon_names_are_known_to_eks(private_cluster, public_cluster, fixture_f
     assert set(addon_names(True)) == with_fsx and set(addon_names(False)) == base
 
 
-def test_vpc_cni_version_supports_efa_only(private_cluster):
+def test_every_addon_is_pinned_for_the_kubernetes_version(private_cluster, public_cluster):
+    for rec in (private_cluster, public_cluster):
+        pinned = {r.inputs["addonName"]: r.inputs["addonVersion"] for r in rec.of_type(ADDON)}
+        assert pinned == {name: ADDON_VERSIONS["1.35"][name].version for name in pinned}
     cni = [r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] == "vpc-cni"]
-    assert len(cni) == 1
-    version = cni[0]["addonVersion"]
-    assert version == VPC_CNI_VERSION
-    assert parse_addon_version(version) >= (1, 18, 4)
-    others = [r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] != "vpc-cni"]
-    assert len(others) == 4 and all("addonVersion" not in o for o in others)  # EKS's default for 1.33
+    assert len(cni) == 1 and parse_addon_version(cni[0]["addonVersion"]) >= (1, 18, 4)
+    with pytest.raises(UserError, match="aws-fsx-csi-driver"):
+        _args(enable_fsx_csi=True, addon_versions={k: v for k, v in addon_versions("1.35").items() if k != "aws-fsx-csi-driver"})
 
 
 def test_addon_order_around_the_system_node_group(private_cluster, public_cluster):
@@ -236,6 +240,8 @@ def test_system_node_group(private_cluster, eks_model):
     assert group["capacityType"] == "ON_DEMAND"
     assert group["capacityType"] in eks_model.shape_for("CapacityTypes").enum
     assert group["instanceTypes"] == ["m7i.xlarge"]
+    assert group["releaseVersion"] == "1.35.6-20260714"
+    assert group["launchTemplate"] == {"id": placeholder("id", "gs-system-lt"), "version": "1"}
     assert group["scalingConfig"] == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
     assert group["updateConfig"] == {"maxUnavailable": 1}
     assert group["labels"] == {"gpu-serving/role": "system"}
@@ -295,13 +301,16 @@ def test_kubeconfig_is_secret_and_feeds_a_kubernetes_provider(private_cluster):
     assert is_rpc_secret(raw), "the kubeconfig must reach the engine as a secret"
     config = json.loads(unwrap_rpc_secret(raw))
     cluster = config["clusters"][0]["cluster"]
-    assert cluster["server"] == f"https://{placeholder('endpoint', 'gs-eks')}"
+    # private-ssm: the local end of the SSM tunnel, the certificate checked against the endpoint's name.
+    assert cluster["server"] == "https://localhost:9443"
+    assert cluster["tls-server-name"] == placeholder("endpoint", "gs-eks")
     assert cluster["certificate-authority-data"] == placeholder("ca-data", "gs-eks")
-    # Whatever is deployed through the provider waits for a node and every add-on.
+    # Whatever is deployed through the provider waits for a node, every add-on and the way in
+    # (and, on destroy, goes before them: the tunnel stays up until the last object is deleted).
     waits_for = _depends_on(private_cluster, "gs-k8s")
     addons = {r.name for r in private_cluster.of_type(ADDON)}
     assert len(addons) == 5
-    assert {"gs-eks", "gs-system", *addons} <= waits_for
+    assert {"gs-eks", "gs-system", *addons, "gs-bastion", "gs-api-from-bastion", "gs-bastion-out-https"} <= waits_for
     exec_ = config["users"][0]["user"]["exec"]
     assert exec_["command"] == "aws"
     assert exec_["args"][:4] == ["eks", "get-token", "--cluster-name", "gs-test"]
@@ -353,12 +362,7 @@ def test_parse_and_check_vpc_cni_version():
     with pytest.raises(UserError, match="look like"):
         parse_addon_version("1.21.1")
     with pytest.raises(UserError, match="efa-only"):
-        _args(vpc_cni_version="v1.17.1-eksbuild.1")
-
-
-def test_endpoint_access():
-    assert endpoint_access(()) == {"endpoint_private_access": True, "endpoint_public_access": False, "public_access_cidrs": None}
-    assert endpoint_access(("0.0.0.0/0",))["public_access_cidrs"] == ["0.0.0.0/0"]  # only when given explicitly
+        _args(addon_versions={**addon_versions("1.35"), "vpc-cni": "v1.17.1-eksbuild.1"})
 
 
 def test_principal_slug_is_stable_and_order_free():
@@ -383,7 +387,11 @@ def test_partitions_and_trust_policies():
     [
         ({"version": "1.33.2"}, "1.33"),
         ({"system_node_count": 0}, "at least 1"),
-        ({"public_access_cidrs": ("203.0.113.1/24",)}, "not a network"),
+        ({"endpoint_access": "public-restricted", "deployer_cidrs": ("203.0.113.1/24",)}, "not a network"),
+        ({"endpoint_access": "public-restricted"}, "no way in"),
+        ({"endpoint_access": "private-vpc"}, "in-VPC CIDRs"),
+        ({"bastion_subnet_id": None}, "bastion_subnet_id"),
+        ({"endpoint_access": "wide-open"}, "not one of"),
         ({"admin_principal_arns": ("alice",)}, "not an IAM role"),
         ({"admin_principal_arns": ("arn:aws:sts::123456789012:assumed-role/admin/session",)}, "not an IAM role"),
         ({"admin_principal_arns": (ADMINS[0], ADMINS[0])}, "twice"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import typing
 
 import pytest
@@ -112,7 +113,7 @@ def test_unknown_capacity_type_lists_the_known_ones(prod):
 def test_reserved_capacity_in_a_placement_group_is_refused(prod, kind):
     prod["gpu"]["capacity"] = {"type": kind, "reservationId": "cr-0123456789abcdef0"}
     prod["network"]["placementGroup"] = True
-    message = _refused(prod, "gpu-serving:network.placementGroup", kind)
+    message = _refused(prod, "gpu-serving:network.placementGroup", kind, "placementGroupName")
     assert "config errors" not in message  # one message, about the one key
 
 
@@ -155,9 +156,34 @@ def test_missing_lifecycle_asks_for_the_expiry(prod):
     _refused(prod, "gpu-serving:lifecycle.expiresAt")
 
 
-def test_public_endpoint_cidrs_must_be_cidrs(prod):
-    prod["cluster"]["publicAccessCidrs"] = ["everyone"]
-    _refused(prod, "gpu-serving:cluster.publicAccessCidrs")
+def test_deployer_cidrs_must_be_cidrs(prod):
+    prod["cluster"].update(endpointAccess="public-restricted", deployerCidrs=["everyone"])
+    _refused(prod, "gpu-serving:cluster.deployerCidrs.0", "'everyone'")
+
+
+def test_the_old_public_access_key_says_what_replaced_it(prod):
+    prod["cluster"]["publicAccessCidrs"] = ["203.0.113.0/24"]
+    _refused(prod, "gpu-serving:cluster.publicAccessCidrs", "replaced by endpointAccess and deployerCidrs")
+
+
+@pytest.mark.parametrize("kind", ["capacity-block", "capacity-reservation"])
+def test_a_reservation_names_the_placement_group_it_was_made_in(prod, kind):
+    prod["gpu"]["capacity"] = {"type": kind, "reservationId": "cr-0123456789abcdef0"}
+    prod["network"]["placementGroupName"] = "p5-blocks"
+    cfg = from_mapping("prod", prod, region="us-east-1")
+    assert cfg.placement_group is False  # the stack makes none: the nodes go into the named one
+    assert cfg.network.placement_group_name == "p5-blocks"
+    prod["network"]["placementGroup"] = True
+    _refused(prod, "gpu-serving:network.placementGroup")
+
+
+def test_bottlerocket_names_its_ami_release(prod):
+    prod["gpu"]["amiType"] = "BOTTLEROCKET_x86_64_NVIDIA"
+    _refused(prod, "gpu-serving:gpu.amiReleaseVersion", "BOTTLEROCKET_x86_64_NVIDIA", "aws ssm get-parameter")
+    prod["gpu"]["amiReleaseVersion"] = "1.50.0-a1b2c3d4"
+    cfg = from_mapping("prod", prod, region="us-east-1")
+    assert cfg.ami_release_version(dt.date(2026, 12, 3)) == "1.50.0-a1b2c3d4"
+    assert cfg.system_ami_release_version(dt.date(2026, 12, 3)) == "1.35.6-20260714"  # the system nodes stay AL2023
 
 
 def test_fsx_storage_needs_the_fsx_driver(prod):

@@ -404,3 +404,82 @@ def test_cli_bad_file_is_one_line_and_exit_2(content, expected, synth, tmp_path:
     err = done.stderr.strip()
     assert "\n" not in err and err.startswith("error:") and expected in err, err
     assert "Traceback" not in done.stderr
+
+
+# -- Capacity Block lifecycle on the real program --------------------------------------------------
+
+BLOCK_A, BLOCK_B = "cr-0123456789abcdef0", "cr-0fedcba9876543210"
+
+
+def _prod_variant(root: Path, capacity: str, extra_gpu: str = "") -> Path:
+    """A copy of the project whose prod stack launches into `capacity` (the stack files' own lines edited)."""
+    repo = Path(__file__).resolve().parent.parent
+    root.mkdir(parents=True, exist_ok=True)
+    for f in repo.iterdir():
+        if f.name in ("venv", ".git") or f.name.startswith("Pulumi."):
+            continue
+        (root / f.name).symlink_to(f)
+    (root / "Pulumi.yaml").symlink_to(repo / "Pulumi.yaml")
+    text = (repo / "Pulumi.prod.yaml").read_text()
+    assert "      type: on-demand" in text
+    text = text.replace("      type: on-demand", capacity + extra_gpu)
+    (root / "Pulumi.prod.yaml").write_text(text)
+    return root
+
+
+def _block(rid: str) -> str:
+    return f"      type: capacity-block\n      reservationId: {rid}"
+
+
+@pytest.fixture(scope="module")
+def block_docs(tmp_path_factory) -> dict[str, dict]:
+    base = tmp_path_factory.mktemp("blocks")
+    release = "\n    amiReleaseVersion: 1.35.6-20260625"  # a within-block change that rolls the nodes
+    return {
+        "a": synthesize("prod", _prod_variant(base / "a", _block(BLOCK_A))),
+        "b": synthesize("prod", _prod_variant(base / "b", _block(BLOCK_B))),
+        "a-release": synthesize("prod", _prod_variant(base / "a2", _block(BLOCK_A), release)),
+    }
+
+
+def _gpu_groups(doc: dict) -> list[dict]:
+    return [r for r in doc["resources"] if r["type"] == NODE_GROUP and "-gpu-ng" in r["name"]]
+
+
+def test_a_new_capacity_block_is_a_new_node_group_created_before_the_old_one_goes(block_docs):
+    d = diff(block_docs["a"], block_docs["b"])
+    (old,) = [r for r in d.removed if r["type"] == NODE_GROUP]
+    (new,) = [r for r in d.added if r["type"] == NODE_GROUP]
+    assert old["name"] != new["name"] and old["parent"] == new["parent"]
+    assert {r["type"] for r in d.removed} == {NODE_GROUP, LAUNCH_TEMPLATE}  # the block's group and its template
+    assert {r["type"] for r in d.added} == {NODE_GROUP, LAUNCH_TEMPLATE}
+    # No node group is updated in place, so EKS never updates a Capacity Block group above size 0.
+    assert not [c for c in d.changed if c.type == NODE_GROUP and "-gpu-ng" in c.name]
+    (lt,) = [r for r in d.added if r["type"] == LAUNCH_TEMPLATE]
+    assert lt["inputs"]["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == BLOCK_B
+    assert new["inputs"]["launchTemplate"]["id"] == f"<id:{lt['name']}>"
+    text = render_markdown(d)
+    swap = next(c for c in d.callouts if c.text.startswith("**Swaps"))
+    assert swap.level == "WARNING" and BLOCK_A in swap.text and BLOCK_B in swap.text
+    assert "created first, then the old one is drained and deleted" in swap.text
+    assert f"**Deletes EKS node group `{old['name']}`" not in text  # a swap, not a bare deletion
+
+
+def test_a_change_within_a_block_replaces_its_group_deleting_the_old_one_first(block_docs):
+    d = diff(block_docs["a"], block_docs["a-release"])
+    assert not d.added and not d.removed
+    (group,) = [c for c in d.changed if c.type == NODE_GROUP and "-gpu-ng" in c.name]
+    assert group.replaced and group.replaced_by == ["releaseVersion"]
+    (head,) = _gpu_groups(block_docs["a-release"])
+    assert head["options"]["delete_before_replace"] is True
+    (callout,) = [c for c in d.callouts if c.text.startswith(f"**Replaces EKS node group `{group.name}`")]
+    assert "deleted **before** its replacement exists" in callout.text
+    assert not [c for c in d.callouts if c.text.startswith("**Rolls every node**") and group.name in c.text]
+
+
+def test_an_on_demand_group_still_rolls_in_place(tmp_path):
+    base = synthesize("prod", _prod_variant(tmp_path / "od", "      type: on-demand"))
+    head = synthesize("prod", _prod_variant(tmp_path / "od2", "      type: on-demand", "\n    amiReleaseVersion: 1.35.6-20260625"))
+    d = diff(base, head)
+    (group,) = [c for c in d.changed if c.type == NODE_GROUP and "-gpu-ng" in c.name]
+    assert not group.replaced and group.rolls_nodes == ["releaseVersion"]

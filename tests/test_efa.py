@@ -11,6 +11,7 @@ import pytest
 from moto.utilities.utils import load_resource
 
 from components import gpu_nodes
+from infra.aws.tags import TAGGED_RESOURCE_TYPES
 from infra.aws import gpu_nodes as efa
 from infra.catalog import eks
 from infra.catalog.capacity import CAPACITY_KINDS
@@ -226,7 +227,7 @@ def test_ec2_enums() -> None:
     assert gpu_nodes.IMDS_TOKENS in launch_template_member("MetadataOptions", "HttpTokens").enum
     assert gpu_nodes.IMDS_ENDPOINT in launch_template_member("MetadataOptions", "HttpEndpoint").enum
     resource_types = launch_template_member("TagSpecifications", "[]", "ResourceType").enum
-    assert set(gpu_nodes.TAGGED_RESOURCE_TYPES) <= set(resource_types)
+    assert set(TAGGED_RESOURCE_TYPES) <= set(resource_types)
     # The template's InterfaceType is a free string in the API; the enum of what a card accepts
     # (DescribeInstanceTypes NetworkCards[].InterfaceTypes) is NetworkCardInterfaceType.
     assert launch_template_member("NetworkInterfaces", "[]", "InterfaceType").type_name == "string"

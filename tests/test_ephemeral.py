@@ -46,6 +46,7 @@ from infra.errors import UserError
 from infra.aws.tags import EXPIRES_TAG, LIFECYCLE_TAG, OWNER_TAG, STACK_TAG, default_tags
 
 NOW = dt.datetime(2026, 12, 2, 9, 30, 15, 123456, tzinfo=dt.timezone.utc)
+DEPLOYER = ("198.51.100.7/32",)  # the runner's egress address, as the workflow reads it
 ENV = {"PULUMI_CONFIG_PASSPHRASE": "correct horse", "GITHUB_ACTOR": "octocat"}
 OUTPUTS = {"servingEndpoint": "http://vllm-api.gpu-serving.svc.cluster.local:8000/v1", "kubeconfig": "[secret]"}
 
@@ -145,6 +146,7 @@ def state_dir(tmp_path) -> Path:
 def run_up(state_dir, factory, env=ENV, **kw):
     logs: list[str] = []
     kw.setdefault("now", NOW)
+    kw.setdefault("deployer_cidrs", DEPLOYER)  # where `up` runs from (the test stack's endpoint is private-ssm)
     code = ephemeral.up(state_dir=state_dir, env=dict(env), workspace_factory=factory, log=logs.append, **kw)
     return code, "\n".join(logs)
 
@@ -182,6 +184,8 @@ def test_up_creates_one_unique_stack_from_the_test_stack_file(state_dir):
         if key in (LIFECYCLE_KEY,):
             continue
         got = config[key].value
+        if key == f"{PROJECT}:cluster":  # the way in: the template's keys, the endpoint opened to the deployer only
+            value = {**value, "endpointAccess": "public-restricted", "deployerCidrs": list(DEPLOYER)}
         assert (got if isinstance(value, str) else json.loads(got)) == value, key
         assert not config[key].secret
 
@@ -212,6 +216,21 @@ def test_the_expiry_is_what_the_default_tags_carry(state_dir):
     assert tags[LIFECYCLE_TAG] == "ephemeral" and tags[OWNER_TAG] == "octocat" and tags[STACK_TAG] == name
 
 
+def test_ephemeral_up_needs_a_way_in_that_works_in_one_pulumi_up(state_dir):
+    # The test stack's private-ssm needs its tunnel opened between two `pulumi up` runs: refused before anything.
+    factory = Factory()
+    with pytest.raises(UserError) as info:
+        run_up(state_dir, factory, deployer_cidrs=())
+    assert "pass --deployer-cidr" in str(info.value) and "private-ssm" in str(info.value)
+    assert factory.made == [] and not state_dir.exists()
+    # With the runner's address: public-restricted to it, and the program builds that cluster.
+    config, notes = ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z",
+                                               deployer_cidrs=("203.0.113.9/32",), env={})  # fmt: skip
+    cluster = json.loads(config[f"{PROJECT}:cluster"].value)
+    assert cluster["endpointAccess"] == "public-restricted" and cluster["deployerCidrs"] == ["203.0.113.9/32"]
+    assert any("open to 203.0.113.9/32 only" in n for n in notes)
+
+
 def test_the_generated_config_runs_the_real_program_and_tags_every_resource_with_the_expiry():
     """Offline, under the recording engine: the AWS provider's default tags carry the new expiry."""
     from infra.preview.recording import record
@@ -219,7 +238,7 @@ def test_the_generated_config_runs_the_real_program_and_tags_every_resource_with
 
     name = ephemeral.stack_name({"GITHUB_RUN_ID": "21345678901", "GITHUB_RUN_ATTEMPT": "2"})
     expiry = ephemeral.expires_at(NOW, 6)
-    config, _ = ephemeral.ephemeral_config("test", stack=name, owner="octocat", expiry=expiry, env={})
+    config, _ = ephemeral.ephemeral_config("test", stack=name, owner="octocat", expiry=expiry, deployer_cidrs=DEPLOYER, env={})
     engine = {k: v.value for k, v in config.items()}  # what the CLI hands the program (JSON strings)
 
     def program() -> None:
@@ -431,24 +450,24 @@ def _template(root: Path, name: str, **changes) -> None:
 
 def test_the_efa_check_runs_at_bring_up_only_where_it_can(tmp_path):
     # test: 1 x g6e.xlarge, no EFA check
-    config, notes = ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", env={})
+    config, notes = ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", deployer_cidrs=DEPLOYER, env={})
     assert CHECKS_KEY not in config and any("EFA check: off" in n for n in notes)
     with pytest.raises(UserError, match="--efa"):
-        ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=True, env={})
+        ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=True, deployer_cidrs=DEPLOYER, env={})
     # two EFA nodes: on by default, off on request; the template's other check settings are kept
     _template(tmp_path, "pair", **{f"{PROJECT}:gpu": {"instanceType": "p5.48xlarge", "nodes": 2},
                                    CHECKS_KEY: {"ttftP99Ms": 500}})
-    config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, env={})
+    config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, deployer_cidrs=DEPLOYER, env={})
     assert json.loads(config[CHECKS_KEY].value) == {"ttftP99Ms": 500, "efa": True}
-    config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=False, root=tmp_path, env={})
+    config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=False, root=tmp_path, deployer_cidrs=DEPLOYER, env={})
     assert json.loads(config[CHECKS_KEY].value) == {"ttftP99Ms": 500, "efa": False}
 
 
 def test_template_secrets_are_not_copied_and_hf_token_comes_from_the_environment(tmp_path):
     _template(tmp_path, "gated", **{HF_TOKEN_KEY: {"secure": "v1:abc:def"}})
-    config, notes = ephemeral.ephemeral_config("gated", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, env={})
+    config, notes = ephemeral.ephemeral_config("gated", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, deployer_cidrs=DEPLOYER, env={})
     assert HF_TOKEN_KEY not in config and any("not copied" in n for n in notes)
-    config, _ = ephemeral.ephemeral_config("gated", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path,
+    config, _ = ephemeral.ephemeral_config("gated", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, deployer_cidrs=DEPLOYER,
                                            env={"HF_TOKEN": "hf_x"})
     assert config[HF_TOKEN_KEY] == ConfigItem("hf_x", secret=True)
 
@@ -629,7 +648,7 @@ def invoke(*args):
 
 def test_cli_up_test_down(cli_env, state_dir):
     sd = ["--state-dir", str(state_dir)]
-    result = invoke("up", *sd, "--ttl", "2")
+    result = invoke("up", *sd, "--ttl", "2", "--deployer-cidr", DEPLOYER[0])
     assert result.exit_code == 0, result.output
     name = cli_env.ws.calls[0][1]
     assert f"ephemeral stack {name} from Pulumi.test.yaml: owner octocat" in result.output
@@ -644,7 +663,7 @@ def test_cli_up_test_down(cli_env, state_dir):
 
 def test_cli_failing_up_exits_1_after_teardown(cli_env, state_dir, monkeypatch):
     monkeypatch.setattr(cli_env, "behaviour", {"fail_up": True})
-    result = invoke("up", "--state-dir", str(state_dir))
+    result = invoke("up", "--state-dir", str(state_dir), "--deployer-cidr", DEPLOYER[0])
     assert result.exit_code == 1
     assert "InsufficientInstanceCapacity" in result.output and "destroyed and removed" in result.output
     result = invoke("down", "--state-dir", str(state_dir))
@@ -675,7 +694,7 @@ def test_cli_help_lists_the_commands():
         assert command in result.output
     result = invoke("up", "--help")
     assert result.exit_code == 0
-    for flag in ("--from", "--owner", "--ttl", "--keep-on-failure", "--efa", "--backend", "--state-dir"):
+    for flag in ("--from", "--owner", "--ttl", "--keep-on-failure", "--efa", "--deployer-cidr", "--backend", "--state-dir"):
         assert flag in result.output
 
 
@@ -700,7 +719,7 @@ def test_without_the_pulumi_cli_the_real_workspace_says_so(tmp_path):
 def test_without_the_pulumi_cli_the_command_fails_cleanly_and_creates_nothing(tmp_path):
     state_dir = tmp_path / "state"
     proc = subprocess.run(
-        [sys.executable, "-m", "infra", "ephemeral", "up", "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "infra", "ephemeral", "up", "--state-dir", str(state_dir), "--deployer-cidr", DEPLOYER[0]],
         cwd=REPO_ROOT, env=_env_without_pulumi(tmp_path), capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stderr

@@ -166,9 +166,11 @@ def test_every_interface_carries_the_security_groups_and_no_subnet() -> None:
 def test_template_top_level_has_no_subnet_security_groups_image_or_profile() -> None:
     rec, _ = run(args())
     lt = lt_of(rec)
-    for key in ("vpcSecurityGroupIds", "securityGroupNames", "imageId", "iamInstanceProfile", "userData",
+    for key in ("vpcSecurityGroupIds", "securityGroupNames", "imageId", "iamInstanceProfile",
                 "instanceInitiatedShutdownBehavior", "subnetId"):
         assert key not in lt, key
+    # Bottlerocket takes no nodeadm user data (AL2023 gets the RAID0 NodeConfig: test_node_disks.py).
+    assert "userData" not in lt_of(run(args(ami_type="BOTTLEROCKET_x86_64_NVIDIA"))[0])
 
 
 def test_instance_type_is_set_on_the_template_only() -> None:
@@ -256,10 +258,13 @@ def test_a_reservation_without_id_fails_before_anything_is_registered(kind: str)
     assert [r.type for r in rec.resources] == [recording.STACK_TYPE]
 
 
-def test_a_placement_group_with_a_capacity_block_is_refused() -> None:
-    rec, error = refused(args(capacity_kind="capacity-block", reservation_id=RESERVATION, placement_group_name="pg"))
-    assert error is not None and "placement_group_name" in str(error)
-    assert [r.type for r in rec.resources] == [recording.STACK_TYPE]
+def test_a_capacity_block_made_in_a_placement_group_launches_into_it() -> None:
+    # EC2 User Guide, "Use Capacity Reservations with cluster placement groups": the instances name the
+    # reservation and the placement group it was made in.
+    rec, _ = run(args(capacity_kind="capacity-block", reservation_id=RESERVATION, placement_group_name="blocks-pg"))
+    lt = lt_of(rec)
+    assert lt["placement"] == {"groupName": "blocks-pg"}
+    assert lt["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == RESERVATION
 
 
 def test_a_non_gpu_ami_type_is_refused() -> None:

@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.catalog.eks_versions import today
 from infra.config import load_stack_file
 from infra.preview.synth import synthesize
 
@@ -59,7 +60,8 @@ def _objects(stack: str) -> list[dict]:
 
 
 def _k8s_version(stack: str) -> str:
-    return load_stack_file(stack, REPO).cluster.kubernetes_version + ".0"
+    # The stack's version: its pin, or the default on the day (infra/catalog/eks_versions.py).
+    return load_stack_file(stack, REPO).kubernetes_version(today()) + ".0"
 
 
 @lru_cache(maxsize=None)

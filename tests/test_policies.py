@@ -422,7 +422,7 @@ def _find(doc, type_, name_suffix=""):
 
 
 def _imds_optional(doc):
-    _find(doc, R.LAUNCH_TEMPLATE)["inputs"]["metadataOptions"]["httpTokens"] = "optional"
+    _find(doc, R.LAUNCH_TEMPLATE, "-gpu-lt")["inputs"]["metadataOptions"]["httpTokens"] = "optional"
 
 
 def _public_endpoint(doc):
@@ -458,7 +458,7 @@ def _no_efa_ingress(doc):
 
 
 def _unencrypted_root(doc):
-    _find(doc, R.LAUNCH_TEMPLATE)["inputs"]["blockDeviceMappings"][0]["ebs"]["encrypted"] = "false"
+    _find(doc, R.LAUNCH_TEMPLATE, "-gpu-lt")["inputs"]["blockDeviceMappings"][0]["ebs"]["encrypted"] = "false"
 
 
 def _no_shm(doc):
@@ -528,7 +528,9 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     for name in ("Pulumi.yaml", "__main__.py"):
         (root / name).write_text((REPO_ROOT / name).read_text())
     stack = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
-    stack["config"]["gpu-serving:cluster"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+    # The config refuses 0.0.0.0/0 in production; a non-production copy passes the config, not the policy.
+    stack["config"]["gpu-serving:lifecycle"] = {"production": False, "owner": "ci", "expiresAt": "2026-12-31T23:00:00Z"}
+    stack["config"]["gpu-serving:cluster"].update(endpointAccess="public-restricted", deployerCidrs=["0.0.0.0/0"])
     (root / "Pulumi.prod.yaml").write_text(yaml.safe_dump(stack))
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root))

@@ -27,7 +27,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from infra.catalog import eks_versions as ev
 from infra.ops import aws as ops_aws
+from infra.config import load_stack_file
 from infra.ops import preflight as pf
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
@@ -139,22 +141,23 @@ def test_quota_unknown_when_service_quotas_cannot_answer(aws):
     c = clients()
     check = pf.check_quota(c.quotas, c.ec2, target())
     assert check.ok is None and check.status == "unknown"
-    assert "NoSuchResourceException" in check.detail and "768 vCPUs" in check.detail
+    assert "NoSuchResourceException" in check.detail and "1152 vCPUs" in check.detail
     assert "servicequotas:GetServiceQuota" in check.fix
-    assert "Running On-Demand P instances" in check.fix and "at least 768" in check.fix
+    assert "Running On-Demand P instances" in check.fix and "at least 1152" in check.fix
 
 
 def test_quota_value_compared_with_the_plan(aws):
     # moto cannot hold an EC2 quota value, so GetServiceQuota is answered by Gaps; the check is the same function.
-    low = clients(quota_gaps(384.0))
+    # The plan's 4 nodes and the node-update surge: EKS raises the group by max(2 x zones, maxUnavailable) = 2.
+    low = clients(quota_gaps(768.0))
     check = pf.check_quota(low.quotas, low.ec2, target())
-    assert check.ok is False
-    assert "Running On-Demand P instances (L-417A185B) = 384 vCPUs" in check.detail
-    assert "4 x p5.48xlarge = 4 x 192 = 768 vCPUs" in check.detail
-    assert "request-service-quota-increase --service-code ec2 --quota-code L-417A185B --desired-value 768" in check.fix
+    assert check.ok is False  # enough for the nodes, not for an update
+    assert "Running On-Demand P instances (L-417A185B) = 768 vCPUs" in check.detail
+    assert "4 x p5.48xlarge and the update surge of 2 (the larger of 2 x 1 zone(s) and maxUnavailable 1) = 6 x 192 = 1152 vCPUs" in check.detail
+    assert "request-service-quota-increase --service-code ec2 --quota-code L-417A185B --desired-value 1152" in check.fix
     assert "--region us-east-1" in check.fix
 
-    ok = clients(quota_gaps(768.0))
+    ok = clients(quota_gaps(1152.0))
     assert pf.check_quota(ok.quotas, ok.ec2, target()).ok is True
 
 
@@ -167,12 +170,12 @@ def test_quota_counts_other_running_instances_of_the_family(aws):
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "project", "Value": "gpu-serving"}, {"Key": "stack", "Value": "pf"}]}],
     )  # fmt: skip
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6e.xlarge")  # another family
-    c = clients(quota_gaps(900.0))
+    c = clients(quota_gaps(1300.0))
     check = pf.check_quota(c.quotas, c.ec2, target())
     assert check.ok is False
     assert "192 in use by other instances (1 x p5.48xlarge)" in check.detail
-    assert "--desired-value 960" in check.fix and "stop the other instances" in check.fix
-    c = clients(quota_gaps(960.0))
+    assert "--desired-value 1344" in check.fix and "stop the other instances" in check.fix
+    c = clients(quota_gaps(1344.0))
     assert pf.check_quota(c.quotas, c.ec2, target()).ok is True
 
 
@@ -181,6 +184,15 @@ def test_quota_not_applicable_with_a_reservation(aws):
     for kind in ("capacity-reservation", "capacity-block"):
         check = pf.check_quota(c.quotas, c.ec2, target(capacity=kind, reservation=CR_GOOD))
         assert check.ok is True and check.detail.startswith("not applicable") and CR_GOOD in check.detail
+        assert "No update surge either" in check.detail and "MINIMAL" in check.detail
+
+
+def test_update_surge_follows_the_eks_rule():
+    # EKS User Guide, "Understand each phase of node updates": the larger of twice the zones and maxUnavailable.
+    assert target().update_surge == 2
+    assert dataclasses.replace(target(), node_group_zones=3).update_surge == 6
+    assert dataclasses.replace(target(), max_unavailable=10).update_surge == 10
+    assert dataclasses.replace(target(), node_group_zones=5, max_unavailable=20).update_surge == 20
 
 
 def test_quota_codes_by_family():
@@ -252,7 +264,7 @@ def test_capacity_block_scheduled_shows_start_and_end(reservations):
     assert check.ok is False
     assert "scheduled" in check.detail
     assert "starts 2026-12-04 12:00 UTC (in 2.0 days)" in check.detail and "ends 2026-12-11 12:00 UTC" in check.detail
-    assert "after 2026-12-04 12:00 UTC" in check.fix
+    assert "after 2026-12-04 11:30 UTC" in check.fix  # 30 minutes of `up` before the node group is created
 
 
 def test_capacity_block_active_and_ending(reservations):
@@ -308,7 +320,7 @@ def test_eks_version_falls_back_to_the_calendar(aws):
     assert "built-in calendar" in ext.detail and "DescribeClusterVersions failed" in ext.detail
     assert pf.check_eks_version(eks, target(version="1.35"), today).detail.startswith("1.35: standard support until 2027-03-27")
     gone = pf.check_eks_version(eks, target(version="1.28"), today)
-    assert gone.ok is False and "support ended 2025-11-26" in gone.detail and "newest known: 1.35" in gone.fix
+    assert gone.ok is False and "support ended 2025-11-26" in gone.detail and "newest known: 1.36" in gone.fix
     new = pf.check_eks_version(eks, target(version="1.40"), today)
     assert new.ok is None and "newer than" in new.detail
 
@@ -363,6 +375,7 @@ def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
         "capacity reservation": "go",
         "EFA supported": "go",
         "EKS version supported": "go",
+        "add-on versions offered": "unknown",  # moto has no DescribeAddonVersions
     }
 
 
@@ -371,7 +384,7 @@ def test_cli_unknown_is_not_a_go_unless_allowed(aws, tmp_path):
     assert run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=cli_env()).returncode == 1
     proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), "--allow-unknown", env=cli_env())
     assert proc.returncode == 0, proc.stdout
-    assert "GO" in proc.stdout and "1 unknown, allowed" in proc.stdout
+    assert "GO" in proc.stdout and "2 unknown, allowed" in proc.stdout  # the quota and the add-on versions
 
 
 def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
@@ -381,6 +394,7 @@ def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
     gaps = capacity_gaps(reservation(CR_BLOCK, kind="capacity-block", end=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=5)))
     gaps.on("eks", "DescribeClusterVersions",
             lambda p: {"clusterVersions": [{"clusterVersion": "1.33", "versionStatus": "STANDARD_SUPPORT"}]})  # fmt: skip
+    gaps.on("eks", "DescribeAddonVersions", addon_versions_answer(ev.ADDON_VERSIONS["1.33"]))
     monkeypatch.setattr(ops_aws, "new_session", lambda region=None: gaps.session(region or REGION))
     result = CliRunner().invoke(app, ["preflight", "--stack", "block", "--root", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
@@ -398,3 +412,121 @@ def test_cli_without_credentials_exits_2(aws, tmp_path):
     env = {k: v for k, v in cli_env().items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
     proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=env)
     assert proc.returncode == 2 and "no AWS credentials" in proc.stderr
+
+
+
+# --- reservations in placement groups, Capacity Block windows -------------------------------------
+
+
+def test_a_reservation_in_a_placement_group_must_be_named(aws):
+    arn = "arn:aws:ec2:us-east-1:123456789012:placement-group/p5-blocks"
+    c = clients(capacity_gaps({**reservation(CR_GOOD), "PlacementGroupArn": arn}, reservation(CR_SMALL, total=4)))
+    unnamed = pf.check_reservation(c.ec2, target(capacity="capacity-reservation", reservation=CR_GOOD), NOW)
+    assert unnamed.ok is False and "made in placement group p5-blocks" in unnamed.detail
+    assert "set gpu-serving:network.placementGroupName to p5-blocks" in unnamed.fix
+    named = dataclasses.replace(target(capacity="capacity-reservation", reservation=CR_GOOD), placement_group_name="p5-blocks")
+    go = pf.check_reservation(c.ec2, named, NOW)
+    assert go.ok is True and "in placement group p5-blocks" in go.detail
+    stray = dataclasses.replace(target(capacity="capacity-reservation", reservation=CR_SMALL), placement_group_name="p5-blocks")
+    no = pf.check_reservation(c.ec2, stray, NOW)
+    assert no.ok is False and "in no placement group" in no.detail and "remove gpu-serving:network.placementGroupName" in no.fix
+
+
+def _block(rid: str, **kw) -> dict:
+    return reservation(rid, kind="capacity-block", **kw)
+
+
+def test_capacity_block_window_against_the_planned_change(aws):
+    soon, short, long_ = "cr-0a1b2c3d4e5f60011", "cr-0a1b2c3d4e5f60012", "cr-0a1b2c3d4e5f60013"
+    c = clients(capacity_gaps(
+        _block(soon, state="scheduled", start=NOW + dt.timedelta(minutes=20), end=NOW + dt.timedelta(days=1)),
+        _block(short, start=NOW - dt.timedelta(hours=23), end=NOW + dt.timedelta(minutes=90)),
+        _block(long_, start=NOW - dt.timedelta(hours=1), end=NOW + dt.timedelta(days=2)),
+    ))  # fmt: skip
+    t = dataclasses.replace(target(capacity="capacity-block"), cold_start=dt.timedelta(minutes=10))
+    # Starts before `up` reaches the node group: a go.
+    starting = pf.check_reservation(c.ec2, dataclasses.replace(t, reservation_id=soon), NOW)
+    assert starting.ok is True and "before the change reaches the node group" in starting.detail
+    # Active, but 30 min lead + 15 min to Ready + 10 min cold start + the 40 min scale-down leave nothing.
+    ending = pf.check_reservation(c.ec2, dataclasses.replace(t, reservation_id=short), NOW)
+    assert ending.ok is False and "nothing would serve" in ending.detail and "cold start takes 0.2 h" in ending.detail
+    assert "a new block gets a new node group, created before the old one goes" in ending.fix
+    # Two days: a go, with the serving time this change leaves.
+    fine = pf.check_reservation(c.ec2, dataclasses.replace(t, reservation_id=long_), NOW)
+    assert fine.ok is True and "leaving ~46.4 h of serving after this change" in fine.detail
+
+
+# --- Kubernetes version warning, add-on pins --------------------------------------------------------
+
+
+def test_eks_version_warns_within_60_days_of_the_end_of_standard_support(aws):
+    eks = clients().eks  # moto: the calendar answers
+    warned = pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 2, 1))
+    assert warned.ok is True and warned.status == "go"
+    assert warned.warning.startswith("standard support of 1.35 ends 2027-03-27 (in 54 days)")
+    assert "one minor version at a time" in warned.fix
+    assert pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 25)).warning == ""  # 61 days out: not yet
+    assert "(in 60 days)" in pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 26)).warning
+    assert pf.check_eks_version(eks, target(version="1.33"), NOW.date()).warning.startswith("standard support of 1.33 ended")
+
+    def versions(params: dict) -> dict:
+        return {"clusterVersions": [{"clusterVersion": "1.35", "versionStatus": "STANDARD_SUPPORT",
+                                     "endOfStandardSupportDate": dt.datetime(2027, 3, 27, tzinfo=dt.timezone.utc)}]}  # fmt: skip
+
+    api = clients(Gaps().on("eks", "DescribeClusterVersions", versions)).eks
+    assert "ends 2027-03-27 (in 54 days)" in pf.check_eks_version(api, target(version="1.35"), dt.date(2027, 2, 1)).warning
+
+
+def test_render_shows_the_warning(aws):
+    from rich.console import Console
+
+    console = Console(record=True, width=600)
+    check = pf.check_eks_version(clients().eks, target(version="1.35"), dt.date(2027, 2, 1))
+    pf.render(target(version="1.35"), [check], console)
+    out = console.export_text()
+    assert "(warning)" in out and "Warning: standard support of 1.35 ends 2027-03-27" in out
+    assert "one minor version at a time" in out  # the fix column is shown for a warning
+
+
+def addon_versions_answer(pins: dict, drop: str = ""):
+    """DescribeAddonVersions as EKS answers it (moto 5.2.5 does not implement it): each pin, bar `drop`, offered."""
+
+    def answer(params: dict) -> dict:
+        name = params["addonName"]
+        offered = [f"{pins[name].version.rsplit('.', 1)[0]}.99"] + ([] if name == drop else [pins[name].version])
+        return {"addons": [{"addonName": name, "type": "networking", "addonVersions": [
+            {"addonVersion": v, "architecture": ["amd64", "arm64"],
+             "compatibilities": [{"clusterVersion": params["kubernetesVersion"], "platformVersions": ["*"], "defaultVersion": False}]}
+            for v in offered]}]}  # fmt: skip
+
+    return answer
+
+
+def test_addon_pins_checked_against_describe_addon_versions(aws):
+    pins = ev.ADDON_VERSIONS["1.35"]
+    t = dataclasses.replace(target(version="1.35"), addon_versions=tuple((a, p.version) for a, p in pins.items()))
+    gaps = Gaps().on("eks", "DescribeAddonVersions", addon_versions_answer(pins))
+    ok = pf.check_addon_versions(clients(gaps).eks, t)
+    assert ok.ok is True and "vpc-cni v1.21.1-eksbuild.7" in ok.detail
+    asked = {(p["addonName"], p["kubernetesVersion"]) for svc, op, p in gaps.calls if op == "DescribeAddonVersions"}
+    assert asked == {(a, "1.35") for a in pins}
+    gaps = Gaps().on("eks", "DescribeAddonVersions", addon_versions_answer(pins, drop="coredns"))
+    no = pf.check_addon_versions(clients(gaps).eks, t)
+    assert no.ok is False and f"EKS does not offer coredns {pins['coredns'].version} for Kubernetes 1.35" in no.detail
+    assert "ADDON_VERSIONS['1.35']" in no.fix
+    unknown = pf.check_addon_versions(clients().eks, t)  # moto itself: not routed
+    assert unknown.ok is None and "could not list the versions of" in unknown.detail
+
+
+def test_target_of_the_prod_stack(aws):
+    ev_today = dt.date(2026, 12, 3)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ev, "today", lambda: ev_today)
+    try:
+        t = pf.target_from_stack("prod", REPO_ROOT)
+    finally:
+        mp.undo()
+    assert t.kubernetes_version == "1.35" and t.update_surge == 2 and t.vcpus_needed == 6 * 192
+    assert dict(t.addon_versions) == {a: p.version for a, p in ev.ADDON_VERSIONS["1.35"].items() if a != "aws-fsx-csi-driver"}
+    target_s = load_stack_file("prod").serving.cold_start_target_seconds
+    assert dt.timedelta(minutes=5) < t.cold_start <= dt.timedelta(seconds=target_s)  # the plan's estimate, within its target

@@ -8,6 +8,7 @@ the stack outputs; assertions run on that plain data after the program ended.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import runpy
 from functools import lru_cache
@@ -173,8 +174,9 @@ def test_capacity_block_reaches_template_and_node_group():
     config = engine_config("prod", REPO)
     config = _with(config, "gpu", capacity={"type": "capacity-block", "reservationId": "cr-0123456789abcdef0"})
     rec = _run(config, "prod")
-    lt = _inputs(rec, "aws:ec2/launchTemplate:LaunchTemplate", "gpu-serving-prod-gpu-lt")
-    ng = _inputs(rec, "aws:eks/nodeGroup:NodeGroup", "gpu-serving-prod-gpu-ng")
+    key = hashlib.sha256(b"cr-0123456789abcdef0").hexdigest()[:8]  # the block's own node group and template
+    lt = _inputs(rec, "aws:ec2/launchTemplate:LaunchTemplate", f"gpu-serving-prod-gpu-lt-{key}")
+    ng = _inputs(rec, "aws:eks/nodeGroup:NodeGroup", f"gpu-serving-prod-gpu-ng-{key}")
     assert lt["instanceMarketOptions"]["marketType"] == "capacity-block"
     target = lt["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == "cr-0123456789abcdef0"
@@ -182,6 +184,11 @@ def test_capacity_block_reaches_template_and_node_group():
     # The block fixes placement: no placement group.
     assert not rec.of_type("aws:ec2/placementGroup:PlacementGroup")
     assert "placement" not in lt or not lt["placement"].get("groupName")
+    # A block made in a cluster placement group launches into that one (the stack creates none).
+    rec = _run(_with(config, "network", placementGroupName="p5-blocks"), "prod")
+    assert not rec.of_type("aws:ec2/placementGroup:PlacementGroup")
+    lt = _inputs(rec, "aws:ec2/launchTemplate:LaunchTemplate", f"gpu-serving-prod-gpu-lt-{key}")
+    assert lt["placement"] == {"groupName": "p5-blocks"}
 
 
 # --- Mistakes stop the program before anything is created ----------------------------
@@ -241,8 +248,8 @@ def _pods(rc: dict) -> list[tuple[dict, int]]:
 def _cross_layer(rec: Recording) -> dict:
     """The figures every layer must agree on, as each layer states them."""
     plan = rec.outputs["plan"]
-    lt = next(r.inputs for r in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate"))
-    ng = next(r.inputs for r in rec.of_type("aws:eks/nodeGroup:NodeGroup") if r.name.endswith("-gpu-ng"))
+    lt = next(r.inputs for r in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate") if "-gpu-lt" in r.name)
+    ng = next(r.inputs for r in rec.of_type("aws:eks/nodeGroup:NodeGroup") if "-gpu-ng" in r.name)
     pods = _pods(_raycluster(rec))
     limits = [c["resources"]["limits"] for c, _ in pods]
     head = pods[0][0]

@@ -8,14 +8,21 @@ The server is seeded with what failed teardowns leave behind, for four kinds of 
   its volume, a loose volume, a launch template, a placement group, an EFS file
   system with a mount target, an NLB with a listener and a target group, an EKS
   cluster with a tagged node group and an untagged one, an ECR repository, a KMS key
-  with an alias, a log group and an IAM role with policies;
+  with an alias, a log group and an IAM role with policies and an instance profile;
+  and what EKS and its add-ons leave without the stack's tags: a network interface
+  the VPC CNI created (tagged only `cluster.k8s.amazonaws.com/name`), the
+  control-plane log group EKS re-created for the stack's cluster
+  (`/aws/eks/gpu-serving-pr-1/cluster`, untagged), and an Auto Scaling group of the
+  cluster (tag `eks:cluster-name`) with its instance;
 - `prod` (lifecycle=production) and `pr-2` (ephemeral, expires in 2099): the same kinds;
 - untagged resources, and gpu-serving resources whose tags are incomplete or whose
   expires-at does not parse.
 
 The sweep must delete exactly the first group (and the untagged parts AWS cannot
 delete apart from them: the mount target, the untagged node group of the expired
-cluster) and leave everything else. moto 5.2.5 does not implement the placement-group
+cluster, the CNI interface, the re-created log group, the Auto Scaling group and,
+with it, its instance) and leave everything else, the same untagged leftovers of
+`prod` and `pr-2` included. moto 5.2.5 does not implement the placement-group
 calls: `Gaps` (tests/moto_server.py) answers them from a small in-test store, in the form
 botocore's model gives; everything else is moto's own behaviour.
 """
@@ -101,6 +108,9 @@ class Seeded:
 
     ids: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     parts: dict[str, list[str]] = field(default_factory=dict)  # untagged parts of expired parents
+    # Untagged leftovers EKS and the VPC CNI leave for a cluster: {owner: {(kind, id), ...}}
+    leftovers: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    asg_instances: dict[str, set[str]] = field(default_factory=dict)  # instances of each owner's Auto Scaling group
     odd: dict[str, str] = field(default_factory=dict)  # volume id -> why it must be skipped
     placement: PlacementGroups = field(default_factory=PlacementGroups)
 
@@ -172,6 +182,10 @@ def seed_stack(s: Seeded, owner: str, n: int, *, full: bool) -> None:
     iam.put_role_policy(RoleName=role, PolicyName="inline", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "ec2:Describe*", "Resource": "*"}]}))  # fmt: skip
     s.add(owner, "iam:role", role)
+    profile = f"{owner}-{n}-bastion"
+    iam.create_instance_profile(InstanceProfileName=profile, **({"Tags": kv(t)} if t else {}))
+    iam.add_role_to_instance_profile(InstanceProfileName=profile, RoleName=role)
+    s.add(owner, "iam:instance-profile", profile)
     cluster = f"{owner}-{n}"
     eks.create_cluster(name=cluster, roleArn=arn, resourcesVpcConfig={"subnetIds": [sub_a, sub_b]}, **({"tags": t} if t else {}))
     s.add(owner, "eks:cluster", cluster)
@@ -183,6 +197,33 @@ def seed_stack(s: Seeded, owner: str, n: int, *, full: bool) -> None:
     key = kms.create_key(Description=f"eks secrets {owner}", **({"Tags": [{"TagKey": k, "TagValue": v} for k, v in t.items()]} if t else {}))["KeyMetadata"]["KeyId"]
     kms.create_alias(AliasName=f"alias/eks-{owner}-{n}", TargetKeyId=key)
     s.add(owner, "kms:key", key)
+    seed_eks_leftovers(s, owner, cluster, sub_a, t)
+
+
+def seed_eks_leftovers(s: Seeded, owner: str, cluster: str, subnet: str, t: dict[str, str]) -> None:
+    """What EKS and the VPC CNI create in a cluster's name without the stack's tags."""
+    ec2, logs, asg = (boto3.client(x, region_name=REGION) for x in ("ec2", "logs", "autoscaling"))
+    found: set[tuple[str, str]] = set()
+    cni = ec2.create_network_interface(SubnetId=subnet, Description="aws-K8S-i-0123456789abcdef0",
+                                       TagSpecifications=spec("network-interface", {"cluster.k8s.amazonaws.com/name": cluster}))
+    found.add(("ec2:network-interface", cni["NetworkInterface"]["NetworkInterfaceId"]))
+    if t.get("stack"):  # the group EKS re-creates, untagged, for the cluster the stack named gpu-serving-<stack>
+        group = f"/aws/eks/gpu-serving-{t['stack']}/cluster"
+        logs.create_log_group(logGroupName=group)
+        found.add(("logs:log-group", group))
+    lt = ec2.create_launch_template(LaunchTemplateName=f"eks-{cluster}", LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "t3.micro"})
+    name = f"eks-{cluster}-gpu-0123"
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=1, MaxSize=1, DesiredCapacity=1, VPCZoneIdentifier=subnet,
+        LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"},
+        Tags=[{"Key": "eks:cluster-name", "Value": cluster, "PropagateAtLaunch": True},
+              {"Key": f"kubernetes.io/cluster/{cluster}", "Value": "owned", "PropagateAtLaunch": True}],
+    )  # fmt: skip
+    found.add(("autoscaling:group", name))
+    instances = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"]
+    assert len(instances) == 1
+    s.asg_instances[owner] = {i["InstanceId"] for i in instances}
+    s.leftovers[owner] = found
 
 
 def seed() -> Seeded:
@@ -246,6 +287,9 @@ def still_there(s: Seeded) -> set[tuple[str, str]]:
     live |= {("kms:key", k["KeyId"]) for k in kms.list_keys()["Keys"] if kms.describe_key(KeyId=k["KeyId"])["KeyMetadata"]["KeyState"] != "PendingDeletion"}
     live |= {("logs:log-group", g["logGroupName"]) for g in logs.describe_log_groups()["logGroups"]}
     live |= {("iam:role", r["RoleName"]) for r in iam.list_roles()["Roles"]}
+    live |= {("iam:instance-profile", p["InstanceProfileName"]) for p in iam.list_instance_profiles()["InstanceProfiles"]}
+    asg = boto3.client("autoscaling", region_name=REGION)
+    live |= {("autoscaling:group", g["AutoScalingGroupName"]) for g in asg.describe_auto_scaling_groups()["AutoScalingGroups"]}
     return live
 
 
@@ -265,6 +309,7 @@ def session(seeded):
 def expected_deletions(s: Seeded) -> set[tuple[str, str]]:
     parts = {("efs:mount-target", i) for i in s.parts["expired"] if i.startswith("fsmt-")}
     parts |= {("eks:nodegroup", i) for i in s.parts["expired"] if "/" in i}
+    parts |= s.leftovers["expired"]
     return s.of("expired") | parts
 
 
@@ -339,8 +384,16 @@ def test_dry_run_lists_exactly_the_expired_and_deletes_nothing(seeded, session):
 
     # Parts without tags of their own are listed with their parent.
     parts = {e.resource.id: e.detail for e in report.planned if e.resource.parent}
+    left = {kind: rid for kind, rid in seeded.leftovers["expired"]}
     assert parts == {seeded.parts["expired"][0]: f"part of efs:file-system {seeded.ids['expired']['efs:file-system'][0]}",
-                     "expired-1/system": "part of eks:cluster expired-1"}  # fmt: skip
+                     "expired-1/system": "part of eks:cluster expired-1",
+                     # What EKS and the VPC CNI left without the stack's tags:
+                     left["ec2:network-interface"]: f"part of ec2:vpc {seeded.ids['expired']['ec2:vpc'][0]}",
+                     left["logs:log-group"]: "part of the expired stack pr-1",
+                     left["autoscaling:group"]: "part of eks:cluster expired-1"}  # fmt: skip
+    # The same leftovers of the production and the unexpired stack are not even listed.
+    listed = keys(report.planned) | keys(report.skipped)
+    assert not listed & (seeded.leftovers["prod"] | seeded.leftovers["later"] | seeded.leftovers["untagged"])
 
     # Skipped: every gpu-serving resource that stays, with the reason.
     skipped = {(e.resource.kind, e.resource.id): e.detail for e in report.skipped}
@@ -374,7 +427,15 @@ def test_yes_deletes_exactly_the_expired_in_dependency_order(seeded, session):
     assert {("eks:nodegroup", i) for i in seeded.parts["prod"] + seeded.parts["untagged"] if "/" in i} <= after
     # What went besides: only what AWS deletes with its parent (the VPC's default group and main route
     # table, the root volume and interface of a terminated instance, the NAT's and mount target's interfaces).
-    extra = (before - after) - expected_deletions(seeded)
+    # The expired cluster's Auto Scaling group went with its instance; the others' kept theirs.
+    asg_instances = {("ec2:instance", i) for i in seeded.asg_instances["expired"]}
+    assert asg_instances and not asg_instances & after
+    for owner in ("prod", "later", "untagged"):
+        assert seeded.leftovers[owner] <= after, owner
+        assert {("ec2:instance", i) for i in seeded.asg_instances[owner]} <= after, owner
+    asg_entry = next(e for e in report.deleted if e.resource.kind == "autoscaling:group")
+    assert asg_entry.detail == "with its 1 instance(s)"
+    extra = (before - after) - expected_deletions(seeded) - asg_instances
     assert {k for k, _ in extra} <= {"ec2:security-group", "ec2:route-table", "ec2:volume", "ec2:network-interface"}, extra
     assert not extra & (seeded.of("prod") | seeded.of("later") | seeded.of("untagged"))
     # The KMS key is scheduled for deletion (7 days), its alias gone; the role's policies were detached first.
@@ -393,6 +454,9 @@ def test_yes_deletes_exactly_the_expired_in_dependency_order(seeded, session):
         return len(ops) - 1 - ops[::-1].index(op)
 
     assert last("DeleteNodegroup") < first("DeleteCluster")
+    assert last("DeleteCluster") < first("DeleteAutoScalingGroup") < first("TerminateInstances")
+    assert first("DeleteNetworkInterface") < first("DeleteSubnet")  # the CNI's interface no longer blocks it
+    assert first("RemoveRoleFromInstanceProfile") < first("DeleteInstanceProfile")
     assert last("DeleteCluster") < first("DeleteLoadBalancer") < first("DeleteTargetGroup")
     assert first("TerminateInstances") < first("DeleteNetworkInterface") and first("TerminateInstances") < first("DeleteVolume")
     assert first("DeleteMountTarget") < first("DeleteFileSystem")
@@ -507,3 +571,30 @@ def test_cli_without_region_exits_2(aws):
     env = {k: v for k, v in cli_env().items() if k not in ("AWS_REGION", "AWS_DEFAULT_REGION")}
     proc = subprocess.run([sys.executable, "-m", "infra", "sweep"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no AWS region" in proc.stderr
+
+
+def test_a_log_group_eks_recreated_for_a_gone_ephemeral_cluster_goes_once_no_stack_can_be_alive(aws):
+    # A teardown that succeeded leaves nothing tagged to link it to: EKS re-created the log group, untagged, after
+    # the stack deleted it. Its ephemeral cluster's name, the cluster's absence and its age are what the sweep reads.
+    logs = boto3.client("logs", region_name=REGION)
+    eks = boto3.client("eks", region_name=REGION)
+    iam = boto3.client("iam", region_name=REGION)
+    role = iam.create_role(RoleName="r", AssumeRolePolicyDocument=ROLE_DOC)["Role"]["Arn"]
+    for name in ("gpu-serving-eph-1a2b3c4d", "gpu-serving-eph-live", "gpu-serving-prod", "someone-elses"):
+        logs.create_log_group(logGroupName=f"/aws/eks/{name}/cluster")
+    eks.create_cluster(name="gpu-serving-eph-live", roleArn=role, resourcesVpcConfig={"subnetIds": []})
+    created = dt.datetime.fromtimestamp(logs.describe_log_groups()["logGroups"][0]["creationTime"] / 1000, dt.timezone.utc)
+
+    def listed(now: dt.datetime) -> dict[str, str]:
+        report = sw.sweep([REGION], yes=False, now=now, wait=0, poll=0.01)
+        return {e.resource.id: e.detail for e in report.planned if e.resource.kind == "logs:log-group"}
+
+    assert listed(created + dt.timedelta(days=1)) == {}  # an ephemeral stack may still be alive under that name
+    later = listed(created + dt.timedelta(days=8))
+    assert list(later) == ["/aws/eks/gpu-serving-eph-1a2b3c4d/cluster"]  # not the live cluster's, not prod's, not others'
+    assert "re-created by EKS for the ephemeral cluster gpu-serving-eph-1a2b3c4d, which no longer exists" in later[
+        "/aws/eks/gpu-serving-eph-1a2b3c4d/cluster"]
+    report = sw.sweep([REGION], yes=True, now=created + dt.timedelta(days=8), wait=5, poll=0.01)
+    assert [e.resource.id for e in report.deleted if e.resource.kind == "logs:log-group"] == ["/aws/eks/gpu-serving-eph-1a2b3c4d/cluster"]
+    assert {g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]} == {
+        "/aws/eks/gpu-serving-eph-live/cluster", "/aws/eks/gpu-serving-prod/cluster", "/aws/eks/someone-elses/cluster"}

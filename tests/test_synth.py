@@ -158,6 +158,59 @@ def test_prod_node_groups_and_cluster_are_in_the_document(repo_root: Path) -> No
     assert scaling["desiredSize"] == doc["outputs"]["nodes"] and type(scaling["desiredSize"]) is int
 
 
+def _computed_paths(value, path: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _computed_paths(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _computed_paths(v, f"{path}[{i}]")]
+    return [path] if value == COMPUTED else []
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_no_input_refers_to_an_output_the_engine_dropped(stack: str, repo_root: Path) -> None:
+    # Declared outputs nothing computes are answered as unknown, so an input built from one would be <computed>.
+    doc = synthesize(stack, repo_root)
+    unknown = [f"{r['name']}{p}" for r in doc["resources"] for p in _computed_paths(r["inputs"])]
+    assert unknown == [], unknown
+    assert _computed_paths(doc["outputs"]) == []
+    # The NAT gateways get their elastic IPs' allocation ids, a stable placeholder derived from the EIP.
+    nats = [r for r in doc["resources"] if r["type"] == "aws:ec2/natGateway:NatGateway"]
+    assert nats
+    for nat in nats:
+        assert nat["inputs"]["allocationId"] == f"<allocation-id:{nat['name']}-eip>"
+
+
+def test_declared_outputs_are_answered(tmp_path: Path) -> None:
+    from infra.preview.recording import record
+
+    seen: dict = {}
+
+    def program() -> None:
+        import pulumi_aws as aws
+
+        sg = aws.ec2.SecurityGroup("g", vpc_id="vpc-1")
+        key = aws.kms.Key("k")
+        pulumi.Output.all(sg.owner_id, key.key_usage, sg.ingress).apply(lambda v: seen.update(owner=v[0], usage=v[1]))
+        aws.ec2.SecurityGroup("h", vpc_id="vpc-1", description=sg.ingress.apply(lambda v: str(v)))
+
+    rec = record(program)
+    assert seen == {}  # `ingress` (a list) is computed by nobody here: unknown, so the apply never ran
+    assert ("aws:ec2/securityGroup:SecurityGroup", "g", "ingress") in rec.unknown_outputs
+    from infra.preview.synth import plain
+
+    assert plain(rec.named("h").inputs)["description"] == COMPUTED  # what a synth shows for it
+    seen.clear()
+
+    def strings() -> None:
+        import pulumi_aws as aws
+
+        sg = aws.ec2.SecurityGroup("g", vpc_id="vpc-1")
+        pulumi.Output.all(sg.owner_id, sg.vpc_id).apply(lambda v: seen.update(owner=v[0], vpc=v[1]))
+
+    record(strings)
+    assert seen == {"owner": "<ownerId:g>", "vpc": "vpc-1"}  # a string output: a placeholder; an input: itself
+
+
 def test_runtime_state_is_reset_after_a_run(repo_root: Path) -> None:
     synthesize("test", repo_root)
     assert settings.get_root_resource() is None

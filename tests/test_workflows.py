@@ -426,6 +426,14 @@ def test_ephemeral_workflow_runs_up_test_and_always_down():
     assert "command" not in (install.get("with") or {})  # installs the CLI only; the Automation API drives it
     (creds,) = uses(job, CREDENTIALS_ACTION)
     assert int(creds["with"]["role-duration-seconds"]) >= budget * 60
+    # The hosted runner reaches the API: the copy's endpoint is public-restricted to the runner's own address,
+    # read at run time, and `up` gets it as --deployer-cidr.
+    (egress,) = [s for s in steps(job) if s.get("id") == "egress"]
+    assert "checkip.amazonaws.com" in egress["run"] and 'cidr=$ip/32' in egress["run"] and "GITHUB_OUTPUT" in egress["run"]
+    assert steps(job).index(egress) < steps(job).index(up_step)
+    assert up_step["env"]["DEPLOYER_CIDR"] == "${{ steps.egress.outputs.cidr }}"
+    (up_call,) = [c for c in infra_calls(up_step["run"]) if c[:2] == ["ephemeral", "up"]]
+    assert up_call[up_call.index("--deployer-cidr") + 1] == "$DEPLOYER_CIDR"
 
 
 # --------------------------------------------------------------------------- nightly-sweep.yml

@@ -51,11 +51,14 @@ card/device slot.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_KINDS, CAPACITY_RESERVATION, ON_DEMAND, is_reserved
-from infra.catalog.eks import BOTTLEROCKET, ami_family
+from infra.catalog.eks import AL2023, BOTTLEROCKET, ami_family
 from infra.catalog.instances import InstanceType
 
 # EC2 launch template values (checked against botocore's ec2 model by the tests).
@@ -176,3 +179,156 @@ def root_device_name(ami_type: str) -> str:
     (its /dev/xvda is the small OS volume; images live on the data volume).
     """
     return "/dev/xvdb" if ami_family(ami_type) == BOTTLEROCKET else "/dev/xvda"
+
+
+# --------------------------------------------------------------------------- node disks
+
+# nodeadm's NodeConfig (awslabs/amazon-eks-ami, nodeadm/doc/api.md): `spec.instance.localStorage.strategy`
+# is one of RAID0, RAID10, Mount; RAID0 puts every instance-store NVMe device of the instance into one
+# array mounted at /mnt/k8s-disks and bind-mounts containerd's and the kubelet's directories onto it.
+NODEADM_API_VERSION = "node.eks.aws/v1alpha1"
+NODEADM_CONTENT_TYPE = "application/node.eks.aws"
+LOCAL_STORAGE_STRATEGIES = ("RAID0", "RAID10", "Mount")
+LOCAL_STORAGE_STRATEGY = "RAID0"
+USER_DATA_BOUNDARY = "GPU-SERVING-NODEADM"
+
+
+def uses_instance_store(ami_type: str, itype: InstanceType) -> bool:
+    """Whether containerd and the kubelet go on the instance store (AL2023 nodeadm; the type has local NVMe)."""
+    return ami_family(ami_type) == AL2023 and itype.local_nvme_bytes > 0
+
+
+def node_user_data(ami_type: str, itype: InstanceType) -> Optional[str]:
+    """The launch template's user data: a MIME multi-part document with one nodeadm NodeConfig, or None.
+
+    EKS merges it with the NodeConfig that joins the node to the cluster (EKS
+    User Guide, "Customize managed nodes with launch templates": user data of
+    managed node groups on Amazon Linux must be a MIME multi-part archive, and
+    EKS merges its own with it when the template names no AMI). Ours only asks
+    nodeadm to assemble the instance-store NVMe devices as RAID0 for containerd
+    and the kubelet, so images, image layers, caches and emptyDir volumes are
+    on the local NVMe instead of the EBS root volume. None where that does not
+    apply (Bottlerocket, or a type without instance store).
+    """
+    if not uses_instance_store(ami_type, itype):
+        return None
+    b = USER_DATA_BOUNDARY
+    return (
+        "MIME-Version: 1.0\n"
+        f'Content-Type: multipart/mixed; boundary="{b}"\n'
+        "\n"
+        f"--{b}\n"
+        f"Content-Type: {NODEADM_CONTENT_TYPE}\n"
+        "\n"
+        "---\n"
+        f"apiVersion: {NODEADM_API_VERSION}\n"
+        "kind: NodeConfig\n"
+        "spec:\n"
+        "  instance:\n"
+        "    localStorage:\n"
+        f"      strategy: {LOCAL_STORAGE_STRATEGY}\n"
+        "\n"
+        f"--{b}--\n"
+    )
+
+
+def encode_user_data(text: Optional[str]) -> Optional[str]:
+    """Launch template user data is base64 (EC2 RequestLaunchTemplateData.UserData)."""
+    return None if text is None else base64.b64encode(text.encode()).decode()
+
+
+# gp3 (EBS User Guide, "General Purpose SSD volumes"): 3,000 IOPS and 125 MiB/s included at any size; up to
+# 16,000 IOPS (500 per GiB) and 1,000 MiB/s (0.25 MiB/s per provisioned IOPS).
+GP3_BASE_IOPS, GP3_BASE_MIBPS = 3_000, 125
+GP3_MAX_IOPS, GP3_MAX_MIBPS = 16_000, 1_000
+GP3_IOPS_PER_GIB = 500
+GP3_MIBPS_PER_IOPS = 0.25
+
+# What the root volume has to write when it holds containerd (no instance store): the serving image. ASSUMPTION,
+# the figures infra/planning/serving.py sizes the root volume with: ~20 GiB compressed, ~40 GiB unpacked, both
+# written while the image is pulled. ASSUMPTION: that should take no more than 4 minutes of a node's cold
+# start (the weights load from the shared file system in parallel), and unpacking writes blocks of ~64 KiB.
+IMAGE_PULL_WRITE_GIB = 20 + 40
+IMAGE_PULL_SECONDS = 240
+IMAGE_UNPACK_IO_KIB = 64
+
+
+@dataclass(frozen=True)
+class VolumePerformance:
+    iops: int
+    throughput_mibps: int
+    why: str
+
+
+def root_volume_performance(size_gib: int, on_instance_store: bool) -> VolumePerformance:
+    """IOPS and throughput of the gp3 root volume, from what it has to hold.
+
+    With containerd and the kubelet on the instance store (`node_user_data`),
+    the root volume holds the OS and logs: gp3's included 3,000 IOPS and
+    125 MiB/s. Otherwise it takes the image pull: IMAGE_PULL_WRITE_GIB within
+    IMAGE_PULL_SECONDS, rounded up to 25 MiB/s, and the IOPS those writes need
+    at IMAGE_UNPACK_IO_KIB per write, never below the included figures and
+    within gp3's limits for the volume's size.
+    """
+    if size_gib < 1:
+        raise ValueError(f"root volume of {size_gib} GiB")
+    if on_instance_store:
+        return VolumePerformance(GP3_BASE_IOPS, GP3_BASE_MIBPS, "images and caches on the instance store (RAID0): gp3 baseline")
+    mibps = math.ceil(IMAGE_PULL_WRITE_GIB * 1024 / IMAGE_PULL_SECONDS / 25) * 25
+    iops = math.ceil(mibps * 1024 / IMAGE_UNPACK_IO_KIB / 100) * 100
+    iops = max(GP3_BASE_IOPS, min(iops, GP3_MAX_IOPS, GP3_IOPS_PER_GIB * size_gib))
+    mibps = max(GP3_BASE_MIBPS, min(mibps, GP3_MAX_MIBPS, int(iops * GP3_MIBPS_PER_IOPS)))
+    return VolumePerformance(iops, mibps, f"the {IMAGE_PULL_WRITE_GIB} GiB image pull within {IMAGE_PULL_SECONDS} s")
+
+
+# --------------------------------------------------------------------------- Capacity Block lifecycle
+
+
+def capacity_block_key(reservation_id: str) -> str:
+    """A short, stable key of a reservation id, for the names of what belongs to one Capacity Block."""
+    return hashlib.sha256(reservation_id.encode()).hexdigest()[:8]
+
+
+def resource_names(name: str, capacity_kind: str, reservation_id: Optional[str]) -> tuple[str, str]:
+    """(launch template, node group) resource names of a GPU node group.
+
+    A Capacity Block gets a node group (and template) of its own, named after
+    the block: a new block is a new reservation id, so a new node group is
+    created next to the old one, and the old one is deleted once the new one is
+    up (Pulumi deletes what the program no longer declares at the end of the
+    update). The new group never inherits the old one's nodes, and EKS never
+    updates a Capacity Block group in place. Other kinds keep fixed names.
+    """
+    if capacity_kind == CAPACITY_BLOCK:
+        if not reservation_id:
+            raise ValueError("a Capacity Block node group needs its reservation id")
+        key = capacity_block_key(reservation_id)
+        return f"{name}-lt-{key}", f"{name}-ng-{key}"
+    return f"{name}-lt", f"{name}-ng"
+
+
+# Node group inputs whose change rolls the nodes through UpdateNodegroupVersion (terraform-provider-aws,
+# internal/service/eks/node_group.go); the Pulumi property paths.
+ROLLING_FIELDS = ("launchTemplate.version", "releaseVersion", "version")
+
+
+def replacement_options(capacity_kind: str) -> dict[str, Any]:
+    """Resource options (pulumi names) of the GPU node group that decide how its nodes are changed.
+
+    Capacity Block: EKS requires a managed node group that uses a Capacity
+    Block to be at desired size 0 when it is updated (EKS User Guide, "Create a
+    managed node group with Capacity Blocks for ML", considerations). So a
+    change that would update its nodes (a new template version, AMI release or
+    Kubernetes version) replaces the group instead, deleting the old one first:
+    its instances go back into the block before the new group launches into it.
+    Other kinds: updated in place, one node at a time (`update_config`).
+    """
+    if capacity_kind == CAPACITY_BLOCK:
+        return {"replace_on_changes": list(ROLLING_FIELDS), "delete_before_replace": True}
+    return {"replace_on_changes": [], "delete_before_replace": False}
+
+
+def repair_config() -> dict[str, Any]:
+    """Node auto repair (EKS User Guide, "Enable node auto repair and investigate node health issues"):
+    on, one GPU node at a time, like the update policy."""
+    return {"enabled": True, "max_parallel_nodes_repaired_count": 1}

@@ -1,11 +1,17 @@
 """Tags every AWS resource of a stack carries (set once, as the AWS provider's default tags).
 
+The provider's default tags reach the resources Pulumi creates, not what an
+Auto Scaling group launches from a launch template (EKS node groups): those get
+the same tags through the template's tag specifications (`tag_specifications`).
+
 The leak sweeper finds a stack's resources by `project` and `stack`, and deletes
 those tagged `lifecycle: ephemeral` once the time in `expires-at` has passed; it
 never touches a resource tagged `lifecycle: production` or without the tags.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 PROJECT_TAG = "project"
 STACK_TAG = "stack"
@@ -23,3 +29,23 @@ def default_tags(*, project: str, stack: str, owner: str, production: bool, expi
             raise ValueError("a non-production stack needs an expiry time")
         tags[EXPIRES_TAG] = expires_at
     return tags
+
+
+# EC2 ResourceType values a launch template tags at launch: the instance, its volumes and its interfaces.
+TAGGED_RESOURCE_TYPES = ("instance", "volume", "network-interface")
+
+
+def tag_specifications(tags: Mapping[str, str], name: str) -> list[dict]:
+    """Launch template tag specifications (pulumi_aws names): the stack's tags and a Name, on every launched kind.
+
+    EKS User Guide, "Customize managed nodes with launch templates", section
+    "Tagging Amazon EC2 instances": the tags must be in the template's
+    TagSpecification; the node group's own tags do not reach its instances.
+    """
+    return [{"resource_type": kind, "tags": {**dict(tags), "Name": name}} for kind in TAGGED_RESOURCE_TYPES]
+
+
+def cluster_name(project: str, stack: str) -> str:
+    """The EKS cluster of a stack: project and stack (EKS allows 100 characters). The leak sweeper reads the
+    stack back out of it, for what EKS creates in the cluster's name without the stack's tags."""
+    return f"{project}-{stack.rsplit('/', 1)[-1]}"[:100]

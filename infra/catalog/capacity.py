@@ -9,9 +9,10 @@
   Capacity Blocks for ML").
 
 Reserved capacity (the last two) is bought for one zone and its placement is
-fixed already: the nodes must name the reservation, launching them into a
-cluster placement group as well fails, and there is no spare instance to
-launch a replacement into before the old node goes.
+fixed already: the nodes must name the reservation; a reservation made in a
+cluster placement group (AWS recommends one for p5) launches only into that
+group, which the stack then names instead of creating one; and there is no
+spare instance to launch a replacement into before the old node goes.
 
 The stack config (`gpu-serving:gpu.capacity`) takes these names, and the GPU
 node group's builders translate them into launch template and node group
@@ -34,7 +35,12 @@ def is_reserved(kind: str) -> bool:
     return kind in RESERVED_KINDS
 
 
-def takes_placement_group(kind: str) -> bool:
-    """Whether nodes of `kind` may go in a cluster placement group (on demand only:
-    a reservation or Capacity Block fixes placement, and adding a group breaks launches)."""
+def creates_placement_group(kind: str) -> bool:
+    """Whether the stack creates a cluster placement group for nodes of `kind` by default (on demand only).
+
+    A reservation or Capacity Block was made for one zone, and, when it was made
+    in a cluster placement group, only launches into that group (EC2 User Guide,
+    "Use Capacity Reservations with cluster placement groups"): its nodes name
+    that existing group (`gpu-serving:network.placementGroupName`), never a new one.
+    """
     return kind == ON_DEMAND

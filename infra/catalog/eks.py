@@ -18,6 +18,7 @@ is the small OS volume).
 from __future__ import annotations
 
 BOTTLEROCKET = "BOTTLEROCKET"
+AL2023 = "AL2023"
 
 # EKS AMI type with the NVIDIA driver -> CPU architecture of its instances (EC2 ArchitectureType).
 GPU_AMI_TYPES: dict[str, str] = {
@@ -57,3 +58,13 @@ def ami_supports(ami_type: str, instance_type: str) -> bool:
 def ami_family(ami_type: str) -> str:
     """The OS family of any EKS AMI type: `BOTTLEROCKET_x86_64_NVIDIA` -> `BOTTLEROCKET`."""
     return ami_type.split("_", 1)[0]
+
+
+# How the deployer reaches the cluster API (`gpu-serving:cluster.endpointAccess`), after the EKS
+# User Guide's "Cluster API server endpoint": public access limited to CIDRs, or private access
+# only, reached from inside the VPC (through an SSM-managed bastion, or from a runner in the VPC).
+# What each mode creates: infra/aws/access.py.
+PUBLIC_RESTRICTED = "public-restricted"
+PRIVATE_SSM = "private-ssm"
+PRIVATE_VPC = "private-vpc"
+ENDPOINT_ACCESS_MODES = (PUBLIC_RESTRICTED, PRIVATE_SSM, PRIVATE_VPC)

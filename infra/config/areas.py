@@ -15,7 +15,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
-from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, gpu_ami_types
+from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, ENDPOINT_ACCESS_MODES, PRIVATE_SSM, PRIVATE_VPC, PUBLIC_RESTRICTED, gpu_ami_types
+from infra.catalog.eks_versions import RELEASES as KUBERNETES_RELEASES, supported_versions
 from infra.errors import UserError
 from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import release, supported_range
@@ -28,6 +29,8 @@ Objective = Literal["max-kv", "min-cost"]
 # Every GPU instance type in the catalog is x86_64 (the tests check it against EC2's data).
 GpuAmiType = Literal[gpu_ami_types("x86_64")]  # type: ignore[valid-type]
 CapacityKind = Literal[CAPACITY_KINDS]  # type: ignore[valid-type]
+
+EndpointAccess = Literal[ENDPOINT_ACCESS_MODES]  # type: ignore[valid-type]
 
 
 class _Area(BaseModel):
@@ -81,6 +84,14 @@ class GpuConfig(_Area):
         ge=50,
         le=16_384,
         description="Encrypted gp3 root volume per GPU node, GiB; null = the plan's size (container images and caches).",
+    )
+    ami_release_version: Optional[str] = Field(
+        default=None,
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9a-z]+$",
+        description="AMI release of the GPU (and system) nodes, changed on purpose (EKS then replaces the nodes); "
+        "null = the release pinned for the Kubernetes version in `infra/catalog/eks_versions.py` (AL2023 only: "
+        "a Bottlerocket AMI type needs one here).",
+        json_schema_extra={"allowed": "an EKS AMI release version such as 1.35.6-20260714, or null"},
     )
 
 
@@ -144,8 +155,15 @@ class NetworkConfig(_Area):
     )
     placement_group: Optional[StrictBool] = Field(
         default=None,
-        description="Launch GPU nodes in a `cluster` placement group; null = yes on demand, no with a reservation "
-        "or Capacity Block (their placement is fixed already, and forcing a group breaks launches).",
+        description="Create a `cluster` placement group for the GPU nodes; null = yes on demand, no with a "
+        "reservation or Capacity Block (one made in a placement group names it in `placementGroupName`).",
+    )
+    placement_group_name: Optional[str] = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$",
+        description="An existing cluster placement group to launch the GPU nodes into instead: the one a capacity "
+        "reservation or Capacity Block was made in (pre-flight reads it from the reservation).",
+        json_schema_extra={"allowed": "a placement group name, or null"},
     )
     nat_gateway_per_az: StrictBool = Field(
         default=False, description="One NAT gateway per zone (survives a zone outage) instead of one."
@@ -219,18 +237,33 @@ class NetworkConfig(_Area):
 
 
 class ClusterConfig(_Area):
-    """`gpu-serving:cluster`: the EKS control plane and its system nodes."""
+    """`gpu-serving:cluster`: the EKS control plane, the deployer's way in, and the system nodes."""
 
-    kubernetes_version: str = Field(
-        default="1.33",
+    kubernetes_version: Optional[str] = Field(
+        default=None,
         pattern=r"^1\.[0-9]{2}$",
-        description="EKS Kubernetes version.",
-        json_schema_extra={"allowed": "a version such as 1.33"},
+        description="EKS Kubernetes version, upgraded on purpose one minor version at a time; null = the newest "
+        "version in standard support on the day of `up` whose add-ons are pinned (`infra/catalog/eks_versions.py`).",
+        json_schema_extra={"allowed": f"one of {', '.join(supported_versions())}, or null"},
     )
-    public_access_cidrs: list[Cidr] = Field(
+    endpoint_access: EndpointAccess = Field(
+        default=PRIVATE_SSM,
+        description="How `pulumi up` and kubectl reach the API: `public-restricted` (public endpoint open only to "
+        "`deployerCidrs`, private endpoint for the nodes), `private-ssm` (private only; the stack creates an "
+        "SSM-managed bastion and the kubeconfig goes through an SSM port-forwarding tunnel) or `private-vpc` "
+        "(private only; the deployer runs inside the existing VPC, from `deployerCidrs`).",
+    )
+    deployer_cidrs: list[Cidr] = Field(
         default_factory=list,
-        description="CIDRs allowed to reach the API endpoint from the internet; empty = private endpoint only.",
+        description="Where the deployer connects from: the public CIDRs allowed to the public endpoint "
+        "(`public-restricted`), or the in-VPC CIDRs allowed to the private endpoint (`private-vpc`).",
         json_schema_extra={"allowed": "a list of IPv4 CIDRs such as 203.0.113.0/24"},
+    )
+    api_tunnel_port: int = Field(
+        default=9443,
+        ge=1024,
+        le=65535,
+        description="`private-ssm`: the local port of the SSM tunnel the kubeconfig points at (`https://localhost:<port>`).",
     )
     admin_principal_arns: list[str] = Field(
         default_factory=list,
@@ -245,6 +278,33 @@ class ClusterConfig(_Area):
     )
     system_node_count: int = Field(default=2, ge=1, le=10, description="Nodes in the system node group.")
     fsx_csi: StrictBool = Field(default=False, description="Install the FSx for Lustre CSI driver add-on too.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("publicAccessCidrs" in data or "public_access_cidrs" in data):
+            raise PydanticCustomError(
+                "renamed_key",
+                "publicAccessCidrs was replaced by endpointAccess and deployerCidrs: for a public endpoint set "
+                "endpointAccess: public-restricted and list the CIDRs in deployerCidrs; an empty list (private only) "
+                "is endpointAccess: private-ssm",
+                {"key": "publicAccessCidrs"},
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _version_pinned(self) -> "ClusterConfig":
+        v = self.kubernetes_version
+        if v is not None and v not in supported_versions():
+            known = "the EKS calendar has no such version" if v not in KUBERNETES_RELEASES else (
+                "its add-on versions or AMI release are not pinned in infra/catalog/eks_versions.py yet"
+            )
+            raise PydanticCustomError(
+                "version_not_pinned",
+                "'{version}' cannot be deployed: {why}; use one of {supported} (or null for the default)",
+                {"key": "kubernetesVersion", "version": v, "why": known, "supported": ", ".join(supported_versions())},
+            )
+        return self
 
 
 class LifecycleConfig(_Area):

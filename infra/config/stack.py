@@ -7,8 +7,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from infra.catalog.capacity import takes_placement_group
+from datetime import date
+
+from infra.catalog.capacity import creates_placement_group
+from infra.catalog.eks import AL2023, ami_family
+from infra.catalog.eks_versions import al2023_release, default_version as default_kubernetes_version
 from infra.config.areas import (
+    PRIVATE_VPC,
+    PUBLIC_RESTRICTED,
     ChecksConfig,
     ClusterConfig,
     CostConfig,
@@ -64,12 +70,29 @@ class StackConfig(BaseModel):
                 "unknown instance type '{name}'; known instance types: {known}",
                 {"loc": ("gpu", "instanceType"), "name": self.gpu.instance_type, "known": ", ".join(sorted(INSTANCE_TYPES))},
             )
-        if self.network.placement_group and not takes_placement_group(self.gpu.capacity.type):
+        if self.network.placement_group and not creates_placement_group(self.gpu.capacity.type):
             raise PydanticCustomError(
                 "placement_with_reservation",
-                "placementGroup is true but capacity type is '{kind}': a reservation or Capacity Block already "
-                "fixes placement, and launching it into a placement group fails; set placementGroup to false or null",
+                "placementGroup is true but capacity type is '{kind}': a reservation or Capacity Block only launches "
+                "into the placement group it was made in, never into a new one; set placementGroup to null and, when "
+                "the reservation is in a placement group, name it in placementGroupName (pre-flight shows it)",
                 {"loc": ("network", "placementGroup"), "kind": self.gpu.capacity.type},
+            )
+        if self.network.placement_group and self.network.placement_group_name:
+            raise PydanticCustomError(
+                "placement_with_reservation",
+                "placementGroup is true and placementGroupName is set: the nodes go either into a new placement "
+                "group or into the named one; set placementGroup to null to use '{name}'",
+                {"loc": ("network", "placementGroup"), "name": self.network.placement_group_name},
+            )
+        self._check_endpoint_access()
+        if ami_family(self.gpu.ami_type) != AL2023 and not self.gpu.ami_release_version:
+            raise PydanticCustomError(
+                "required_for_capacity",
+                "required with amiType '{ami}': only AL2023 releases are pinned in infra/catalog/eks_versions.py; "
+                "read the current one with `aws ssm get-parameter --name "
+                "/aws/service/bottlerocket/aws-k8s-<version>-nvidia/x86_64/latest/image_version`",
+                {"loc": ("gpu", "amiReleaseVersion"), "ami": self.gpu.ami_type},
             )
         net = self.network
         for key, zones in (("availabilityZones", net.availability_zones or []), ("gpuAvailabilityZone", [net.gpu_availability_zone] if net.gpu_availability_zone else [])):
@@ -96,12 +119,76 @@ class StackConfig(BaseModel):
             )
         return self
 
+    def _check_endpoint_access(self) -> None:
+        """Every endpoint mode must leave the deployer a way in (see ClusterConfig.endpoint_access)."""
+        cl, net = self.cluster, self.network
+        mode, cidrs = cl.endpoint_access, list(cl.deployer_cidrs)
+        where = {"loc": ("cluster", "endpointAccess"), "mode": mode}
+        if mode == PUBLIC_RESTRICTED:
+            if not cidrs:
+                raise PydanticCustomError(
+                    "endpoint_unreachable",
+                    "'{mode}' with no deployerCidrs: the public endpoint would admit no one, so `pulumi up` could not "
+                    "reach the Kubernetes layer; list the CIDRs `pulumi up` runs from in gpu-serving:cluster.deployerCidrs "
+                    "(e.g. your egress IP as a /32), or use endpointAccess: private-ssm",
+                    where,
+                )
+            open_ = [c for c in cidrs if c.endswith("/0")]
+            if open_ and self.lifecycle.production:
+                raise PydanticCustomError(
+                    "endpoint_unreachable",
+                    "{cidrs} opens the API endpoint of a production cluster to the whole internet; list the deployer's "
+                    "own CIDRs (a VPN or CI egress range), or use endpointAccess: private-ssm",
+                    {"loc": ("cluster", "deployerCidrs"), "cidrs": ", ".join(open_)},
+                )
+        elif mode == PRIVATE_VPC:
+            if not net.existing_vpc_id:
+                raise PydanticCustomError(
+                    "endpoint_unreachable",
+                    "'{mode}' makes the API private, but the stack creates its own VPC and nothing that runs `pulumi up` "
+                    "is inside it: every Kubernetes resource (Helm releases, the weights volume, the RayCluster) would "
+                    "time out, and so would destroy; use endpointAccess: private-ssm (a bastion the stack creates, "
+                    "reached through SSM port forwarding), public-restricted with deployerCidrs, or set "
+                    "gpu-serving:network.existingVpcId to the VPC your runner or VPN is in",
+                    where,
+                )
+            if not cidrs:
+                raise PydanticCustomError(
+                    "endpoint_unreachable",
+                    "'{mode}' with no deployerCidrs: the cluster security group admits 443 only from itself; list the "
+                    "in-VPC CIDRs of the runner or VPN that runs `pulumi up` in gpu-serving:cluster.deployerCidrs",
+                    where,
+                )
+        elif cidrs:  # private-ssm: the deployer comes in through the bastion, from anywhere SSM reaches
+            raise PydanticCustomError(
+                "endpoint_unreachable",
+                "deployerCidrs is set but endpointAccess is '{mode}', which takes no CIDRs (the way in is the SSM "
+                "tunnel through the stack's bastion); remove deployerCidrs, or use public-restricted or private-vpc",
+                {"loc": ("cluster", "deployerCidrs"), "mode": mode},
+            )
+
     @property
     def placement_group(self) -> bool:
-        """Whether GPU nodes go in a cluster placement group (see NetworkConfig.placement_group)."""
+        """Whether the stack creates a cluster placement group for the GPU nodes (see NetworkConfig.placement_group)."""
+        if self.network.placement_group_name:
+            return False
         if self.network.placement_group is None:
-            return takes_placement_group(self.gpu.capacity.type)
+            return creates_placement_group(self.gpu.capacity.type)
         return self.network.placement_group
+
+    def kubernetes_version(self, day: date) -> str:
+        """The cluster's Kubernetes version: the config's, else the default on `day` (infra/catalog/eks_versions.py)."""
+        return self.cluster.kubernetes_version or default_kubernetes_version(day)
+
+    def ami_release_version(self, day: date) -> str:
+        """The GPU nodes' AMI release: the config's, else the AL2023 release pinned for the Kubernetes version."""
+        return self.gpu.ami_release_version or al2023_release(self.kubernetes_version(day))
+
+    def system_ami_release_version(self, day: date) -> str:
+        """The system nodes' (AL2023) AMI release: the GPU nodes' when they run AL2023 too, else the pinned one."""
+        if ami_family(self.gpu.ami_type) == AL2023:
+            return self.ami_release_version(day)
+        return al2023_release(self.kubernetes_version(day))
 
     def plan_request(self) -> PlanRequest:
         """The planner's input for this stack."""

@@ -14,9 +14,13 @@ The checks, and the AWS calls behind them:
    (LocationType availability-zone). Zone names map to different physical zones
    per account, so this is answered for this account.
 2. On-Demand vCPU quota: Service Quotas GetServiceQuota for the instance
-   family's quota (`QUOTAS`), compared with nodes x vCPUs of the plan plus the
-   vCPUs of that family's instances already running in the region that are not
-   this stack's (EC2 DescribeInstances). Does not apply to a capacity
+   family's quota (`QUOTAS`), compared with the vCPUs of the plan's nodes plus
+   the node-update surge (EKS User Guide, "Understand each phase of node
+   updates": an update raises the Auto Scaling group's maximum and desired size
+   by the larger of twice the number of zones the group is in and
+   maxUnavailable, so that many more nodes run for a while) plus the vCPUs of
+   that family's instances already running in the region that are not this
+   stack's (EC2 DescribeInstances). Does not apply to a capacity
    reservation or Capacity Block: EC2 checked the On-Demand limit when the
    reservation was created ("Your request could also fail if the requested
    quantity exceeds your On-Demand Instance limit", EC2 API reference,
@@ -25,14 +29,24 @@ The checks, and the AWS calls behind them:
    exists, right kind (`ReservationType` default vs capacity-block), state
    active (a block that is `scheduled` shows when it starts and ends), in the GPU
    zone, the right instance type, at least `nodes` instances in total and
-   available. An active block must also outlive EKS's scale-to-zero, which
-   happens 40 minutes before it ends (EKS User Guide, Capacity Blocks).
+   available; in the placement group it was made in, when it was (its
+   PlacementGroupArn), which the stack must name (`network.placementGroupName`).
+   A Capacity Block's start and end are set against the planned change: the
+   group is created about `CHANGE_LEAD` after `up` starts (a block that starts
+   by then is a go), and the block must last the change, the nodes' start and
+   the plan's cold start beyond EKS's scale-to-zero 40 minutes before it ends
+   (EKS User Guide, Capacity Blocks).
 4. EFA: EC2 DescribeInstanceTypes NetworkInfo.EfaSupported and
    EfaInfo.MaximumEfaInterfaces, when the plan wires EFA interfaces (every
    catalog type with `max_efa_interfaces > 0`: see infra/aws/gpu_nodes.py).
 5. EKS version: EKS DescribeClusterVersions; where that call is not available
-   (older endpoints, no permission, emulators) the built-in calendar
-   `EKS_CALENDAR` is used and the detail says so.
+   (older endpoints, no permission, emulators) the calendar of
+   infra/catalog/eks_versions.py is used and the detail says so. A version
+   within 60 days of the end of its standard support is a go with a warning
+   (extended support costs more per cluster hour).
+6. Add-on versions: EKS DescribeAddonVersions for each add-on the cluster
+   installs, at the cluster's Kubernetes version: every pinned version
+   (infra/catalog/eks_versions.py) must be one EKS offers.
 
 The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
 the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
@@ -46,9 +60,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from infra.catalog import eks_versions
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
+from infra.errors import UserError
 from infra.ops import aws
 
 # --------------------------------------------------------------------------- data
@@ -91,25 +107,17 @@ QUOTAS: tuple[Quota, ...] = (
     Quota(("hpc",), "Running On-Demand HPC instances", None),
 )  # fmt: skip
 
-# EKS Kubernetes versions: (version, end of standard support, end of extended support).
-# Source: Amazon EKS User Guide, "Understand the Kubernetes version lifecycle on EKS",
-# release calendar (standard support 14 months from the EKS release, extended support 12 more),
-# as published on 2026-04-24 (the dates also match endoflife.date/amazon-eks). Used only when
-# EKS DescribeClusterVersions cannot be called.
-EKS_CALENDAR_SOURCE = "Amazon EKS User Guide, Kubernetes release calendar, as of 2026-04-24"
-EKS_CALENDAR: dict[str, tuple[dt.date, dt.date]] = {
-    "1.28": (dt.date(2024, 11, 26), dt.date(2025, 11, 26)),
-    "1.29": (dt.date(2025, 3, 23), dt.date(2026, 3, 23)),
-    "1.30": (dt.date(2025, 7, 23), dt.date(2026, 7, 23)),
-    "1.31": (dt.date(2025, 11, 26), dt.date(2026, 11, 26)),
-    "1.32": (dt.date(2026, 3, 23), dt.date(2027, 3, 23)),
-    "1.33": (dt.date(2026, 7, 29), dt.date(2027, 7, 29)),
-    "1.34": (dt.date(2026, 12, 2), dt.date(2027, 12, 2)),
-    "1.35": (dt.date(2027, 3, 27), dt.date(2028, 3, 27)),
-}
+# The calendar used when EKS DescribeClusterVersions cannot be called (infra/catalog/eks_versions.py).
+EKS_CALENDAR_SOURCE = eks_versions.CALENDAR_SOURCE
+STANDARD_SUPPORT_WARNING = eks_versions.STANDARD_SUPPORT_WARNING
 
 # EKS scales a Capacity Block node group to zero this long before the block ends (EKS User Guide).
 BLOCK_SCALE_DOWN = dt.timedelta(minutes=40)
+# ASSUMPTION: how long after `pulumi up` starts the GPU node group asks for its instances on a new stack (VPC, EKS
+# control plane ~10-15 min, add-ons, system nodes), and how long a node then takes to be Ready (boot, join, the GPU
+# operator's DaemonSets). Used only to set a Capacity Block's window against the change.
+CHANGE_LEAD = dt.timedelta(minutes=30)
+NODE_READY = dt.timedelta(minutes=15)
 
 GO, NO_GO, UNKNOWN = "go", "no-go", "unknown"
 
@@ -120,6 +128,7 @@ class Check:
     ok: Optional[bool]  # True go, False no-go, None unknown
     detail: str
     fix: str = ""
+    warning: str = ""  # a go that needs attention soon (e.g. standard support ends within 60 days)
 
     @property
     def status(self) -> str:
@@ -141,14 +150,26 @@ class Target:
     capacity_type: str  # on-demand | capacity-reservation | capacity-block
     reservation_id: Optional[str]
     kubernetes_version: str
+    node_group_zones: int = 1  # the GPU node group's subnets span one zone (EFA)
+    max_unavailable: int = 1  # infra/aws/gpu_nodes.py, update_config
+    placement_group_name: Optional[str] = None  # network.placementGroupName: an existing group the nodes launch into
+    addon_versions: tuple[tuple[str, str], ...] = ()  # (add-on, pinned version) the cluster installs
+    cold_start: dt.timedelta = dt.timedelta(0)  # the plan's estimate: weights read and engine start
 
     @property
     def instance_type(self) -> str:
         return self.instance.name
 
     @property
+    def update_surge(self) -> int:
+        """Extra nodes an EKS managed node group update runs (EKS User Guide, "Understand each phase of node
+        updates", setup phase): the larger of twice its zones and maxUnavailable."""
+        return max(2 * self.node_group_zones, self.max_unavailable)
+
+    @property
     def vcpus_needed(self) -> int:
-        return self.nodes * self.instance.vcpus
+        """vCPUs the On-Demand quota must cover: the nodes and the update surge."""
+        return (self.nodes + self.update_surge) * self.instance.vcpus
 
     @property
     def uses_efa(self) -> bool:
@@ -166,6 +187,13 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         region = aws.new_session().region_name  # no aws:region in the stack file: boto3's configured region
     region = region or cfg.region
     plan = make_plan(cfg.plan_request())
+    version = cfg.kubernetes_version(eks_versions.today())
+    pinned = eks_versions.addon_versions(version)
+    installed = [a for a in eks_versions.PINNED_ADDONS if a != "aws-fsx-csi-driver" or cfg.cluster.fsx_csi]
+    try:
+        cold = plan.deployment().storage.estimated_cold_start_s
+    except UserError:  # a plan that cannot be served: the other checks still answer, the window check has no cold start
+        cold = 0.0
     return Target(
         stack=stack,
         region=region,
@@ -174,7 +202,10 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         zone=cfg.network.gpu_zone(region),
         capacity_type=cfg.gpu.capacity.type,
         reservation_id=cfg.gpu.capacity.reservation_id,
-        kubernetes_version=cfg.cluster.kubernetes_version,
+        kubernetes_version=version,
+        placement_group_name=cfg.network.placement_group_name,
+        addon_versions=tuple((a, pinned[a]) for a in installed),
+        cold_start=dt.timedelta(seconds=cold),
     )
 
 
@@ -319,11 +350,17 @@ def check_quota(sq, ec2, t: Target) -> Check:
         return Check(
             name, True,
             f"not applicable: the nodes launch into {kind} {t.reservation_id}; EC2 checked the On-Demand "
-            "limit when the reservation was created (a Capacity Block is bought, not drawn from it)",
+            "limit when the reservation was created (a Capacity Block is bought, not drawn from it). No update "
+            "surge either: reserved node groups update MINIMAL (a node goes before its replacement comes), "
+            "so the reservation needs the plan's nodes and no more",
         )  # fmt: skip
     quota = quota_for(t.instance_type)
     need = t.vcpus_needed
-    sizing = f"{t.nodes} x {t.instance_type} = {t.nodes} x {t.instance.vcpus} = {need} vCPUs"
+    n = t.nodes + t.update_surge
+    sizing = (
+        f"{t.nodes} x {t.instance_type} and the update surge of {t.update_surge} (the larger of 2 x "
+        f"{t.node_group_zones} zone(s) and maxUnavailable {t.max_unavailable}) = {n} x {t.instance.vcpus} = {need} vCPUs"
+    )
     if quota is None:
         return Check(
             name, None, f"no known On-Demand quota for the family of {t.instance_type}; the plan needs {sizing}",
@@ -421,24 +458,51 @@ def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Chec
     elif t.capacity_type == CAPACITY_RESERVATION and rtype == "capacity-block":
         problems.append("it is a Capacity Block, not an On-Demand Capacity Reservation")
         fixes.append("set gpu-serving:gpu.capacity.type to capacity-block (market type capacity-block, node group CAPACITY_BLOCK)")
-    if state == "active":
+    starts_in_time = state == "scheduled" and rtype == "capacity-block" and start is not None and start - now <= CHANGE_LEAD
+    if state == "active" or starts_in_time:
+        if starts_in_time:
+            facts.append(f"starts {_fmt_time(start)}, before the change reaches the node group (~{_hours(CHANGE_LEAD)} after `up` starts)")
         if rtype == "capacity-block" and end is not None:
             left = end - now
+            serving_from = max(now + CHANGE_LEAD, start or now) + NODE_READY + t.cold_start
+            serving = end - BLOCK_SCALE_DOWN - serving_from
             if left <= BLOCK_SCALE_DOWN:
                 problems.append(f"the block ends at {_fmt_time(end)}: EKS scales its node group to zero 40 minutes before")
                 fixes.append("buy a new Capacity Block (aws ec2 describe-capacity-block-offerings / purchase-capacity-block-offering)")
+            elif serving <= dt.timedelta(0):
+                problems.append(
+                    f"the block ends at {_fmt_time(end)} (in {_hours(left)}): the change reaches the node group in ~"
+                    f"{_hours(CHANGE_LEAD)}, nodes are Ready ~{_hours(NODE_READY)} later and the plan's cold start takes "
+                    f"{_hours(t.cold_start)}, and EKS scales the group to zero 40 minutes before the end: nothing would serve"
+                )
+                fixes.append("buy a later or longer Capacity Block and set gpu-serving:gpu.capacity.reservationId to it "
+                             "(a new block gets a new node group, created before the old one goes)")  # fmt: skip
             else:
-                facts.append(f"ends in {_hours(left)}; EKS scales the node group to zero 40 minutes before")
+                facts.append(f"ends in {_hours(left)}; EKS scales the node group to zero 40 minutes before, leaving "
+                             f"~{_hours(serving)} of serving after this change")  # fmt: skip
     elif state == "scheduled":
         when = f"starts {_fmt_time(start)} (in {_hours(start - now)})" if start else "has not started"
         problems.append(f"it is scheduled: {when}, ends {_fmt_time(end) if end else '?'}")
-        fixes.append(f"run `pulumi up` after {_fmt_time(start) if start else 'it starts'}: a node group created before the block starts fails")
+        lead = f"{_fmt_time(start - CHANGE_LEAD)}" if start else "it starts"
+        fixes.append(f"run `pulumi up` after {lead} (the node group is created ~{_hours(CHANGE_LEAD)} into it; until the "
+                     "block starts its launches fail)")  # fmt: skip
     elif state in ("pending", "assessing", "payment-pending", "delayed"):
         problems.append(f"it is not active yet (state {state})")
         fixes.append("wait until it is active (aws ec2 describe-capacity-reservations), then rerun")
     else:
         problems.append(f"it cannot be used (state {state})")
         fixes.append(f"get a new {kind} and set gpu-serving:gpu.capacity.reservationId")
+    group_arn = cr.get("PlacementGroupArn")
+    group = str(group_arn).rsplit("placement-group/", 1)[-1] if group_arn else None
+    if group:
+        facts.append(f"in placement group {group}")
+    if group != t.placement_group_name:
+        if group:
+            problems.append(f"it was made in placement group {group}, and launches only into it")
+            fixes.append(f"set gpu-serving:network.placementGroupName to {group}")
+        else:
+            problems.append(f"it is in no placement group, but the nodes would launch into {t.placement_group_name}")
+            fixes.append("remove gpu-serving:network.placementGroupName")
     if zone != t.zone:
         problems.append(f"it is in {zone}, the GPU nodes go to {t.zone}")
         fixes.append(f"set gpu-serving:network.gpuAvailabilityZone to {zone} (and list it in availabilityZones)")
@@ -491,30 +555,49 @@ def check_efa(ec2, t: Target) -> Check:
     return Check(name, True, f"{t.instance_type}: EFA supported, up to {max_efa} interfaces; the plan uses {want}")
 
 
+def _standard_support_warning(version: str, std_end: Optional[dt.date], today: dt.date) -> tuple[str, str]:
+    """(warning, fix) when standard support of `version` ends within STANDARD_SUPPORT_WARNING of `today`."""
+    if std_end is None or not (today <= std_end <= today + STANDARD_SUPPORT_WARNING):
+        return "", ""
+    newer = [v for v in eks_versions.supported_versions() if _version_key(v) > _version_key(version)]
+    return (
+        f"standard support of {version} ends {std_end} (in {(std_end - today).days} days); after that EKS bills "
+        "extended support per cluster hour",
+        f"upgrade gpu-serving:cluster.kubernetesVersion one minor version at a time"
+        + (f" (next: {newer[0]})" if newer else "; add the next version to infra/catalog/eks_versions.py first"),
+    )
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(map(int, version.split(".")))
+
+
 def _calendar_check(name: str, version: str, today: dt.date, why: str) -> Check:
-    newest = max(EKS_CALENDAR, key=lambda v: tuple(map(int, v.split("."))))
-    entry = EKS_CALENDAR.get(version)
+    newest = max(eks_versions.RELEASES, key=_version_key)
+    entry = eks_versions.release(version)
     src = f"from the built-in calendar, {EKS_CALENDAR_SOURCE}; {why}"
     upgrade = f"set gpu-serving:cluster.kubernetesVersion to a supported version (newest known: {newest})"
     if entry is None:
-        if tuple(map(int, version.split("."))) > tuple(map(int, newest.split("."))):
+        if _version_key(version) > _version_key(newest):
             return Check(name, None, f"{version} is newer than the {src}",
                          "check `aws eks describe-cluster-versions` or the EKS release calendar")  # fmt: skip
         return Check(name, False, f"{version} is no longer offered by EKS ({src})", upgrade)
-    std_end, ext_end = entry
-    if today <= std_end:
-        return Check(name, True, f"{version}: standard support until {std_end} ({src})")
-    if today <= ext_end:
+    std_end, ext_end = entry.end_of_standard, entry.end_of_extended
+    if today < std_end:
+        warning, fix = _standard_support_warning(version, std_end, today)
+        return Check(name, True, f"{version}: standard support until {std_end} ({src})", fix, warning)
+    if today < ext_end:
         return Check(
             name, True,
             f"{version}: extended support until {ext_end} (standard support ended {std_end}; extended support "
             f"costs extra per cluster hour) ({src})",
+            upgrade, f"standard support of {version} ended {std_end}: extended support costs extra per cluster hour",
         )  # fmt: skip
     return Check(name, False, f"{version}: support ended {ext_end} ({src})", upgrade)
 
 
 def check_eks_version(eks, t: Target, today: Optional[dt.date] = None) -> Check:
-    """The EKS Kubernetes version can be used for a new cluster."""
+    """The EKS Kubernetes version can be used for a new cluster; a warning within 60 days of its end of standard support."""
     name = "EKS version supported"
     v = t.kubernetes_version
     today = today or dt.datetime.now(dt.timezone.utc).date()
@@ -529,15 +612,48 @@ def check_eks_version(eks, t: Target, today: Optional[dt.date] = None) -> Check:
     status = str(info.get("versionStatus") or info.get("status") or "").upper().replace("-", "_")
     std_end, ext_end = info.get("endOfStandardSupportDate"), info.get("endOfExtendedSupportDate")
     if status == "STANDARD_SUPPORT":
-        return Check(name, True, f"{v}: standard support" + (f" until {_fmt_time(std_end)}" if std_end else ""))
+        std_day = std_end.date() if isinstance(std_end, dt.datetime) else None
+        warning, fix = _standard_support_warning(v, std_day, today)
+        return Check(name, True, f"{v}: standard support" + (f" until {_fmt_time(std_end)}" if std_end else ""), fix, warning)
     if status == "EXTENDED_SUPPORT":
         return Check(
             name, True,
             f"{v}: extended support" + (f" until {_fmt_time(ext_end)}" if ext_end else "")
             + " (costs extra per cluster hour; consider a newer version)",
+            "upgrade gpu-serving:cluster.kubernetesVersion one minor version at a time",
+            f"{v} is in extended support: it costs extra per cluster hour",
         )  # fmt: skip
     return Check(name, False, f"{v}: {status.lower() or 'unsupported'}",
                  "set gpu-serving:cluster.kubernetesVersion to a version in standard support")  # fmt: skip
+
+
+def check_addon_versions(eks, t: Target) -> Check:
+    """Every pinned add-on version is one EKS offers for the cluster's Kubernetes version (DescribeAddonVersions)."""
+    name = "add-on versions offered"
+    if not t.addon_versions:
+        return Check(name, True, "no add-ons pinned")
+    missing: list[str] = []
+    offered_any: dict[str, list[str]] = {}
+    for addon, version in t.addon_versions:
+        try:
+            pages = eks.get_paginator("describe_addon_versions").paginate(addonName=addon, kubernetesVersion=t.kubernetes_version)
+            offered = [v["addonVersion"] for page in pages for a in page.get("addons", []) for v in a.get("addonVersions", [])]
+        except Exception as exc:  # noqa: BLE001
+            fix = "grant eks:DescribeAddonVersions" if aws.is_denied(exc) else "rerun; check the region and credentials"
+            return Check(name, None, f"could not list the versions of {addon} for Kubernetes {t.kubernetes_version}: "
+                                     f"{_error_text(exc)}", fix)  # fmt: skip
+        offered_any[addon] = offered
+        if version not in offered:
+            missing.append(f"{addon} {version}")
+    pins = ", ".join(f"{a} {v}" for a, v in t.addon_versions)
+    if missing:
+        hints = "; ".join(f"{m.split()[0]}: e.g. {offered_any[m.split()[0]][0]}" for m in missing if offered_any[m.split()[0]])
+        return Check(
+            name, False, f"EKS does not offer {', '.join(missing)} for Kubernetes {t.kubernetes_version} in {t.region}",
+            f"pin an offered version in infra/catalog/eks_versions.py ADDON_VERSIONS[{t.kubernetes_version!r}]"
+            + (f" ({hints})" if hints else "") + f"; list them with `aws eks describe-addon-versions --kubernetes-version {t.kubernetes_version} --addon-name <name>`",
+        )  # fmt: skip
+    return Check(name, True, f"every pinned add-on is offered for Kubernetes {t.kubernetes_version}: {pins}")
 
 
 # --------------------------------------------------------------------------- run and render
@@ -551,6 +667,7 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_reservation(clients.ec2, t, now),
         lambda: check_efa(clients.ec2, t),
         lambda: check_eks_version(clients.eks, t, now.date()),
+        lambda: check_addon_versions(clients.eks, t),
     ]
     return [step() for step in steps]
 
@@ -587,13 +704,17 @@ def render(t: Target, checks: list[Check], console, allow_unknown: bool = False)
     table.add_column("detail")
     table.add_column("fix")
     for c in checks:
-        table.add_row(escape(c.name), style[c.status], escape(c.detail), escape(c.fix) if c.ok is not True else "")
+        status = style[c.status] + (" [yellow](warning)[/yellow]" if c.warning else "")
+        detail = c.detail + (f". Warning: {c.warning}" if c.warning else "")
+        table.add_row(escape(c.name), status, escape(detail), escape(c.fix) if c.ok is not True or c.warning else "")
     console.print(table)
     go = all_go(checks, allow_unknown)
     bad = [c for c in checks if c.ok is False]
     unknown = [c for c in checks if c.ok is None]
     if go:
         extra = f" ({len(unknown)} unknown, allowed)" if unknown else ""
+        warned = [c for c in checks if c.warning]
+        extra += f"; {len(warned)} warning(s) above" if warned else ""
         console.print(f"[green bold]GO[/green bold]: every check passed{extra}.")
     else:
         parts = []

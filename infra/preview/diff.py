@@ -11,6 +11,9 @@ the change would
 - replace an EKS node group, the EKS cluster or a launch template (a change to
   a field the provider can only set at creation, or to a `replaceOnChanges`
   path), or delete a node group or the cluster;
+- swap a node group for a new one of another name under the same component
+  (a Capacity Block's group is named after its block: a new reservation id
+  brings a new group, created before the old one is deleted);
 - roll the nodes of a node group (AMI release or Kubernetes version, launch
   template version; a new version of a launch template node groups use);
 - switch `protect` off, or delete a protected resource.
@@ -458,10 +461,45 @@ def _reason_text(c: ResourceChange, reason: str) -> str:
 
 CONSEQUENCE = {
     NODE_GROUP: "a new node group is created and this one deleted: every node is drained and terminated, "
-    "and the GPU capacity is launched again (a Capacity Block or reservation must have room for both)",
+    "and the nodes are launched again (into a reservation, only if it has room for both groups)",
     CLUSTER: "a new cluster is created and this one deleted, with every node group, add-on and workload on it",
     LAUNCH_TEMPLATE: "a new launch template is created; node groups using it are updated onto it",
 }
+
+
+def node_group_swaps(d: Diff) -> list[tuple[dict, dict]]:
+    """(removed, added) node groups of one component: one group replaced by a new one of another name.
+
+    The GPU node group of a Capacity Block is named after its block
+    (infra/aws/gpu_nodes.py, `resource_names`), so a new block shows as one
+    group gone and one new under the same parent.
+    """
+    added = [r for r in d.added if r["type"] == NODE_GROUP]
+    pairs = []
+    for old in (r for r in d.removed if r["type"] == NODE_GROUP):
+        same_parent = [a for a in added if a.get("parent") == old.get("parent")]
+        if len(same_parent) == 1:
+            pairs.append((old, same_parent[0]))
+            added.remove(same_parent[0])
+    return pairs
+
+
+def _reservation_of(group: dict, doc: dict) -> Any:
+    """The capacity reservation the group's launch template targets (found through `launchTemplate.id`), or None."""
+    lt_id = _lookup(group.get("inputs") or {}, "launchTemplate.id")
+    for r in doc["resources"]:
+        if r["type"] == LAUNCH_TEMPLATE and lt_id in (f"<id:{r.get('name')}>", r["urn"]):
+            value = _lookup(r.get("inputs") or {}, "capacityReservationSpecification.capacityReservationTarget.capacityReservationId")
+            return None if value is MISSING else value
+    return None
+
+
+def _swap_reason(old: dict, new: dict, base: dict, head: dict) -> str:
+    """` (capacity reservation `cr-a` → `cr-b`)` when the two groups launch into different reservations."""
+    a, b = _reservation_of(old, base), _reservation_of(new, head)
+    if a != b and (a or b):
+        return f" (capacity reservation {_code(str(a))} → {_code(str(b))})"
+    return ""
 
 
 def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
@@ -481,8 +519,20 @@ def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
             if opts.get("protect"):
                 text += " It is protected: `pulumi up` refuses to replace it until `protect` is off."
             out.append(Callout("CAUTION", text))
+    swaps = node_group_swaps(d)
+    for old, new in swaps:
+        why = _swap_reason(old, new, base, head)
+        out.append(
+            Callout(
+                "WARNING",
+                f"**Swaps {_what(old)} for {_code(new.get('name', ''))}** {_type(old)}{why}: the new group is created "
+                "first, then the old one is drained and deleted (blue/green; Pulumi deletes what the program no "
+                "longer declares at the end of the update).",
+            )
+        )
+    swapped = {o["urn"] for o, _ in swaps}
     for r in d.removed:
-        if r["type"] in (NODE_GROUP, CLUSTER):
+        if r["type"] in (NODE_GROUP, CLUSTER) and r["urn"] not in swapped:
             tail = ": with every node group, add-on and workload on it" if r["type"] == CLUSTER else ": every node is drained and terminated"
             out.append(Callout("CAUTION", f"**Deletes {_what(r)}** {_type(r)}{tail}."))
     for c in d.changed:

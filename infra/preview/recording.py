@@ -10,7 +10,12 @@ tests both use it.
 
 Values only the cloud knows (ids, ARNs, endpoints) are answered with stable
 placeholders derived from the resource's name, so two runs of the same program
-record the same document.
+record the same document. Every output a resource class declares is answered,
+as a real engine would: the ones `COMPUTED_OUTPUTS` names with the value given
+there, every other string output the inputs lack with a placeholder named after
+the property (`<allocationId:nat-eip>`), and any other output the inputs lack
+as unknown, so that an input built from it shows as `<computed>` in a synth
+instead of silently missing (`Recording.unknown_outputs` lists them).
 
 URNs are made as the Pulumi engine makes them (`urn:pulumi:<stack>::<project>::
 <parent types $ type>::<name>`, with the root stack left out of the type chain),
@@ -23,6 +28,8 @@ each run, so runs in one process do not leak into each other.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -65,7 +72,49 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
     },
     # components/gpu_nodes.py exports the node group's name (the engine derives it from the resource name).
     "aws:eks/nodeGroup:NodeGroup": lambda name, inputs: {"nodeGroupName": inputs.get("nodeGroupName", name)},
+    # components/network.py hands the NAT gateways their elastic IPs' allocation ids.
+    "aws:ec2/eip:Eip": lambda name, inputs: {"allocationId": placeholder("allocation-id", name)},
 }
+
+
+def _output_properties(typ: str) -> dict[str, bool]:
+    """The outputs a resource class declares: engine name -> whether it is a string."""
+    cached = _OUTPUTS.get(typ)
+    if cached is not None:
+        return cached
+    found: dict[str, bool] = {}
+    cls = _resource_class(typ)
+    for klass in reversed(getattr(cls, "__mro__", ())):
+        for attr in vars(klass).values():
+            getter = getattr(attr, "fget", None) if isinstance(attr, property) else None
+            engine_name = getattr(getter, "_pulumi_name", None)
+            if not engine_name:
+                continue
+            args = typing.get_args(getter.__annotations__.get("return"))
+            inner = [a for a in typing.get_args(args[0]) or args if a is not type(None)] if args else []
+            found[engine_name] = inner == [str]
+    _OUTPUTS[typ] = found
+    return found
+
+
+def _resource_class(typ: str):
+    """`aws:ec2/eip:Eip` -> pulumi_aws.ec2.Eip, `kubernetes:core/v1:Namespace` -> pulumi_kubernetes.core.v1.Namespace."""
+    try:
+        pkg, module, cls = typ.split(":")
+    except ValueError:
+        return None
+    parts = [p.replace("-", "_") for p in module.split("/")]
+    for n in range(len(parts), 0, -1):
+        try:
+            mod = importlib.import_module(f"pulumi_{pkg.replace('-', '_')}." + ".".join(parts[:n]))
+        except ImportError:
+            continue
+        if hasattr(mod, cls):
+            return getattr(mod, cls)
+    return None
+
+
+_OUTPUTS: dict[str, dict[str, bool]] = {}
 
 
 def placeholder(kind: str, name: str) -> str:
@@ -78,6 +127,19 @@ def _computed(typ: str, name: str, inputs: dict) -> dict:
     if extra:
         out.update(extra(name, inputs))
     return out
+
+
+def _declared(typ: str, name: str, state: dict, unknown: list[tuple[str, str, str]]) -> dict:
+    """Answer every declared output `state` lacks: strings with a placeholder, anything else as unknown."""
+    for prop, is_str in _output_properties(typ).items():
+        if prop in state:
+            continue
+        if is_str:
+            state[prop] = placeholder(prop, name)
+        else:
+            state[prop] = rpc.UNKNOWN
+            unknown.append((typ, name, prop))
+    return state
 
 
 @dataclass
@@ -96,6 +158,8 @@ class Recording:
     resources: list[RecordedResource] = field(default_factory=list)
     calls: list[tuple[str, dict]] = field(default_factory=list)  # invokes: token, args
     exports: dict[str, Any] = field(default_factory=dict)  # as passed to pulumi.export (may hold Outputs)
+    # (type, name, output) of declared outputs answered as unknown: nothing computes them here.
+    unknown_outputs: list[tuple[str, str, str]] = field(default_factory=list)
     # The stack outputs as the engine would receive them when the program ends:
     # Outputs resolved, secrets wrapped as rpc secrets (`rpc.is_rpc_secret`),
     # unknown values as `pulumi.output.Unknown`.
@@ -145,7 +209,8 @@ class _Mocks(pulumi.runtime.Mocks):
         self.recording = recording
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        return placeholder("id", args.name), _fill(dict(args.inputs), _computed(args.typ, args.name, args.inputs))
+        state = _fill(dict(args.inputs), _computed(args.typ, args.name, args.inputs))
+        return placeholder("id", args.name), _declared(args.typ, args.name, state, self.recording.unknown_outputs)
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.recording.calls.append((args.token, dict(args.args)))

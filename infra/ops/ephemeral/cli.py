@@ -40,13 +40,14 @@ def up_command(
     owner: Optional[str] = typer.Option(None, help="The owner tag (default: $GITHUB_ACTOR, else your user name)."),
     ttl: float = typer.Option(DEFAULT_TTL_HOURS, "--ttl", help="Hours until expires-at; the sweeper deletes what is left after that."),
     efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Run the EFA check at bring-up (default: when the instance type has EFA and there are 2+ nodes)."),
+    deployer_cidr: list[str] = typer.Option([], "--deployer-cidr", help="Open the public API endpoint to this CIDR only (repeatable): where `up` runs from, e.g. the CI runner's egress IP as a /32."),
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="Keep a stack whose up failed, for debugging (no teardown)."),
     backend: Optional[str] = typer.Option(None, help="State backend URL (default: $PULUMI_BACKEND_URL, else Pulumi.yaml's)."),
     state_dir: Path = typer.Option(STATE_DIR, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Create a unique stack from a small stack file and deploy it; a failed up tears it down."""
-    _run(lambda: up(template=template, owner=owner, ttl_hours=ttl, efa=efa, keep_on_failure=keep_on_failure,
-                    backend=backend, state_dir=state_dir))
+    _run(lambda: up(template=template, owner=owner, ttl_hours=ttl, efa=efa, deployer_cidrs=tuple(deployer_cidr),
+                    keep_on_failure=keep_on_failure, backend=backend, state_dir=state_dir))
 
 
 @app.command("test")

@@ -177,6 +177,7 @@ def up(
     owner: str | None = None,
     ttl_hours: float = DEFAULT_TTL_HOURS,
     efa: Optional[bool] = None,
+    deployer_cidrs: tuple[str, ...] = (),
     keep_on_failure: bool = False,
     backend: str | None = None,
     state_dir: Path = STATE_DIR,
@@ -195,7 +196,8 @@ def up(
     started = now or _now()
     expiry = expires_at(started, ttl_hours)
     tag_owner = owner_tag(owner, env)
-    config, notes = ephemeral_config(template, stack=name, owner=tag_owner, expiry=expiry, efa=efa, root=root, env=env)
+    config, notes = ephemeral_config(template, stack=name, owner=tag_owner, expiry=expiry, efa=efa,
+                                     deployer_cidrs=deployer_cidrs, root=root, env=env)  # fmt: skip
     ws = (workspace_factory or workspace.make_workspace)(backend)  # no Pulumi CLI: a UserError here, nothing created yet
 
     state = State(

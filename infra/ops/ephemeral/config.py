@@ -3,6 +3,12 @@
 `gpu-serving:lifecycle` becomes {production: false, owner, expiresAt}: every
 AWS resource carries the `expires-at` tag through the provider's default tags
 (infra.aws.tags), so the leak sweeper can delete what a failed teardown leaves.
+The way into the cluster API: `up` runs `pulumi up` in one go, so the stack
+must be reachable from where it runs. With `deployer_cidrs` (the CI runner's
+egress address, read at run time) the copy uses `endpointAccess:
+public-restricted` open to those CIDRs only; without them the template's mode
+must be one that needs no tunnel opened half-way (`private-ssm` does: it is
+refused with what to pass instead).
 The EFA check (NCCL all-reduce across two nodes) is switched on at bring-up when
 the instance type has EFA and there are >= 2 nodes: it needs GPU nodes the
 serving pods do not hold yet, so it can only run before the RayCluster takes
@@ -14,8 +20,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
+from infra.catalog.eks import PRIVATE_SSM, PUBLIC_RESTRICTED
 from infra.config import PROJECT, REPO_ROOT, SECRET_KEYS, StackConfig, from_mapping, load_stack_file, read_stack_file, stack_file_name
 from infra.errors import UserError
 from infra.ops.ephemeral.workspace import ConfigItem
@@ -23,6 +30,7 @@ from infra.ops.ephemeral.workspace import ConfigItem
 DEFAULT_TEMPLATE = "test"
 
 LIFECYCLE_KEY = f"{PROJECT}:lifecycle"
+CLUSTER_KEY = f"{PROJECT}:cluster"
 CHECKS_KEY = f"{PROJECT}:checks"
 HF_TOKEN_KEY = f"{PROJECT}:hfToken"
 HF_TOKEN_ENV = "HF_TOKEN"
@@ -65,6 +73,7 @@ def ephemeral_config(
     owner: str,
     expiry: str,
     efa: Optional[bool] = None,
+    deployer_cidrs: Sequence[str] = (),
     root: Path = REPO_ROOT,
     env: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, ConfigItem], list[str]]:
@@ -89,10 +98,23 @@ def ephemeral_config(
         if isinstance(value, dict) and set(value) == {"secure"}:
             notes.append(f"{key} is a secret of {source}, encrypted for that stack: not copied")
             continue
-        if key == LIFECYCLE_KEY:
+        if key in (LIFECYCLE_KEY, CLUSTER_KEY):
             continue
         out[key] = ConfigItem(_encode(value))
     out[LIFECYCLE_KEY] = ConfigItem(json.dumps({"production": False, "owner": owner, "expiresAt": expiry}))
+    cluster = dict(raw.get(CLUSTER_KEY) or {})
+    if deployer_cidrs:
+        cluster.update(endpointAccess=PUBLIC_RESTRICTED, deployerCidrs=list(deployer_cidrs))
+        notes.append(f"API endpoint: public, open to {', '.join(deployer_cidrs)} only (--deployer-cidr)")
+    elif cfg.cluster.endpoint_access == PRIVATE_SSM:
+        raise UserError(
+            f"{source} reaches the API through an SSM tunnel (gpu-serving:cluster.endpointAccess: private-ssm), which "
+            "must be opened between two `pulumi up` runs; `ephemeral up` runs one: pass --deployer-cidr with the "
+            "public address `up` runs from (e.g. --deployer-cidr \"$(curl -fsS https://checkip.amazonaws.com)/32\"), "
+            "so the copy's endpoint is public-restricted to it"
+        )
+    if cluster:
+        out[CLUSTER_KEY] = ConfigItem(json.dumps(cluster))
 
     checks = dict(raw.get(CHECKS_KEY) or {})
     applies = efa_check_applies(cfg)

@@ -1,6 +1,7 @@
 """Deleting, kind by kind, in `ORDER`: dependents before what they depend on.
 
     EKS Fargate profiles, node groups (wait) -> EKS clusters (wait)
+    -> Auto Scaling groups, with their instances (wait)
     -> ELBv2 load balancers (wait) -> target groups
     -> EC2 instances (wait until terminated)
     -> EFS mount targets (wait) -> EFS file systems; FSx file systems (wait)
@@ -10,6 +11,7 @@
     -> security groups (rules that reference groups revoked first)
     -> subnets -> route tables -> internet gateways (detached) -> VPCs
     -> ECR repositories -> KMS keys (deletion scheduled, 7 days) -> log groups -> IAM roles
+    -> IAM instance profiles
 
 Each kind has a `Step`: `delete(clients, resource)` starts the deletion and
 returns a detail for the report (or ""), and `exists(clients, resource)`, where
@@ -32,6 +34,7 @@ ORDER: tuple[str, ...] = (
     "eks:fargate-profile",
     "eks:nodegroup",
     "eks:cluster",
+    "autoscaling:group",
     "elbv2:load-balancer",
     "elbv2:target-group",
     "ec2:instance",
@@ -54,6 +57,7 @@ ORDER: tuple[str, ...] = (
     "kms:key",
     "logs:log-group",
     "iam:role",
+    "iam:instance-profile",
 )
 
 KMS_PENDING_DAYS = 7  # the shortest deletion window KMS allows
@@ -122,6 +126,18 @@ def _del_cluster(c: Clients, r: Resource) -> str:
 
 def _has_cluster(c: Clients, r: Resource) -> bool:
     return _exists(lambda: c.eks.describe_cluster(name=r.id))
+
+
+def _del_asg(c: Clients, r: Resource) -> str:
+    # ForceDelete terminates the group's instances with it (Auto Scaling API, DeleteAutoScalingGroup); deleting
+    # them first would only have the group launch new ones.
+    c.autoscaling.delete_auto_scaling_group(AutoScalingGroupName=r.id, ForceDelete=True)
+    n = r.data.get("instances", 0)
+    return f"with its {n} instance(s)" if n else ""
+
+
+def _has_asg(c: Clients, r: Resource) -> bool:
+    return _exists(lambda: c.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[r.id]).get("AutoScalingGroups"))
 
 
 def _del_lb(c: Clients, r: Resource) -> str:
@@ -361,12 +377,21 @@ class Step:
     exists: Optional[Callable[[Clients, Resource], bool]] = None  # set where AWS deletes asynchronously
 
 
+def _del_instance_profile(c: Clients, r: Resource) -> str:
+    iam = c.iam
+    for role in iam.get_instance_profile(InstanceProfileName=r.id)["InstanceProfile"].get("Roles", []):
+        iam.remove_role_from_instance_profile(InstanceProfileName=r.id, RoleName=role["RoleName"])
+    iam.delete_instance_profile(InstanceProfileName=r.id)
+    return ""
+
+
 STEPS: dict[str, Step] = {
     s.kind: s
     for s in (
         Step("eks:fargate-profile", _del_fargate, _has_fargate),
         Step("eks:nodegroup", _del_nodegroup, _has_nodegroup),
         Step("eks:cluster", _del_cluster, _has_cluster),
+        Step("autoscaling:group", _del_asg, _has_asg),
         Step("elbv2:load-balancer", _del_lb, _has_lb),
         Step("elbv2:target-group", _del_tg),
         Step("ec2:instance", _del_instance, _has_instance),
@@ -389,6 +414,7 @@ STEPS: dict[str, Step] = {
         Step("kms:key", _del_kms),
         Step("logs:log-group", _del_log_group),
         Step("iam:role", _del_role),
+        Step("iam:instance-profile", _del_instance_profile),
     )
 }
 assert tuple(STEPS) == ORDER, "every kind has a step, in ORDER"

@@ -11,20 +11,46 @@ tags of a swept cluster (listed here, with their parent), and, at deletion
 (deleting.py), the aliases of a swept KMS key, the route-table associations,
 internet gateway attachments and security-group rules of swept tables, gateways
 and groups, and the policy attachments of a swept IAM role.
+
+And what EKS and its add-ons create in a swept cluster's name without the
+stack's tags, found in a second pass once the tagged resources of a region are
+known (`PART_LISTERS`; a cluster is swept when it is, or when its stack's
+tagged resources are: EKS clusters are named `gpu-serving-<stack>`):
+
+- network interfaces the VPC CNI created (tagged only
+  `cluster.k8s.amazonaws.com/name`) in a swept VPC: left behind, they block
+  the deletion of their subnet and VPC;
+- the control-plane log group `/aws/eks/<cluster>/cluster` of a swept
+  cluster, which EKS creates again, untagged, when it delivers logs after the
+  stack deleted ours; and such a log group of an ephemeral stack's cluster
+  (`gpu-serving-eph-...`) when no cluster of that name exists any more and the
+  group is older than the longest an ephemeral stack may live, so nothing of
+  the stack can still be running;
+- Auto Scaling groups of a swept cluster (tags `eks:cluster-name` or
+  `kubernetes.io/cluster/<name>`), deleted with their instances.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
-from infra.aws.tags import PROJECT_TAG
+from infra.aws.tags import PROJECT_TAG, cluster_name
 from infra.config import PROJECT
 from infra.ops import aws
 from infra.ops.sweep.clients import Clients
 from infra.ops.sweep.deleting import ORDER
 from infra.ops.sweep.records import GLOBAL, Entry, Resource
+from infra.ops.ephemeral.naming import MAX_TTL_HOURS, NAME_PREFIX
 from infra.ops.sweep.selection import verdict
+
+CNI_CLUSTER_TAG = "cluster.k8s.amazonaws.com/name"  # what the VPC CNI tags its network interfaces with
+EKS_ASG_CLUSTER_TAG = "eks:cluster-name"  # EKS managed node groups tag their Auto Scaling groups so
+K8S_CLUSTER_TAG = "kubernetes.io/cluster/"  # ... and with kubernetes.io/cluster/<name>
+EKS_LOG_GROUP = re.compile(r"^/aws/eks/(?P<cluster>[^/]+)/cluster$")  # EKS control-plane logs
+EPHEMERAL_CLUSTER_PREFIX = f"{PROJECT}-{NAME_PREFIX}"  # clusters of stacks made by `python -m infra ephemeral`
 
 
 def _project_filter() -> list[dict]:
@@ -262,6 +288,110 @@ def _list_iam(c: Clients, now: dt.datetime) -> Iterator[Resource]:
         yield Resource("iam:role", role["RoleName"], GLOBAL, t, role["RoleName"])
 
 
+def _list_instance_profiles(c: Clients, now: dt.datetime) -> Iterator[Resource]:
+    for prof in aws.pages(c.iam, "list_instance_profiles", "InstanceProfiles"):
+        name = prof["InstanceProfileName"]
+        try:
+            # ListInstanceProfiles leaves the tags out; GetInstanceProfile has them.
+            t = aws.tag_dict(c.iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"].get("Tags"))
+        except Exception as exc:  # noqa: BLE001
+            if not aws.is_gone(exc):
+                c.unreadable(f"IAM instance profile {name}", exc)
+            continue
+        yield Resource("iam:instance-profile", name, GLOBAL, t, name)
+
+
+# --- the second pass: what EKS and the VPC CNI leave in a swept cluster's name -----------------
+
+
+@dataclass
+class Swept:
+    """What a region's first pass will delete: clusters (by name, with why) and VPCs."""
+
+    clusters: dict[str, str] = field(default_factory=dict)  # cluster name -> "eks:cluster X" or "stack S"
+    vpcs: dict[str, Mapping[str, str]] = field(default_factory=dict)  # VPC id -> its tags
+
+
+def swept_context(found: Iterable[Resource], now: dt.datetime) -> Swept:
+    ctx = Swept()
+    for r in found:
+        if r.parent or not verdict(r.tags, now)[0]:
+            continue
+        if r.kind == "eks:cluster":
+            ctx.clusters[r.id] = f"eks:cluster {r.id}"
+        if r.kind == "ec2:vpc":
+            ctx.vpcs[r.id] = r.tags
+        if r.stack:
+            ctx.clusters.setdefault(cluster_name(PROJECT, r.stack), f"the expired stack {r.stack}")
+    return ctx
+
+
+def _asg_cluster(tags: Mapping[str, str]) -> str:
+    if tags.get(EKS_ASG_CLUSTER_TAG):
+        return tags[EKS_ASG_CLUSTER_TAG]
+    return next((k[len(K8S_CLUSTER_TAG):] for k in tags if k.startswith(K8S_CLUSTER_TAG)), "")
+
+
+def _asg_parts(c: Clients, now: dt.datetime, ctx: Swept) -> Iterator[Resource]:
+    for g in aws.pages(c.autoscaling, "describe_auto_scaling_groups", "AutoScalingGroups"):
+        tags = aws.tag_dict(g.get("Tags"))
+        cluster = _asg_cluster(tags)
+        if cluster not in ctx.clusters or PROJECT_TAG in tags:
+            continue  # not a swept cluster's (a group with tags of its own is judged by them)
+        yield Resource("autoscaling:group", g["AutoScalingGroupName"], c.region, tags, g["AutoScalingGroupName"],
+                       parent=ctx.clusters[cluster], data={"instances": len(g.get("Instances") or [])})  # fmt: skip
+
+
+def _cni_interface_parts(c: Clients, now: dt.datetime, ctx: Swept) -> Iterator[Resource]:
+    vpcs = sorted(ctx.vpcs)
+    for i in range(0, len(vpcs), 200):  # EC2 takes up to 200 filter values
+        filters = [{"Name": "vpc-id", "Values": vpcs[i : i + 200]}, {"Name": "tag-key", "Values": [CNI_CLUSTER_TAG]}]
+        for n in aws.pages(c.ec2, "describe_network_interfaces", "NetworkInterfaces", Filters=filters):
+            t = aws.tag_dict(n.get("TagSet") or n.get("Tags"))
+            if PROJECT_TAG in t:
+                continue  # judged by its own tags in the first pass
+            vpc = n.get("VpcId", "")
+            yield Resource("ec2:network-interface", n["NetworkInterfaceId"], c.region, {**ctx.vpcs.get(vpc, {}), **t},
+                           _name(t, n.get("Description", "")), parent=f"ec2:vpc {vpc}")  # fmt: skip
+
+
+def _recreated_log_group_parts(c: Clients, now: dt.datetime, ctx: Swept) -> Iterator[Resource]:
+    live_clusters: Optional[set[str]] = None
+    for g in aws.pages(c.logs, "describe_log_groups", "logGroups", logGroupNamePrefix="/aws/eks/"):
+        m = EKS_LOG_GROUP.match(g["logGroupName"])
+        if not m:
+            continue
+        arn = g.get("logGroupArn") or str(g.get("arn", "")).removesuffix(":*")
+        t = dict(c.logs.list_tags_for_resource(resourceArn=arn).get("tags") or {})
+        if PROJECT_TAG in t:
+            continue  # ours as the stack created it: judged by its own tags in the first pass
+        cluster = m.group("cluster")
+        if cluster in ctx.clusters:
+            yield Resource("logs:log-group", g["logGroupName"], c.region, t, g["logGroupName"], parent=ctx.clusters[cluster])
+            continue
+        if not cluster.startswith(EPHEMERAL_CLUSTER_PREFIX):
+            continue
+        created = dt.datetime.fromtimestamp(int(g.get("creationTime", 0)) / 1000, dt.timezone.utc)
+        if now - created <= dt.timedelta(hours=MAX_TTL_HOURS):
+            continue
+        if live_clusters is None:
+            live_clusters = set(aws.pages(c.eks, "list_clusters", "clusters"))
+        if cluster in live_clusters:
+            continue
+        yield Resource(
+            "logs:log-group", g["logGroupName"], c.region, t, g["logGroupName"], parent=f"eks:cluster {cluster} (deleted)",
+            data={"why": f"re-created by EKS for the ephemeral cluster {cluster}, which no longer exists; created "
+                         f"{created:%Y-%m-%dT%H:%M:%SZ}, longer ago than an ephemeral stack may live ({MAX_TTL_HOURS:g} h)"},
+        )  # fmt: skip
+
+
+PartLister = Callable[[Clients, dt.datetime, Swept], Iterable[Resource]]
+PART_LISTERS: tuple[tuple[str, PartLister], ...] = (
+    ("autoscaling groups of swept clusters", _asg_parts),
+    ("VPC CNI network interfaces in swept VPCs", _cni_interface_parts),
+    ("control-plane log groups EKS re-created", _recreated_log_group_parts),
+)
+
 Lister = Callable[[Clients, dt.datetime], Iterable[Resource]]
 
 
@@ -291,7 +421,7 @@ REGIONAL_LISTERS: tuple[tuple[str, Lister], ...] = (
     ("kms keys", _list_kms),
     ("logs log groups", _list_logs),
 )
-GLOBAL_LISTERS: tuple[tuple[str, Lister], ...] = (("iam roles", _list_iam),)
+GLOBAL_LISTERS: tuple[tuple[str, Lister], ...] = (("iam roles", _list_iam), ("iam instance profiles", _list_instance_profiles))
 
 
 def discover(
@@ -301,33 +431,50 @@ def discover(
     planned: list[Entry] = []
     skipped: list[Entry] = []
     errors: list[str] = []
-    scopes = [(r, REGIONAL_LISTERS) for r in regions] + [(GLOBAL, GLOBAL_LISTERS)]
-    for region, listers in scopes:
+    for region in [*regions, GLOBAL]:
         clients = Clients(session, region)
-        for what, lister in listers:
+        seen: dict[tuple[str, str], Resource] = {}
+
+        def take(what: str, run: Callable[[], Iterable[Resource]]) -> None:
             if on_progress:
                 on_progress(f"listing {what} ({region})")
             try:
-                found = list(lister(clients, now))
+                found = [r for r in run() if (r.kind, r.id) not in seen]
             except Exception as exc:  # noqa: BLE001 - report it, and keep looking at the rest
                 errors.append(f"{region}: could not list {what}: {aws.error_text(exc)}")
-                continue
+                return
             finally:
                 errors.extend(clients.errors)
                 clients.errors.clear()
             for r in found:
-                if r.parent:
-                    planned.append(Entry(r, f"part of {r.parent}"))
-                    continue
-                delete, why = verdict(r.tags, now)
-                if delete and r.kind == "ec2:security-group" and r.data.get("default"):
-                    skipped.append(Entry(r, "the VPC's default security group: it goes with its VPC"))
-                elif delete and r.kind == "ec2:route-table" and r.data.get("main"):
-                    skipped.append(Entry(r, "the VPC's main route table: it goes with its VPC"))
-                elif delete:
-                    planned.append(Entry(r, why))
-                elif r.tags.get(PROJECT_TAG) == PROJECT:
-                    skipped.append(Entry(r, why))
+                if _judge(r, now, planned, skipped):  # what is not the project's may still be a swept cluster's part
+                    seen[(r.kind, r.id)] = r
+
+        for what, lister in GLOBAL_LISTERS if region == GLOBAL else REGIONAL_LISTERS:
+            take(what, lambda lister=lister: lister(clients, now))
+        if region != GLOBAL:
+            ctx = swept_context(seen.values(), now)  # the second pass: what goes with the swept clusters and VPCs
+            for what, part in PART_LISTERS:
+                take(what, lambda part=part: part(clients, now, ctx))
     rank = {k: i for i, k in enumerate(ORDER)}
     key = lambda e: (rank[e.resource.kind], e.resource.region, e.resource.id)  # noqa: E731
     return sorted(planned, key=key), sorted(skipped, key=key), errors
+
+
+def _judge(r: Resource, now: dt.datetime, planned: list[Entry], skipped: list[Entry]) -> bool:
+    """Add `r` to what is deleted or skipped; False when it is nothing of the project's (left out of both)."""
+    if r.parent:
+        planned.append(Entry(r, r.data.get("why") or f"part of {r.parent}"))
+        return True
+    delete, why = verdict(r.tags, now)
+    if delete and r.kind == "ec2:security-group" and r.data.get("default"):
+        skipped.append(Entry(r, "the VPC's default security group: it goes with its VPC"))
+    elif delete and r.kind == "ec2:route-table" and r.data.get("main"):
+        skipped.append(Entry(r, "the VPC's main route table: it goes with its VPC"))
+    elif delete:
+        planned.append(Entry(r, why))
+    elif r.tags.get(PROJECT_TAG) == PROJECT:
+        skipped.append(Entry(r, why))
+    else:
+        return False
+    return True

@@ -78,6 +78,7 @@ class TerraformType:
 TYPES: dict[str, TerraformType] = {
     "aws:cloudwatch/logGroup:LogGroup": TerraformType("aws_cloudwatch_log_group"),
     "aws:ec2/eip:Eip": TerraformType("aws_eip"),
+    "aws:ec2/instance:Instance": TerraformType("aws_instance"),
     "aws:ec2/internetGateway:InternetGateway": TerraformType("aws_internet_gateway"),
     "aws:ec2/launchTemplate:LaunchTemplate": TerraformType(
         "aws_launch_template",
@@ -112,6 +113,7 @@ TYPES: dict[str, TerraformType] = {
     "aws:eks/nodeGroup:NodeGroup": TerraformType("aws_eks_node_group", renames={"taints": "taint"}, maps=frozenset({"labels"})),
     "aws:eks/podIdentityAssociation:PodIdentityAssociation": TerraformType("aws_eks_pod_identity_association"),
     "aws:fsx/lustreFileSystem:LustreFileSystem": TerraformType("aws_fsx_lustre_file_system", lists=frozenset({"subnetIds"})),
+    "aws:iam/instanceProfile:InstanceProfile": TerraformType("aws_iam_instance_profile"),
     "aws:iam/role:Role": TerraformType("aws_iam_role", renames={"inlinePolicies": "inline_policy"}),
     "aws:iam/rolePolicy:RolePolicy": TerraformType("aws_iam_role_policy", taggable=False),
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": TerraformType("aws_iam_role_policy_attachment", taggable=False),
@@ -132,6 +134,7 @@ PLACEHOLDER_ATTRIBUTES: dict[str, str] = {
     "ca-data": "certificate_authority[0].data",
     "oidc": "identity[0].oidc[0].issuer",
     "fsx": "dns_name",
+    "allocation-id": "allocation_id",
 }
 
 

@@ -1,0 +1,219 @@
+"""EKS Kubernetes versions: the release calendar, the add-on versions and node AMI releases pinned per version.
+
+Pure data with its sources, and small functions of a date (no AWS calls): the
+stack config takes its default Kubernetes version from here, the cluster its
+add-on versions, the node groups their AMI release, and pre-flight the support
+dates (which it checks against EKS DescribeClusterVersions and
+DescribeAddonVersions when it can call them).
+
+Release calendar
+----------------
+Amazon EKS User Guide, "Understand the Kubernetes version lifecycle on EKS",
+section "Amazon EKS Kubernetes release calendar"
+(https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html).
+A minor version has standard support for 14 months from its EKS release, then
+extended support, at an extra cost per cluster hour, for 12 more. Rows 1.28 to
+1.31: the guide's own table (awsdocs/amazon-eks-user-guide,
+latest/ug/clusters/kubernetes-versions.adoc, 2024-12-18). Rows 1.32 to 1.35:
+the guide's end-of-support dates as published on 2026-04-24, with the EKS
+release dates endoflife.date/amazon-eks shows. Row 1.36: EKS release
+2026-06-02, end of standard support 2027-08-02, end of extended support
+2028-08-02, as endoflife.date's amazon-eks release data carries them from the
+same calendar (read 2026-12-03).
+
+Add-on versions (`ADDON_VERSIONS`)
+----------------------------------
+Every managed add-on the cluster installs is pinned, per Kubernetes version, so
+that a `pulumi up` months later installs what was reviewed, and an add-on
+changes only when this table (or the Kubernetes version) does. botocore's EKS
+model names the API fields (`addonName`, `addonVersion`) but lists no versions;
+the names are checked against the EKS add-on list in the tests, and pre-flight
+asks EKS DescribeAddonVersions whether each pinned version is offered for the
+cluster's Kubernetes version. Each pin carries its source:
+
+- vpc-cni, coredns, kube-proxy: the EKS User Guide's "latest version for each
+  Kubernetes version" tables ("Amazon VPC CNI versions", "CoreDNS versions",
+  "kube-proxy versions");
+- eks-pod-identity-agent, aws-efs-csi-driver, aws-fsx-csi-driver: the guide
+  publishes no table for these (their versions are what DescribeAddonVersions
+  returns); the pins are versions seen in public use on EKS, each labelled
+  ASSUMPTION below, and pre-flight's DescribeAddonVersions check is what
+  confirms them for a cluster version.
+
+A Kubernetes version is usable by the stack only when every add-on has a pin
+for it (`supported_versions`). 1.36 is in the calendar but not yet usable: the
+VPC CNI table read here stops at 1.35.
+
+Upgrading on purpose: add the new row (calendar, add-ons, AMI release), then
+set `gpu-serving:cluster.kubernetesVersion` one minor version up at a time (EKS
+upgrades the control plane one minor version per update).
+
+AMI release versions (`AMI_RELEASES`)
+-------------------------------------
+The `releaseVersion` of managed node groups on the EKS-optimised AL2023 AMIs
+(every AL2023 AMI type of a Kubernetes version shares it), from
+awslabs/amazon-eks-ami CHANGELOG.md, "AMI Release v20260714" (commit
+158225113dac62583729bca127cce67b4211737a): the "Release version" column of
+each Kubernetes version's table. Bottlerocket AMIs have their own release
+versions; a Bottlerocket node group names one in its stack config.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+CALENDAR_SOURCE = (
+    "Amazon EKS User Guide, Kubernetes release calendar "
+    "(https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html), read 2026-12-03"
+)
+
+# Pre-flight warns this long before a version's standard support ends.
+STANDARD_SUPPORT_WARNING = dt.timedelta(days=60)
+
+
+@dataclass(frozen=True)
+class EksRelease:
+    """One Kubernetes minor version on EKS."""
+
+    version: str
+    released: dt.date  # Amazon EKS release
+    end_of_standard: dt.date
+    end_of_extended: dt.date
+
+    def in_standard_support(self, day: dt.date) -> bool:
+        return self.released <= day < self.end_of_standard
+
+    def in_extended_support(self, day: dt.date) -> bool:
+        return self.end_of_standard <= day < self.end_of_extended
+
+    def supported(self, day: dt.date) -> bool:
+        return self.released <= day < self.end_of_extended
+
+
+def _r(version: str, released: str, standard: str, extended: str) -> EksRelease:
+    return EksRelease(version, dt.date.fromisoformat(released), dt.date.fromisoformat(standard), dt.date.fromisoformat(extended))
+
+
+RELEASES: dict[str, EksRelease] = {
+    r.version: r
+    for r in (
+        _r("1.28", "2023-09-26", "2024-11-26", "2025-11-26"),
+        _r("1.29", "2024-01-23", "2025-03-23", "2026-03-23"),
+        _r("1.30", "2024-05-23", "2025-07-23", "2026-07-23"),
+        _r("1.31", "2024-09-26", "2025-11-26", "2026-11-26"),
+        _r("1.32", "2025-01-25", "2026-03-23", "2027-03-23"),
+        _r("1.33", "2025-05-28", "2026-07-29", "2027-07-29"),
+        _r("1.34", "2025-10-06", "2026-12-02", "2027-12-02"),
+        _r("1.35", "2026-01-28", "2027-03-27", "2028-03-27"),
+        _r("1.36", "2026-06-02", "2027-08-02", "2028-08-02"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class AddonPin:
+    version: str
+    source: str
+
+
+# Sources, by what they are.
+_VPC_CNI_GUIDE = (
+    "EKS User Guide, 'Amazon VPC CNI versions' (docs.amazonaws.cn/eks/latest/userguide/managing-vpc-cni.md): "
+    "v1.21.1-eksbuild.7 for Kubernetes 1.29 to 1.35"
+)
+_COREDNS_GUIDE = "EKS User Guide, 'CoreDNS versions' (docs.aws.amazon.com/ja_jp/eks/latest/userguide/managing-coredns.md)"
+_KUBE_PROXY_GUIDE = "EKS User Guide, 'kube-proxy versions' (docs.aws.amazon.com/ja_jp/eks/latest/userguide/managing-kube-proxy.md)"
+_POD_IDENTITY = (
+    "ASSUMPTION: the add-on version AWS's EKS scale tests pinned as the latest (awslabs/eks-perf-tests pull "
+    "request 510, 2025-05-20); the agent's versions are not tied to a Kubernetes version in the guide"
+)
+_EFS_CSI = (
+    "ASSUMPTION: the add-on version a public EKS platform moved to before its upgrade to 1.36 "
+    "(ministryofjustice/modernisation-platform-environments pull request 18211, 2026-08-14)"
+)
+_FSX_CSI = (
+    "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver (hybrid nodes add-on "
+    "table, awsdocs/amazon-eks-user-guide pull request 1215, 2026-01)"
+)
+
+ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
+    "1.33": {
+        "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
+        "coredns": AddonPin("v1.12.4-eksbuild.18", _COREDNS_GUIDE),
+        "kube-proxy": AddonPin("v1.33.10-eksbuild.13", _KUBE_PROXY_GUIDE),
+        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
+        "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+    },
+    "1.34": {
+        "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
+        "coredns": AddonPin("v1.13.2-eksbuild.11", _COREDNS_GUIDE),
+        "kube-proxy": AddonPin("v1.34.6-eksbuild.13", _KUBE_PROXY_GUIDE),
+        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
+        "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+    },
+    "1.35": {
+        "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
+        "coredns": AddonPin("v1.14.3-eksbuild.3", _COREDNS_GUIDE),
+        "kube-proxy": AddonPin("v1.35.3-eksbuild.13", _KUBE_PROXY_GUIDE),
+        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
+        "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+    },
+}
+
+# The add-ons every row must pin (the cluster installs these; FSx CSI on request).
+PINNED_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-efs-csi-driver", "aws-fsx-csi-driver")
+
+AMI_RELEASE_SOURCE = "awslabs/amazon-eks-ami CHANGELOG.md, AMI Release v20260714 (commit 158225113dac)"
+# EKS-optimised AL2023 AMI release version per Kubernetes version (all AL2023 AMI types).
+AL2023_RELEASES: dict[str, str] = {
+    "1.33": "1.33.13-20260714",
+    "1.34": "1.34.9-20260714",
+    "1.35": "1.35.6-20260714",
+    "1.36": "1.36.2-20260714",
+}
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def supported_versions() -> tuple[str, ...]:
+    """Kubernetes versions the stack can deploy: in the calendar, every add-on pinned, an AL2023 release known."""
+    ok = [v for v in RELEASES if v in ADDON_VERSIONS and v in AL2023_RELEASES and set(PINNED_ADDONS) <= set(ADDON_VERSIONS[v])]
+    return tuple(sorted(ok, key=_key))
+
+
+def release(version: str) -> Optional[EksRelease]:
+    return RELEASES.get(version)
+
+
+def default_version(day: dt.date) -> str:
+    """The default Kubernetes version on `day`: the newest supported version in standard support.
+
+    When the table has none left in standard support on `day` (it has not been
+    brought up to date), its newest supported version; pre-flight then says
+    that standard support has ended.
+    """
+    versions = supported_versions()
+    current = [v for v in versions if RELEASES[v].in_standard_support(day)]
+    return max(current or versions, key=_key)
+
+
+def addon_versions(version: str) -> Mapping[str, str]:
+    """add-on name -> pinned version for Kubernetes `version` (KeyError when the version has no row)."""
+    return {name: pin.version for name, pin in ADDON_VERSIONS[version].items()}
+
+
+def al2023_release(version: str) -> str:
+    """The pinned EKS-optimised AL2023 AMI release for Kubernetes `version` (KeyError when unknown)."""
+    return AL2023_RELEASES[version]
+
+
+def today() -> dt.date:
+    """The day (UTC) a program or a tool runs; tests replace it to freeze the date."""
+    return dt.datetime.now(dt.timezone.utc).date()
