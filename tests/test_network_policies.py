@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.k8s import checks, network_policies as builders, raycluster, serving_spec
+from infra.k8s import checks, exposure, network_policies as builders, raycluster, serving_spec
 from infra.k8s.serving_spec import Clients
 from infra.preview.synth import synthesize
 from policies import network_policy as NP
@@ -285,6 +285,22 @@ def test_an_existing_vpc_with_an_internal_lb_needs_the_clients_cidrs():
     spec = make_spec(stack_plan("prod"), service_type="internal-lb", vpc_cidr=None, api_clients=Clients(cidrs=("10.8.0.0/16",)))
     p = pods_of(spec)
     assert NP.allowed(rendered(spec), NP.address("10.8.1.1"), p["head"], serving_spec.API_PORT)
+
+
+def test_egress_through_a_service_selects_exactly_the_services_pods():
+    """The VPC CNI's controller adds a Service's ClusterIP to an egress rule only when the rule's podSelector is the
+    Service's selector, exactly, and the ports agree: the benchmark calls the API Service, every pod CoreDNS's."""
+    spec = make_spec(stack_plan("prod"), benchmark=True)
+    svc = exposure.service(spec)
+    (bench,) = [p for p in builders.serving_policies(spec) if p["metadata"]["name"] == "vllm-benchmark"]
+    (rule,) = bench["spec"]["egress"]
+    assert rule["to"] == [{"podSelector": {"matchLabels": svc["spec"]["selector"]}}]
+    (port,) = svc["spec"]["ports"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port["port"]}] and port["targetPort"] == serving_spec.API_PORT_NAME
+    head = raycluster.head_pod_template(spec)["spec"]["containers"][0]
+    assert {"name": port["targetPort"], "containerPort": port["port"], "protocol": "TCP"} in head["ports"]
+    (dns,) = builders.allow_dns(NS)["spec"]["egress"]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}  # the kube-dns Service's selector
 
 
 def test_the_templates_carry_the_labels_the_policies_select():

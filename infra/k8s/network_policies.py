@@ -42,6 +42,19 @@ are the namespace's own (stack.py creates them with the namespace, before any po
   still answers on S3's public addresses), and with an S3 source the EKS Pod
   Identity agent (169.254.170.23, TCP 80) for credentials.
 
+Services. The VPC CNI filters the packets a pod sends before kube-proxy
+rewrites a Service's ClusterIP to a pod's address, so its controller adds a
+Service's ClusterIP to an egress rule only when the Service's selector is
+exactly the rule's `podSelector` and the Service's port is the container's
+(amazon-network-policy-controller-k8s, `pkg/resolvers/endpoints.go`; EKS user
+guide, Considerations). Hence the benchmark's egress selects the head with the
+API Service's own selector (`exposure.head_selector`), and `allow-dns` CoreDNS
+with the kube-dns Service's (`k8s-app: kube-dns`). The workers reach the head
+through KubeRay's head Service, which KubeRay 1.7.0 makes headless
+(ray-operator/controllers/ray/common/service.go, `BuildServiceForHeadPod`,
+unless ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE is set): its name resolves to the head
+pod's address, which the Ray policy admits.
+
 What needs no rule: kubelet probes and anything else from the pod's own node
 (Kubernetes docs, "Network Policies": traffic to and from the node where a
 pod runs is always allowed); the weights' file system, which the CSI node
@@ -60,7 +73,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional
 
-from infra.k8s import checks
+from infra.k8s import checks, exposure
 from infra.k8s.serving_spec import (
     API_PORT,
     CHECK_LABEL,
@@ -69,7 +82,6 @@ from infra.k8s.serving_spec import (
     PART_OF,
     RAY_CLUSTER_LABEL,
     RAY_METRICS_PORT,
-    RAY_NODE_TYPE_LABEL,
     Clients,
     ServingSpec,
 )
@@ -153,7 +165,8 @@ def cluster_labels(spec: ServingSpec) -> dict[str, str]:
 
 
 def head_labels(spec: ServingSpec) -> dict[str, str]:
-    return {RAY_CLUSTER_LABEL: spec.name, RAY_NODE_TYPE_LABEL: "head"}
+    """The head pod: exactly the API Service's selector (module doc, "Services")."""
+    return exposure.head_selector(spec)
 
 
 def benchmark_labels(spec: ServingSpec) -> dict[str, str]:
