@@ -110,25 +110,31 @@ def check_pods_least_privilege(resource_type: str, props: Mapping, options: Mapp
 # --- namespaces: Pod Security admission ---------------------------------------------------------
 
 
-def _pods_by_namespace(resources: Sequence[Mapping]) -> dict[str, list[tuple[Mapping, str, Mapping, Mapping]]]:
-    """namespace -> [(resource, where, metadata, pod spec)] for every pod template of the stack."""
+def _pods_by_namespace(resources: Sequence[Mapping]) -> tuple[dict[str, list[tuple[Mapping, str, Mapping, Mapping]]], set[str]]:
+    """namespace -> [(resource, where, metadata, pod spec)] for every pod template of the stack, and the
+    namespaces holding a workload whose spec is not known yet (a preview: an Output in it)."""
     out: dict[str, list[tuple[Mapping, str, Mapping, Mapping]]] = {}
+    unknown: set[str] = set()
     for r in resources:
         props = _map(r.get("inputs"))
         templates = pod_templates(str(r.get("type", "")), props)
-        if templates:
-            out.setdefault(_namespace(props), []).extend((r, where, md, spec) for where, md, spec in templates)
-    return out
+        if not templates:
+            continue
+        ns = _namespace(props)
+        if is_unknown(props.get("spec")) or any(not spec or is_unknown(spec) for _, _, spec in templates):
+            unknown.add(ns)
+        out.setdefault(ns, []).extend((r, where, md, spec) for where, md, spec in templates)
+    return out, unknown
 
 
 def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
     """A namespace the stack creates and runs pods in enforces the strictest Pod Security level they all pass."""
     out: list[tuple[str, str]] = []
-    pods = _pods_by_namespace(resources)
+    pods, unseen = _pods_by_namespace(resources)
     for ns in (r for r in resources if r.get("type") == NAMESPACE):
         metadata = _map(_map(ns.get("inputs")).get("metadata"))
         name, labels = metadata.get("name") or ns.get("name"), metadata.get("labels")
-        if name not in pods or is_unknown(labels) or any(is_unknown(v) for v in _map(labels).values()):
+        if name not in pods or name in unseen or is_unknown(labels) or any(is_unknown(v) for v in _map(labels).values()):
             continue
         levels = [(r, where, pss.level(spec, md), spec, md) for r, where, md, spec in pods[name]]
         if any(lv is None for _, _, lv, _, _ in levels):
@@ -226,7 +232,7 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
     """A default deny wherever the stack runs pods; Ray's ports open to the RayCluster's own pods only."""
     out: list[tuple[str, str]] = []
     policies, unknown = _policies_by_namespace(resources)
-    for ns, pods in sorted(_pods_by_namespace(resources).items()):
+    for ns, pods in sorted(_pods_by_namespace(resources)[0].items()):
         if ns in unknown:
             continue
         if not any(netpol.denies_all(p) for p in policies.get(ns, [])):
@@ -237,7 +243,7 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
     for r in resources:
         spec = raycluster_spec(str(r.get("type", "")), _map(r.get("inputs")))
         ns = _namespace(_map(r.get("inputs")))
-        if spec is None or is_unknown(spec) or ns in unknown:
+        if spec is None or is_unknown(_map(r.get("inputs")).get("spec")) or ns in unknown:
             continue
         groups = [_map(spec.get("headGroupSpec")), *(_map(g) for g in _list(spec.get("workerGroupSpecs")))]
         if any(_has_unknown(g.get("rayStartParams")) or _has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):

@@ -423,6 +423,17 @@ def test_the_namespace_rule_judges_the_namespaces_the_stack_creates():
     assert R.check_namespace_pod_security([job, unknown], CTX) == []
 
 
+def test_a_preview_with_the_pod_specs_unknown_reports_nothing(prod_doc):
+    """In a CrossGuard preview the RayCluster's and Jobs' specs wait for the image (an Output): the stack rules
+    must not judge them, nor take an unknown pod for one that passes restricted."""
+    doc = copy.deepcopy(prod_doc)
+    for r in doc["resources"]:
+        if r["type"] in (RAY, "kubernetes:batch/v1:Job"):
+            r["inputs"]["spec"] = R.UNKNOWN
+    found = check_document(doc)
+    assert found == [], [(v.rule, v.message) for v in found]
+
+
 def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
     job = _job()
     one([m for _, m in R.check_network_policies([job], CTX)], "has no default-deny NetworkPolicy")
