@@ -23,7 +23,12 @@ One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
   two GPU nodes are free (a maintenance window);
 - the serving benchmark Job when enabled, after the RayCluster and the Service;
 - the ConfigMap of the scripts those pods run (`infra/k8s/scripts/`), before
-  any of them.
+  any of them;
+- the serving layer's NetworkPolicies (infra/k8s/network_policies.py): the
+  RayCluster's pods only with each other, the API port from the benchmark and
+  the configured clients, the metrics and dashboard ports from theirs, the
+  checks' own; all before any pod they select. The namespace's default deny
+  and DNS policies come with the namespace (components/stack.py).
 
 Ordering on destroy: the RayCluster `depends_on` the operator releases (KubeRay,
 GPU operator, EFA device plugin) and the weights' storage, so Pulumi deletes it
@@ -43,7 +48,7 @@ from typing import Callable, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.k8s import checks, exposure, raycluster, serving_spec
+from infra.k8s import checks, exposure, network_policies, raycluster, serving_spec
 from infra.k8s.serving_spec import ServingSpec
 
 TYPE = "gpu-serving:serving:Serving"
@@ -83,6 +88,7 @@ class Serving(pulumi.ComponentResource):
     pod_monitor: Optional[k8s.apiextensions.CustomResource]
     efa_check: Optional[k8s.batch.v1.Job]
     benchmark: Optional[k8s.batch.v1.Job]
+    network_policies: dict[str, k8s.networking.v1.NetworkPolicy]
 
     def __init__(self, name: str, args: ServingArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         super().__init__(TYPE, name, None, opts)
@@ -98,7 +104,18 @@ class Serving(pulumi.ComponentResource):
             data=scripts["data"],
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps)),
         )
-        prerequisites = [*args.depends_on, self.scripts]
+        # Who may talk to whom, before any pod they select exists.
+        self.network_policies = {}
+        for np in network_policies.serving_policies(spec):
+            np_name = np["metadata"]["name"]
+            self.network_policies[np_name] = self._typed(
+                k8s.networking.v1.NetworkPolicy,
+                f"{name}-np-{np_name}",
+                np,
+                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps)),
+            )
+        policies = list(self.network_policies.values())
+        prerequisites = [*args.depends_on, self.scripts, *policies]
 
         def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
             """A builder's `spec`, with the image resolved when it is an Output."""
@@ -117,7 +134,7 @@ class Serving(pulumi.ComponentResource):
                     child,
                     pulumi.ResourceOptions(
                         # Not the RayCluster's prerequisite, nor awaited (module doc).
-                        depends_on=[*check_deps, self.scripts, efa_svc],
+                        depends_on=[*check_deps, self.scripts, efa_svc, *policies],
                         # Fixed name: a changed Job must go before its replacement comes.
                         delete_before_replace=True,
                     ),
@@ -167,7 +184,7 @@ class Serving(pulumi.ComponentResource):
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
-                        depends_on=[self.raycluster, self.service, self.scripts],
+                        depends_on=[self.raycluster, self.service, self.scripts, *policies],
                         delete_before_replace=True,
                         custom_timeouts=pulumi.CustomTimeouts(create=run, update=run),
                     ),

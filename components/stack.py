@@ -22,20 +22,20 @@ from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
 from infra.planning.contract import Deployment
-from infra.k8s.serving_spec import ServingSpec
+from infra.k8s import network_policies, pod_security
+from infra.k8s.serving_spec import Clients, ServingSpec
+from infra.k8s.staging import staging_image_tag
 from infra.aws.tags import cluster_name as stack_cluster_name, default_tags
 from infra.catalog import eks_versions
-
-# The weight-staging Job runs on the system nodes: a slim Python image plus the
-# source's client, pinned (not the ~20 GB serving image, which would not fit
-# their root volumes and is not needed to copy files).
-STAGING_IMAGE = "python:3.12-slim"
-STAGING_PACKAGES = {"hf": ("huggingface_hub==2.4.0",), "s3": ("boto3==1.44.8",)}
 
 
 def cluster_name(stack: str) -> str:
     """EKS cluster name: project and stack (infra/aws/tags.py; the leak sweeper derives it the same way)."""
     return stack_cluster_name(PROJECT, stack)
+
+
+def _clients(config) -> Clients:  # noqa: ANN001 - one of the config's client objects (namespaces, cidrs)
+    return Clients(namespaces=tuple(config.namespaces), cidrs=tuple(config.cidrs))
 
 
 def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:
@@ -160,12 +160,31 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         # destroy they go before the nodes.
         opts=pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes])),
     )
+    # The serving namespace: Pod Security admission at the strictest level its pods pass
+    # (infra/k8s/pod_security.py), and its NetworkPolicies' default deny and DNS before any pod.
     namespace = k8s.core.v1.Namespace(
         f"{name}-serving",
-        metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.serving.namespace),
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name=cfg.serving.namespace, labels=pod_security.namespace_labels(cl.kubernetes_version)
+        ),
         opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )
+    namespace_policies = [
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-serving-{np['metadata']['name']}",
+            metadata=np["metadata"],
+            spec=np["spec"],
+            opts=pulumi.ResourceOptions(provider=cluster.k8s_provider, depends_on=[namespace]),
+        )
+        for np in network_policies.namespace_policies(cfg.serving.namespace)
+    ]
+    in_namespace = [namespace, *namespace_policies]
+    # The VPC's CIDR, when the stack makes the VPC (an existing VPC's is not in the config).
+    vpc_cidr = None if cfg.network.existing_vpc_id else cfg.network.vpc_cidr
+    # The weight-staging image (images/staging/, pushed by bin/build-image), or the config's digest.
     st = cfg.storage
+    staging_tag = staging_image_tag()
+    staging_image = st.staging_image or pulumi.Output.concat(repository.repository_url, ":", staging_tag)
     storage = ModelStorage(
         f"{name}-weights",
         ModelStorageArgs(
@@ -178,14 +197,15 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             namespace=cfg.serving.namespace,
             checkpoint=st.s3_uri if st.source == "s3" else deployment.serve.checkpoint,
             source=st.source,
-            staging_image=STAGING_IMAGE,
-            staging_packages=STAGING_PACKAGES[st.source],
+            staging_image=staging_image,
+            staging_image_id=st.staging_image or staging_tag,
+            vpc_cidr=vpc_cidr,
             hf_token=secret("hfToken") if st.source == "hf" else None,
             staging_run=st.staging_run,
             cluster_name=cluster.cluster_name,
             region=cfg.region,
         ),
-        opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
+        opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[*in_namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
     )
     checks = cfg.checks
     serving = Serving(
@@ -209,12 +229,16 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 ttft_p99_ms=checks.ttft_p99_ms,
                 tpot_p99_ms=checks.tpot_p99_ms,
                 load_balancer_tags=tags,
+                api_clients=_clients(cfg.serving.api_clients),
+                metrics_clients=_clients(cfg.serving.metrics_clients),
+                dashboard_clients=_clients(cfg.serving.ray_dashboard_clients),
+                vpc_cidr=vpc_cidr,
             ),
             # Created after, and deleted before, the operators (KubeRay must remove
             # its finalizers) and the weights.
-            depends_on=[*operators.releases, storage, namespace],
+            depends_on=[*operators.releases, storage, *in_namespace],
             # The EFA check needs the device plugins, not the weights: it runs while they are staged.
-            check_depends_on=[*operators.releases, namespace],
+            check_depends_on=[*operators.releases, *in_namespace],
             image=image,
         ),
         opts=kube,

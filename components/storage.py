@@ -30,6 +30,11 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   secret Output, so Pulumi encrypts it in state and never shows it);
 - for an S3 source, an IAM role with read-only access to the prefix, given to
   the staging Job's service account through EKS Pod Identity;
+- the staging pods' NetworkPolicy (infra/k8s/network_policies.py,
+  `staging_policy`): HTTPS anywhere outside the VPC (the hub, S3) and, for an
+  S3 source, the EKS Pod Identity agent; the namespace's default denies the
+  rest. NFS and Lustre need no rule: the CSI node plugin mounts the volume on
+  the node, in the host's network namespace;
 - the staging Job (`infra/k8s/staging.py`): on a system node, mounts the claim
   read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
   (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>`,
@@ -65,7 +70,7 @@ import pulumi_kubernetes as k8s
 
 from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
-from infra.k8s import script_files
+from infra.k8s import network_policies, script_files
 from infra.k8s.scheduling import system_node_selector
 from infra.planning.memory import GiB
 from infra.planning.serving import Storage
@@ -77,7 +82,6 @@ from infra.planning.storage import (
     fsx_lustre_sizing,
 )
 from infra.k8s.staging import (
-    check_packages,
     job_name,
     marker_path,
     model_path,
@@ -124,9 +128,11 @@ class ModelStorageArgs:
     the EKS cluster security group covers both). `hf_token` must be a secret
     Output (`pulumi.Config().require_secret(...)`), never a plain string.
     `cluster_name` is needed for an S3 source (EKS Pod Identity). `staging_image`:
-    a pinned image with Python 3 and the source's client (`huggingface_hub` or
-    `boto3`), or any Python image plus `staging_packages` (pinned specs installed
-    at start).
+    a pinned image with Python 3 and the source's clients installed (`huggingface_hub`
+    and `boto3`, images/staging/), running as a non-root user; nothing is installed
+    when the Job runs. It may be an Output (the stack's ECR repository URL and the
+    tag); then `staging_image_id` names its content (the tag), for the Job's name.
+    `vpc_cidr`: the VPC's CIDR when known; the staging pods' HTTPS egress excludes it.
     """
 
     kind: Kind
@@ -138,13 +144,14 @@ class ModelStorageArgs:
     namespace: str
     checkpoint: str  # "org/name[@revision]" (hf) or "s3://bucket/prefix" (s3)
     source: Source
-    staging_image: str
+    staging_image: pulumi.Input[str]
     pvc_name: str = "model-weights"
     hf_token: Optional[pulumi.Output] = None
     mount_path: str = "/models"
     cluster_name: Optional[pulumi.Input[str]] = None
     region: Optional[str] = None  # for the IAM partition and EFS's regional read ceiling
-    staging_packages: tuple[str, ...] = ()
+    staging_image_id: Optional[str] = None
+    vpc_cidr: Optional[str] = None
     staging_workers: int = 8
     staging_excludes: tuple[str, ...] = ()
     # The staging Job's generation (gpu-serving:storage.stagingRun): part of its name,
@@ -155,7 +162,6 @@ class ModelStorageArgs:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client_security_group_ids", list(self.client_security_group_ids))
-        object.__setattr__(self, "staging_packages", tuple(self.staging_packages))
         object.__setattr__(self, "staging_excludes", tuple(self.staging_excludes))
         validate_storage_args(self)
 
@@ -167,7 +173,6 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError(f"storage: checkpoint source {args.source!r} must be 'hf' or 's3'")
     try:
         split_checkpoint(args.checkpoint, args.source)
-        check_packages(args.staging_packages)
     except ValueError as exc:
         raise UserError(f"storage: {exc}") from None
     if not args.client_security_group_ids:
@@ -180,8 +185,12 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError(
             f"storage: mount_path {args.mount_path!r} must be an absolute path other than /, /tmp and {script_files.MOUNT_PATH}"
         )
-    if not args.staging_image or ":" not in args.staging_image.rsplit("/", 1)[-1] and "@" not in args.staging_image:
-        raise UserError(f"storage: staging_image {args.staging_image!r} must be pinned (a tag or a digest)")
+    if isinstance(args.staging_image, str):
+        image = args.staging_image
+        if not image or ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
+            raise UserError(f"storage: staging_image {image!r} must be pinned (a tag or a digest)")
+    elif not args.staging_image_id:
+        raise UserError("storage: a staging_image known only as an Output needs staging_image_id (its tag), for the Job's name")
     if isinstance(args.hf_token, str):
         raise UserError("storage: hf_token must be a secret Output (pulumi.Config().require_secret), not a plain string")
     if args.hf_token is not None and args.source != "hf":
@@ -198,6 +207,13 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
 
 
 # ---- pure helpers (tested directly) -------------------------------------------------------
+
+
+def staging_image_id(args: ModelStorageArgs) -> Optional[str]:
+    """What names the staging image's content: the reference itself, or `staging_image_id` for an Output."""
+    if isinstance(args.staging_image, str):
+        return args.staging_image
+    return args.staging_image_id
 
 
 def protection(production: bool) -> pulumi.ResourceOptions:
@@ -356,13 +372,12 @@ class ModelStorage(pulumi.ComponentResource):
         self.model_path = model_path(self.mount_path, args.checkpoint, args.source)
         self.marker_path = marker_path(self.mount_path, args.checkpoint, args.source)
         self.staging_deadline_s = staging_deadline_s(figures.checkpoint_bytes, figures.cold_start_target_s)
-        command = staging_command(args.staging_packages)
+        command = staging_command()
         job_args = staging_args(
             source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
         )
         self.staging_job_name = job_name(
-            args.pvc_name, staging_scripts_hash(), args.staging_image, *command, *job_args, " ".join(args.staging_packages),
-            f"run {args.staging_run}",
+            args.pvc_name, staging_scripts_hash(), str(staging_image_id(args)), *command, *job_args, f"run {args.staging_run}",
         )
         # The program, mounted read-only into the Job's pod (created before the Job).
         scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)
@@ -376,12 +391,26 @@ class ModelStorage(pulumi.ComponentResource):
             args=job_args,
             pvc_name=args.pvc_name,
             mount_path=self.mount_path,
+            dest=self.model_path,
             service_account=service_account,
             hf_token_secret=secret_name,
             scripts_config_map=scripts["metadata"]["name"],
             node_selector=system_node_selector(),
         )
         job_labels = {**labels, "app.kubernetes.io/component": "weight-staging"}
+        # What the staging pods may reach (infra/k8s/network_policies.py), in place before the Job.
+        egress = network_policies.staging_policy(
+            f"{args.pvc_name}-staging",
+            args.namespace,
+            job_labels,
+            vpc_cidr=args.vpc_cidr,
+            pod_identity=args.source == "s3",
+            labels=labels,
+        )
+        self.staging_network_policy = k8s.networking.v1.NetworkPolicy(
+            f"{name}-staging-egress", metadata=egress["metadata"], spec=egress["spec"], opts=child
+        )
+        staging_deps.append(self.staging_network_policy)
         annotations = {"gpu-serving/checkpoint": args.checkpoint, "gpu-serving/marker": self.marker_path}
         if not args.await_staging:
             annotations["pulumi.com/skipAwait"] = "true"

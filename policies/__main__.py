@@ -171,7 +171,7 @@ def main() -> None:
     PolicyPack(
         name=PACK_NAME,
         policies=policies(),
-        description="GPU serving stack: TP within a node, EFA, IMDSv2, encryption, EKS hardening, protected weights, serving pods, no public load balancers.",
+        description="GPU serving stack: TP within a node, EFA, IMDSv2, encryption, EKS hardening, protected weights, serving pods, least-privilege pods, Pod Security admission, network policies, no public load balancers.",
     )
 
 

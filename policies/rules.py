@@ -48,7 +48,45 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-UNKNOWN = "<computed>"
+if __package__:  # imported as policies.rules
+    from .kubernetes_rules import check_namespace_pod_security, check_network_policies, check_pods_least_privilege
+    from .workloads import (
+        ALLOWED_CAPABILITIES,
+        ALLOWED_HOST_PATH_PREFIX,
+        GPU,
+        UNKNOWN,
+        WORKLOAD_KINDS,
+        _kind,
+        _list,
+        _map,
+        _truthy,
+        check_serving_pods,
+        is_unknown,
+        pod_gpus,
+        ray_pod_templates,
+        raycluster_spec,
+        workload_pod_templates,
+    )
+else:  # run by the policy analyzer from the pack's directory
+    from kubernetes_rules import check_namespace_pod_security, check_network_policies, check_pods_least_privilege  # type: ignore[no-redef]
+    from workloads import (  # type: ignore[no-redef]
+        ALLOWED_CAPABILITIES,
+        ALLOWED_HOST_PATH_PREFIX,
+        GPU,
+        UNKNOWN,
+        WORKLOAD_KINDS,
+        _kind,
+        _list,
+        _map,
+        _truthy,
+        check_serving_pods,
+        is_unknown,
+        pod_gpus,
+        ray_pod_templates,
+        raycluster_spec,
+        workload_pod_templates,
+    )
+
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
 
@@ -85,41 +123,11 @@ SERVICE = "kubernetes:core/v1:Service"
 INGRESS_TYPES = ("kubernetes:networking.k8s.io/v1:Ingress", "kubernetes:networking.k8s.io/v1beta1:Ingress")
 AWS_LOAD_BALANCERS = ("aws:lb/loadBalancer:LoadBalancer", "aws:alb/loadBalancer:LoadBalancer", "aws:elb/loadBalancer:LoadBalancer")
 
-GPU = "nvidia.com/gpu"
 ALL_PROTOCOLS = ("-1", "all")
 EFA_INTERFACE_TYPES = ("efa", "efa-only")
 LB_INTERNAL = "service.beta.kubernetes.io/aws-load-balancer-internal"
 LB_SCHEME = "service.beta.kubernetes.io/aws-load-balancer-scheme"
 ALB_SCHEME = "alb.ingress.kubernetes.io/scheme"
-WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
-
-
-# --- small helpers --------------------------------------------------------------
-
-
-def is_unknown(value: Any) -> bool:
-    return isinstance(value, str) and value == UNKNOWN
-
-
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
-
-
-def _truthy(value: Any) -> Optional[bool]:
-    """True/False for a boolean the SDKs write as a bool or a string ("true"); None if unknown or unset."""
-    if value is None or is_unknown(value):
-        return None
-    if isinstance(value, str):
-        return value.strip().lower() == "true"
-    return bool(value)
-
-
-def _kind(resource_type: str) -> str:
-    return resource_type.rsplit(":", 1)[-1]
 
 
 def production_from_provider(props: Mapping) -> bool:
@@ -213,54 +221,6 @@ def tensor_parallel_size(tokens: Sequence[str]) -> Optional[int]:
             except ValueError:
                 continue
     return tp
-
-
-def _gpu_count(quantity: Any) -> Optional[int]:
-    if quantity is None:
-        return 0
-    if is_unknown(quantity):
-        return None
-    try:
-        return int(str(quantity))
-    except ValueError:
-        return None
-
-
-def pod_gpus(pod_spec: Mapping) -> Optional[int]:
-    """The GPUs a pod asks for: the sum of its containers' nvidia.com/gpu limits (requests if no limit)."""
-    total = 0
-    for c in _list(pod_spec.get("containers")):
-        res = _map(_map(c).get("resources"))
-        amount = _map(res.get("limits")).get(GPU, _map(res.get("requests")).get(GPU))
-        n = _gpu_count(amount)
-        if n is None:
-            return None
-        total += n
-    return total
-
-
-def raycluster_spec(resource_type: str, props: Mapping) -> Optional[Mapping]:
-    """The RayCluster spec of a RayCluster (or the one inside a RayService / RayJob)."""
-    kind = _kind(resource_type)
-    spec = _map(props.get("spec"))
-    if not resource_type.startswith("kubernetes:ray.io/"):
-        return None
-    if kind == "RayCluster":
-        return spec
-    if kind == "RayService":
-        return _map(spec.get("rayClusterConfig"))
-    if kind == "RayJob":
-        return _map(spec.get("rayClusterSpec"))
-    return None
-
-
-def ray_pod_templates(spec: Mapping) -> list[tuple[str, Mapping]]:
-    """(where, pod template) for the head and every worker group of a RayCluster spec."""
-    out = [("head template", _map(_map(spec.get("headGroupSpec")).get("template")))]
-    for group in _list(spec.get("workerGroupSpecs")):
-        group = _map(group)
-        out.append((f"worker group {group.get('groupName', '?')!s} template", _map(group.get("template"))))
-    return out
 
 
 def check_tp_within_node(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
@@ -577,101 +537,6 @@ def check_production_storage_protected(resources: Sequence[Mapping], context: Ma
     return out
 
 
-# --- 7. Serving pods -----------------------------------------------------------------------------------
-
-
-def workload_pod_templates(resource_type: str, props: Mapping) -> list[tuple[str, Mapping]]:
-    """(where, pod spec) of the pods a resource runs that this rule checks.
-
-    Every pod template of a RayCluster (or RayService/RayJob); for other
-    workloads (Pod, Job, CronJob, Deployment, ...) the pod templates that
-    request nvidia.com/gpu.
-    """
-    ray = raycluster_spec(resource_type, props)
-    if ray is not None:
-        return [(where, _map(t.get("spec"))) for where, t in ray_pod_templates(ray)]
-    if not resource_type.startswith("kubernetes:") or _kind(resource_type) not in WORKLOAD_KINDS:
-        return []
-    kind, spec = _kind(resource_type), _map(props.get("spec"))
-    if kind == "Pod":
-        pod = spec
-    elif kind == "CronJob":
-        pod = _map(_map(_map(_map(spec.get("jobTemplate")).get("spec")).get("template")).get("spec"))
-    else:
-        pod = _map(_map(spec.get("template")).get("spec"))
-    gpus = pod_gpus(pod)
-    return [("pod template", pod)] if gpus else []
-
-
-# Beyond its devices a serving pod may hold IPC_LOCK (EFA pins host memory past RLIMIT_MEMLOCK, which Kubernetes
-# cannot raise) and its hostPath directories under /var/lib/gpu-serving/ (the compile cache): infra/k8s/raycluster.py.
-ALLOWED_CAPABILITIES = frozenset({"IPC_LOCK"})
-ALLOWED_HOST_PATH_PREFIX = "/var/lib/gpu-serving/"
-
-
-def _host_path_problems(where: str, pod: Mapping) -> list[str]:
-    out: list[str] = []
-    for v in (_map(v) for v in _list(pod.get("volumes")) if _map(_map(v).get("hostPath"))):
-        path, kind, parts = str(v["hostPath"].get("path", "")), v["hostPath"].get("type"), [p for p in str(v["hostPath"].get("path", "")).split("/") if p not in ("", ".")]
-        if ".." in parts or not ("/" + "/".join(parts) + "/").startswith(ALLOWED_HOST_PATH_PREFIX) or len(parts) < 4:
-            out.append(f"{where}: volume {v.get('name', '?')} mounts host path {path!r}: serving pods may only mount their own directories under {ALLOWED_HOST_PATH_PREFIX} (the compile cache)")
-        elif kind not in ("Directory", "DirectoryOrCreate"):
-            out.append(f"{where}: volume {v.get('name', '?')}: hostPath type {kind!r} must be Directory or DirectoryOrCreate")
-    return out
-
-
-def _container_problems(where: str, pod: Mapping) -> list[str]:
-    out: list[str] = _host_path_problems(where, pod)
-    volumes = {_map(v).get("name"): _map(v) for v in _list(pod.get("volumes"))}
-    for init, key in ((False, "containers"), (True, "initContainers")):
-        for c in _list(pod.get(key)):
-            c = _map(c)
-            name = f"{'init container' if init else 'container'} {c.get('name', '?')}"
-            if not init:
-                mounts = [_map(m) for m in _list(c.get("volumeMounts")) if str(_map(m).get("mountPath", "")).rstrip("/") == "/dev/shm"]
-                if not mounts:
-                    out.append(
-                        f"{where}, {name}: no /dev/shm mount: mount an emptyDir with medium Memory at /dev/shm "
-                        "(NCCL and Ray use shared memory; the container runtime's default /dev/shm is 64 MiB)"
-                    )
-                else:
-                    vol = volumes.get(mounts[0].get("name"))
-                    if vol is not None and _map(vol.get("emptyDir")).get("medium") != "Memory":
-                        out.append(f"{where}, {name}: /dev/shm is volume {mounts[0].get('name')}, not a memory-backed emptyDir (emptyDir.medium: Memory)")
-                    elif vol is None:
-                        out.append(f"{where}, {name}: /dev/shm mounts volume {mounts[0].get('name')}, which the pod does not define")
-            sc = _map(c.get("securityContext"))
-            if _truthy(sc.get("privileged")):
-                out.append(
-                    f"{where}, {name}: runs privileged (securityContext.privileged: true): the device plugins already "
-                    "give a pod the GPUs and EFA devices it asks for; privileged hands it every device and the host"
-                )
-            if _truthy(sc.get("allowPrivilegeEscalation")):
-                out.append(f"{where}, {name}: allows privilege escalation (securityContext.allowPrivilegeEscalation: true)")
-            extra = sorted({str(c).upper().removeprefix("CAP_") for c in _list(_map(sc.get("capabilities")).get("add"))} - ALLOWED_CAPABILITIES)
-            if extra:
-                out.append(f"{where}, {name}: adds capabilities {', '.join(extra)}: serving pods may add only IPC_LOCK (EFA memory registration)")
-            res = c.get("resources")
-            if is_unknown(res):
-                continue
-            limits = _map(_map(res).get("limits"))
-            wanted = ("cpu", "memory") if init else ("cpu", "memory", GPU)
-            absent = [k for k in wanted if limits.get(k) in (None, "")]
-            if absent:
-                out.append(f"{where}, {name}: no resource limit for {', '.join(absent)} (set resources.limits)")
-    return out
-
-
-def check_serving_pods(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
-    """Serving pods: memory-backed /dev/shm, resource limits, not privileged (IPC_LOCK and the compile cache's host directory excepted)."""
-    out: list[str] = []
-    for where, pod in workload_pod_templates(resource_type, props):
-        if is_unknown(pod) or not pod:
-            continue
-        out.extend(_container_problems(where, pod))
-    return out
-
-
 # --- 8. No internet-facing load balancer -------------------------------------------------------------------
 
 
@@ -781,6 +646,29 @@ RULES: tuple[Rule, ...] = (
         MANDATORY,
         check_serving_pods,
         "resource",
+    ),
+    Rule(
+        "pods-least-privilege",
+        "Every pod template mounts no service-account token and uses the RuntimeDefault seccomp profile; every container forbids "
+        "privilege escalation, drops ALL capabilities (adding back only IPC_LOCK for EFA, CHOWN in init containers) and has a read-only root.",
+        MANDATORY,
+        check_pods_least_privilege,
+        "resource",
+    ),
+    Rule(
+        "namespace-pod-security",
+        "A namespace the stack creates and runs pods in enforces Pod Security admission at the strictest level all of its pods pass.",
+        MANDATORY,
+        check_namespace_pod_security,
+        "stack",
+    ),
+    Rule(
+        "network-policies-isolate-ray",
+        "Every namespace the stack runs pods in has a default-deny NetworkPolicy, and each RayCluster's GCS, dashboard and client "
+        "ports admit only the RayCluster's own pods.",
+        MANDATORY,
+        check_network_policies,
+        "stack",
     ),
     Rule(
         "no-internet-facing-load-balancer",

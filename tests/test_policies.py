@@ -371,23 +371,105 @@ def test_internet_facing_allowed_when_the_context_says_so():
     assert R.check_no_internet_facing_lb(R.SERVICE, service("LoadBalancer"), NO_OPTS, allowed) == []
 
 
+# --- pods and their network (policies/kubernetes_rules.py) -------------------------------------------------
+
+
+def _k8s(type_, name, inputs):
+    return {"type": type_, "name": name, "urn": f"urn:{name}", "inputs": inputs}
+
+
+def _job(name="j", namespace="ns", **pod):
+    base = {"automountServiceAccountToken": False, "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                                              "readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 1000}}]}  # fmt: skip
+    base.update(pod)
+    return _k8s("kubernetes:batch/v1:Job", name, {"metadata": {"name": name, "namespace": namespace}, "spec": {"template": {"spec": base}}})
+
+
+def _namespace_resource(name="ns", labels=None):
+    return _k8s("kubernetes:core/v1:Namespace", name, {"metadata": {"name": name, "labels": labels or {}}})
+
+
+def _deny(namespace="ns"):
+    return _k8s(NETPOL, "deny", {"metadata": {"name": "deny", "namespace": namespace},
+                                 "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}})  # fmt: skip
+
+
+def test_least_privilege_covers_every_workload_not_only_gpu_pods():
+    assert R.check_pods_least_privilege("kubernetes:batch/v1:Job", _job()["inputs"], NO_OPTS, CTX) == []
+    loose = _job(automountServiceAccountToken=True)["inputs"]
+    one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", loose, NO_OPTS, CTX), "mounts a service-account token")
+    ipc = _job()["inputs"]
+    ipc["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
+    one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX), "adds IPC_LOCK")  # no EFA requested
+    ipc["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"vpc.amazonaws.com/efa": "32"}}
+    assert R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX) == []
+    unknown = _job()["inputs"]
+    unknown["spec"]["template"]["spec"]["containers"][0]["securityContext"] = R.UNKNOWN
+    assert R.check_pods_least_privilege("kubernetes:batch/v1:Job", unknown, NO_OPTS, CTX) == []
+
+
+def test_the_namespace_rule_judges_the_namespaces_the_stack_creates():
+    job = _job()  # passes restricted
+    assert R.check_namespace_pod_security([job], CTX) == []  # the stack does not create namespace ns
+    labelled = _namespace_resource(labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    assert R.check_namespace_pod_security([job, labelled], CTX) == []
+    weak = _namespace_resource(labels={"pod-security.kubernetes.io/enforce": "baseline"})
+    (found,) = R.check_namespace_pod_security([job, weak], CTX)
+    assert found == ("urn:ns", "namespace ns enforces Pod Security baseline, but every pod the stack runs there passes restricted: enforce restricted")
+    lax_warn = _namespace_resource(labels={"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "baseline"})
+    one([m for _, m in R.check_namespace_pod_security([job, lax_warn], CTX)], "warn=baseline is weaker than enforce=restricted")
+    unknown = _namespace_resource(labels=R.UNKNOWN)
+    assert R.check_namespace_pod_security([job, unknown], CTX) == []
+
+
+def test_a_preview_with_the_pod_specs_unknown_reports_nothing(prod_doc):
+    """In a CrossGuard preview the RayCluster's and Jobs' specs wait for the image (an Output): the stack rules
+    must not judge them, nor take an unknown pod for one that passes restricted."""
+    doc = copy.deepcopy(prod_doc)
+    for r in doc["resources"]:
+        if r["type"] in (RAY, "kubernetes:batch/v1:Job"):
+            r["inputs"]["spec"] = R.UNKNOWN
+    found = check_document(doc)
+    assert found == [], [(v.rule, v.message) for v in found]
+
+
+def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
+    job = _job()
+    one([m for _, m in R.check_network_policies([job], CTX)], "has no default-deny NetworkPolicy")
+    assert R.check_network_policies([job, _deny()], CTX) == []
+    assert R.check_network_policies([job, _deny("elsewhere")], CTX) != []  # another namespace's deny does not count
+    unseen = _k8s(NETPOL, "later", {"metadata": {"name": "later", "namespace": "ns"}, "spec": R.UNKNOWN})
+    assert R.check_network_policies([job, unseen], CTX) == []
+
+
 # --- the rule set ---------------------------------------------------------------------------------------------
 
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 8
+    assert len(names) == len(set(names)) == 11
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
-    assert {r.name for r in R.RULES if r.scope == "stack"} == {"tp-within-node", "efa-security-group-self-referencing", "production-weights-protected"}
+    assert {r.name for r in R.RULES if r.scope == "stack"} == {
+        "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
+        "namespace-pod-security", "network-policies-isolate-ray",
+    }  # fmt: skip
 
 
-def test_rules_import_only_the_standard_library():
-    tree = ast.parse((REPO_ROOT / "policies" / "rules.py").read_text())
+PACK_MODULES = sorted(p for p in (REPO_ROOT / "policies").glob("*.py") if p.name not in ("__main__.py", "__init__.py"))
+
+
+@pytest.mark.parametrize("path", PACK_MODULES, ids=lambda p: p.name)
+def test_rules_import_only_the_standard_library(path):
+    """The rules' modules need nothing but the standard library and each other (the pack's venv has pulumi-policy only)."""
+    tree = ast.parse(path.read_text())
+    siblings = {p.stem for p in PACK_MODULES}
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"} | siblings, imported
+    assert len(PACK_MODULES) >= 5 and "rules" in siblings
 
 
 # --- the real stacks -------------------------------------------------------------------------------------------
@@ -435,7 +517,62 @@ def _public_lb(doc):
 
 def _privileged_head(doc):
     head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    head["securityContext"] = {"privileged": True}
+    head["securityContext"]["privileged"] = True
+
+
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+
+def _no_default_deny(doc):
+    doc["resources"].remove(_find(doc, NETPOL, "-default-deny"))
+
+
+def _ray_open_to_every_namespace(doc):
+    _find(doc, NETPOL, "-np-vllm-ray")["inputs"]["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
+
+
+def _ray_open_to_the_vpc(doc):
+    _find(doc, NETPOL, "-np-vllm-ray")["inputs"]["spec"]["ingress"].append({"from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}]})
+
+
+def _ray_pods_cut_off(doc):
+    _find(doc, NETPOL, "-np-vllm-ray")["inputs"]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["ray.io/cluster"] = "other"
+
+
+def _staging_escalates(doc):
+    job = _find(doc, "kubernetes:batch/v1:Job")["inputs"]["spec"]["template"]["spec"]
+    job["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+
+
+def _staging_adds_chown_outside_init(doc):
+    job = _find(doc, "kubernetes:batch/v1:Job")["inputs"]["spec"]["template"]["spec"]
+    job["containers"][0]["securityContext"]["capabilities"]["add"] = ["CHOWN"]
+
+
+def _head_mounts_a_token(doc):
+    del _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"]
+
+
+def _writable_worker_root(doc):
+    worker = _find(doc, RAY)["inputs"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["securityContext"]["readOnlyRootFilesystem"] = False
+
+
+def _enforce_restricted(doc):
+    _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "restricted"
+
+
+def _no_pod_security_labels(doc):
+    del _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]
+
+
+def _serving_pods_within_baseline(doc):
+    """Without the node's compile cache and EFA's capability, every pod passes baseline: privileged is then too weak."""
+    spec = _find(doc, RAY)["inputs"]["spec"]
+    for t in [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]:
+        t["spec"]["volumes"] = [v for v in t["spec"]["volumes"] if "hostPath" not in v]
+        for c in t["spec"]["containers"]:
+            c["securityContext"]["capabilities"].pop("add")
 
 
 def _efs_unprotected(doc):
@@ -479,6 +616,17 @@ def _no_shm(doc):
         (_no_efa_ingress, "efa-security-group-self-referencing", "lacks an ingress rule"),
         (_unencrypted_root, "storage-encrypted", "EBS volume not encrypted"),
         (_no_shm, "serving-pods-shm-limits-unprivileged", "worker group gpu template, container ray-worker: no /dev/shm"),
+        (_no_default_deny, "network-policies-isolate-ray", "namespace gpu-serving runs the stack's pods"),
+        (_ray_open_to_every_namespace, "network-policies-isolate-ray", "a pod of another namespace can reach the head's Ray GCS port 6379"),
+        (_ray_open_to_the_vpc, "network-policies-isolate-ray", "address 10.0.0.1 can reach the head's Ray client server port 10001"),
+        (_ray_pods_cut_off, "network-policies-isolate-ray", "its head and workers cannot reach each other"),
+        (_staging_escalates, "pods-least-privilege", "container stage: set securityContext.allowPrivilegeEscalation: false"),
+        (_staging_adds_chown_outside_init, "pods-least-privilege", "container stage: adds CHOWN"),
+        (_head_mounts_a_token, "pods-least-privilege", "head template: mounts a service-account token"),
+        (_writable_worker_root, "pods-least-privilege", "container ray-worker: set securityContext.readOnlyRootFilesystem: true"),
+        (_enforce_restricted, "namespace-pod-security", "passes Pod Security privileged only, but namespace gpu-serving enforces restricted"),
+        (_no_pod_security_labels, "namespace-pod-security", "without Pod Security admission"),
+        (_serving_pods_within_baseline, "namespace-pod-security", "every pod the stack runs there passes baseline: enforce baseline"),
     ],
     ids=lambda v: getattr(v, "__name__", None) if callable(v) else None,
 )
@@ -519,7 +667,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 8 policy rules passed: stack prod" in proc.stdout
+    assert "All 11 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -536,12 +684,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 8 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 11 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 8
+    assert result["passed"] is False and len(result["rules"]) == 11
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]
@@ -586,15 +734,18 @@ def test_pack_main_builds_the_gpu_serving_pack(monkeypatch):
 
 def test_pack_runs_as_the_analyzer_runs_it():
     """`python -m pulumi.policy` runs the directory (`runpy.run_path`): `rules` comes from next to it."""
-    saved = sys.modules.pop("rules", None)
+    top_level = ["rules", *(p.stem for p in PACK_MODULES)]
+    saved = {name: sys.modules.pop(name) for name in top_level if name in sys.modules}
     try:
         ns = runpy.run_path(str(REPO_ROOT / "policies"), run_name="analyzer_probe")  # not __main__: no server
         assert ns["rules"].__file__ == str(REPO_ROOT / "policies" / "rules.py")
         assert [p.name for p in ns["policies"]()] == [r.name for r in R.RULES]
+        # The rules' own modules came from next to it too (top-level imports, not the policies package).
+        assert sys.modules["kubernetes_rules"].__file__ == str(REPO_ROOT / "policies" / "kubernetes_rules.py")
     finally:
-        sys.modules.pop("rules", None)
-        if saved is not None:
-            sys.modules["rules"] = saved
+        for name in top_level:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
 
 
 def _opts(protect=False):

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from infra.aws import gpu_nodes as efa
-from infra.k8s import checks, exposure, raycluster, scheduling, script_files, serving_spec, staging
+from infra.k8s import checks, exposure, network_policies, raycluster, scheduling, script_files, serving_spec, staging
 from infra.k8s.scripts import benchmark, efa_allreduce
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
@@ -45,6 +45,7 @@ STACKS = ["prod", "test"]
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0"
 RAY_VERSION = "2.60.0"
 VLLM_VERSION = "0.34.0"
+VPC_CIDR = "10.0.0.0/16"  # what the stack passes for a VPC it creates
 # Kubernetes quantity (apimachinery resource.Quantity's regular form).
 QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$")
 
@@ -87,7 +88,7 @@ def thresholds(stack: str = "prod") -> dict:
 
 def make_spec(plan: dict, **overrides) -> ServingSpec:
     base = dict(deployment=_DEPLOYMENTS[_key(plan)], namespace="gpu-serving", image=IMAGE, ray_version=RAY_VERSION, pvc_name="model-weights",
-                vllm_version=VLLM_VERSION, production=True, **thresholds())  # fmt: skip
+                vllm_version=VLLM_VERSION, production=True, vpc_cidr=VPC_CIDR, **thresholds())  # fmt: skip
     base.update(overrides)
     return ServingSpec(**base)
 
@@ -102,13 +103,18 @@ def manifests(spec: ServingSpec) -> list[dict]:
         out.append(exposure.pod_monitor(spec))
     if spec.benchmark:
         out.append(checks.benchmark_job(spec))
-    return out
+    return out + network_policies.serving_policies(spec)
 
 
 def all_checks(plan: dict, **overrides) -> ServingSpec:
-    """Every optional object on (the EFA check only where it can run)."""
+    """Every optional object on (the EFA check only where it can run), and clients of every port."""
     can_check_efa = plan["layout"]["nodes"] >= 2 and plan["pod"]["efa_interfaces"] > 0
-    return make_spec(plan, efa_check=can_check_efa, benchmark=True, monitoring="podmonitor", **overrides)
+    clients = dict(
+        api_clients=serving_spec.Clients(namespaces=("apps",), cidrs=("10.20.0.0/16",)),
+        metrics_clients=serving_spec.Clients(namespaces=("monitoring",)),
+        dashboard_clients=serving_spec.Clients(cidrs=("10.30.0.0/24",)),
+    )
+    return make_spec(plan, efa_check=can_check_efa, benchmark=True, monitoring="podmonitor", **{**clients, **overrides})
 
 
 def served(container: dict) -> list[str]:
@@ -244,7 +250,7 @@ def test_pod_templates_are_valid_pods(stack):
 def test_every_other_manifest_validates_strictly(stack, service_type):
     spec = all_checks(stack_plan(stack), service_type=service_type)
     docs = [d for d in manifests(spec) if d["kind"] not in ("RayCluster", "PodMonitor")]
-    assert {d["kind"] for d in docs} >= {"Service", "PodDisruptionBudget", "Job"}
+    assert {d["kind"] for d in docs} >= {"Service", "PodDisruptionBudget", "Job", "NetworkPolicy"}
     for doc in docs:
         assert k8s_errors(doc) == []
     for doc in manifests(spec):
@@ -513,7 +519,8 @@ def test_startup_probe_budget_covers_the_cold_start(stack):
 def test_ray_start_params_are_the_plans(stack):
     plan = stack_plan(stack)
     rc = raycluster.raycluster(make_spec(plan))
-    assert rc["spec"]["headGroupSpec"]["rayStartParams"] == {**plan["ray_start_params"], "dashboard-host": "0.0.0.0"}
+    # The dashboard and job API answer on the head pod's loopback only (KubeRay would bind them to 0.0.0.0).
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"] == {**plan["ray_start_params"], "dashboard-host": "127.0.0.1"}
     for group in rc["spec"].get("workerGroupSpecs", []):
         assert group["rayStartParams"] == plan["ray_start_params"]
     for params in [rc["spec"]["headGroupSpec"]["rayStartParams"]] + [g["rayStartParams"] for g in rc["spec"].get("workerGroupSpecs", [])]:
@@ -864,7 +871,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     tags = default_tags(project="gpu-serving", stack="eph-1", owner="ci", production=False, expires_at="2026-12-31T23:00:00Z")
     spec = ServingSpec(
         deployment=make_plan(cfg.plan_request()).deployment(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
-        pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags,
+        pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags, vpc_cidr=cfg.network.vpc_cidr,
         ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
         nccl_busbw_floor_gbps=cfg.checks.nccl_bus_bandwidth_floor_gbps, vllm_version=cfg.serving.vllm_version,
         production=cfg.lifecycle.production,

@@ -28,6 +28,7 @@ PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 JOB = "kubernetes:batch/v1:Job"
 PM = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
 CM = "kubernetes:core/v1:ConfigMap"
+NP = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DEP = "test:index:Prerequisite"
 
 
@@ -49,6 +50,7 @@ def spec(stack: str = "prod", **overrides) -> ServingSpec:
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
         vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
         production=load_stack_file(stack, REPO).lifecycle.production,
+        vpc_cidr=load_stack_file(stack, REPO).network.vpc_cidr,
     )
     base.update(overrides)
     return ServingSpec(**base)
@@ -79,6 +81,11 @@ def run(s: ServingSpec, image=None) -> tuple[Recording, dict]:
 def urn_of(rec: Recording, name: str, typ: str) -> str:
     (r,) = [r for r in rec.resources if r.name == name and r.type == typ]
     return r.urn
+
+
+def policy_urns(rec: Recording) -> set[str]:
+    """The serving layer's NetworkPolicies: every pod they select waits for all of them."""
+    return {r.urn for r in rec.of_type(NP)}
 
 
 def test_creates_the_raycluster_service_and_pdb_from_the_builders():
@@ -120,7 +127,8 @@ def test_raycluster_depends_on_the_given_resources_and_waits_for_the_head():
     rec, _ = run(s)
     rc = rec.one(RC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn}
+    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn} | policy_urns(rec)
+    assert [r.name for r in rec.of_type(NP)] == ["vllm-np-vllm-ray"]  # no client configured: the RayCluster's own only
     # pulumi-kubernetes waits for HeadPodReady as long as the head may take.
     assert rc.inputs["metadata"]["annotations"]["pulumi.com/waitFor"] == "condition=HeadPodReady"
     minutes = int(rc.options["custom_timeouts"]["create"].rstrip("m"))
@@ -163,13 +171,17 @@ def test_the_efa_check_never_holds_up_the_raycluster():
     operators = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator")}
     scripts = rec.one(CM).urn
     # It needs the device plugins and its scripts, not the weights: it runs while they are staged.
-    assert set(job.options["depends_on"]) == operators | {headless, scripts}
+    assert set(job.options["depends_on"]) == operators | {headless, scripts} | policy_urns(rec)
+    assert urn_of(rec, "vllm-np-vllm-efa-check", NP) in job.options["depends_on"]
     assert job.options["delete_before_replace"] is True
     # Pulumi creates it and moves on, and the RayCluster does not wait for it.
     assert job.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     rc = rec.one(RC)
     assert job.urn not in rc.options["depends_on"]
-    assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts}
+    assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts} | policy_urns(rec)
+    # The policies need the namespace (among the checks' prerequisites), not the weights.
+    for np in rec.of_type(NP):
+        assert set(np.options["depends_on"]) == operators
 
 
 def test_benchmark_runs_after_the_raycluster():
@@ -178,7 +190,8 @@ def test_benchmark_runs_after_the_raycluster():
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-benchmark"
     assert job.inputs["spec"] == checks.benchmark_job(s)["spec"]
-    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn}
+    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn} | policy_urns(rec)
+    assert {"vllm-np-vllm-benchmark", "vllm-np-vllm-api"} <= {r.name for r in rec.of_type(NP)}
     minutes = int(job.options["custom_timeouts"]["create"].rstrip("m"))
     assert minutes * 60 >= job.inputs["spec"]["activeDeadlineSeconds"]
 

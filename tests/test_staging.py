@@ -9,6 +9,7 @@ under `sh`. Nothing is mocked: files are copied, sizes checked, markers written.
 from __future__ import annotations
 
 import json
+import re
 import os
 from http.server import BaseHTTPRequestHandler
 import subprocess
@@ -21,8 +22,11 @@ from infra.k8s import script_files
 from infra.k8s.scripts import stage_weights
 from infra.k8s.scripts.stage_weights import EXIT_INCOMPLETE, EXIT_SOURCE, LISTING_FILE_NAME, MARKER_NAME, STAGING_DIR_NAME
 from infra.k8s.staging import (
+    OWNER_SCRIPT,
+    STAGING_IMAGE_DIR,
+    STAGING_IMAGE_FILES,
     STAGING_SCRIPT,
-    check_packages,
+    STAGING_UID,
     job_name,
     marker_path,
     model_path,
@@ -32,6 +36,7 @@ from infra.k8s.staging import (
     staging_command,
     staging_config_map,
     staging_deadline_s,
+    staging_image_tag,
 )
 
 FILES = {
@@ -272,32 +277,64 @@ def test_the_job_command_runs_the_program_its_config_map_carries(source, tmp_pat
     assert (dest / MARKER_NAME).exists()
 
 
-def test_the_install_variant_passes_arguments_through(tmp_path):
-    """With packages, `sh -c` installs them and hands the Job's args to the script ("$@")."""
-    command = staging_command(("huggingface_hub==0.36.0",))
-    assert command[0] == "sh" and command[-1] == "stage"
-    assert "pip install" in command[2] and "huggingface_hub==0.36.0" in command[2]
-    assert '"$@"' in command[2] and staging_command()[1] in command[2]
-    # Without the install step, run it: the mounted program sees exactly the Job's args.
-    shell = command[2].split(" && ", 1)[1]
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(b"abc")
-    proc = subprocess.run(
-        ["sh", "-c", " ".join(local(shell.split(" "))), "stage", *staging_args(f"file://{src}", str(tmp_path / "d"))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "d" / MARKER_NAME).read_text())["files"] == {"a": 3}
+def test_the_job_installs_nothing_at_run_time():
+    """The command runs the mounted program with the image's Python: no pip, no shell in between."""
+    assert staging_command() == ["python3", f"{script_files.MOUNT_PATH}/{STAGING_SCRIPT}"]
+    assert not any("pip" in part for part in staging_command())
 
 
-def test_unpinned_packages_are_refused():
-    check_packages(("huggingface_hub==0.36.0", "boto3==1.40.0"))
-    for bad in ("huggingface_hub", "boto3>=1", "x==1; rm -rf /"):
-        with pytest.raises(ValueError):
-            check_packages((bad,))
+def test_the_owner_step_creates_the_directory_and_hands_it_over(tmp_path):
+    """staging_owner.sh, run for real: the checkpoint's directory (and what an earlier Job left in it) changes owner."""
+    dest = tmp_path / "models" / "org" / "name"
+    (dest / ".gpu-serving-staging").mkdir(parents=True)
+    (dest / ".gpu-serving-staging" / "model.safetensors.partial").write_bytes(b"abc")
+    uid = STAGING_UID if os.geteuid() == 0 else os.getuid()  # only root may give files away
+    gid = STAGING_UID if os.geteuid() == 0 else os.getgid()
+    fresh = tmp_path / "models" / "other" / "model"
+    for d in (dest, fresh):
+        proc = subprocess.run(
+            ["sh", str(script_files.SCRIPTS_DIR / OWNER_SCRIPT), str(d), f"{uid}:{gid}"], capture_output=True, text=True, timeout=30
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert d.is_dir() and (d.stat().st_uid, d.stat().st_gid) == (uid, gid)
+    partial = dest / ".gpu-serving-staging" / "model.safetensors.partial"
+    assert (partial.stat().st_uid, partial.stat().st_gid) == (uid, gid)
+    assert (tmp_path / "models").stat().st_uid == os.geteuid()  # the volume's root is not touched
+    bad = subprocess.run(["sh", str(script_files.SCRIPTS_DIR / OWNER_SCRIPT), str(tmp_path / "x"), "no-such-user"], capture_output=True, timeout=30)
+    assert bad.returncode != 0
+
+
+def test_the_staging_image_pins_every_package_by_hash():
+    """images/staging: every requirement is pinned to one version and at least one sha256; the Dockerfile installs
+    exactly those at build time, as the user the Job runs as; the tag follows the pins."""
+    text = (STAGING_IMAGE_DIR / "requirements.txt").read_text()
+    entries = [e for e in text.replace("\\\n", " ").splitlines() if e.strip() and not e.lstrip().startswith("#")]
+    pins = {}
+    for entry in entries:
+        name, rest = entry.split("==", 1)
+        version, *hashes = rest.split()
+        assert hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), entry
+        pins[name.strip()] = version
+    assert {"huggingface-hub", "boto3", "botocore", "s3transfer"} <= set(pins)
+    dockerfile = (STAGING_IMAGE_DIR / "Dockerfile").read_text()
+    install = [l for l in dockerfile.replace("\\\n", " ").splitlines() if "pip install" in l and not l.startswith("#")]
+    assert len(install) == 1 and all(f in install[0] for f in ("--require-hashes", "--no-deps", "--only-binary=:all:"))
+    assert re.search(rf"^USER {STAGING_UID}:{STAGING_UID}$", dockerfile, re.M)
+    tag = staging_image_tag()
+    assert tag.startswith(f"staging-hub{pins['huggingface-hub']}-boto3-{pins['boto3']}-") and len(tag) <= 128
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", tag)  # a valid image tag
+
+
+def test_the_staging_image_tag_changes_with_what_it_is_built_from(tmp_path):
+    for name in STAGING_IMAGE_FILES:
+        (tmp_path / name).write_text((STAGING_IMAGE_DIR / name).read_text())
+    assert staging_image_tag(tmp_path) == staging_image_tag()
+    (tmp_path / "Dockerfile").write_text((STAGING_IMAGE_DIR / "Dockerfile").read_text() + "LABEL x=y\n")
+    changed = staging_image_tag(tmp_path)
+    assert changed != staging_image_tag() and changed.rsplit("-", 1)[0] == staging_image_tag().rsplit("-", 1)[0]
+    (tmp_path / "requirements.txt").write_text("boto3==1.0.0 --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(ValueError, match="huggingface-hub"):
+        staging_image_tag(tmp_path)
 
 
 # ---- the serving pods' wait --------------------------------------------------------------------

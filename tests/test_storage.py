@@ -49,7 +49,7 @@ from infra.planning.storage import (
 )
 from infra.k8s import script_files
 from infra.k8s.scripts.stage_weights import EXIT_SOURCE, MARKER_NAME
-from infra.k8s.staging import staging_deadline_s
+from infra.k8s.staging import STAGING_UID, staging_deadline_s
 from infra.preview.synth import plain
 
 K8S_VERSION = "1.33.0"
@@ -70,6 +70,8 @@ SECRET = "kubernetes:core/v1:Secret"
 JOB = "kubernetes:batch/v1:Job"
 SA = "kubernetes:core/v1:ServiceAccount"
 CONFIG_MAP = "kubernetes:core/v1:ConfigMap"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+STAGING_TAG = "staging-hub2.4.0-boto3-1.44.8-0123456789ab"
 
 SESSION = botocore.session.get_session()
 EFS_MODEL = SESSION.get_service_model("efs")
@@ -150,8 +152,10 @@ def s3_ephemeral(prod_storage):
             source="s3",
             checkpoint="s3://ml-weights-bucket/deepseek/v4-pro/",
             cluster_name="gpu-serving-test",
-            staging_image="python:3.12.7-slim",
-            staging_packages=("boto3==1.40.0",),
+            # The stack's repository: known only as an Output; the tag names the image for the Job's name.
+            staging_image=pulumi.Output.concat("123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving-test/vllm", ":", STAGING_TAG),
+            staging_image_id=STAGING_TAG,
+            vpc_cidr="10.0.0.0/16",
         )
     )
 
@@ -431,7 +435,7 @@ def test_every_kubernetes_object_validates(variants, variant):
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{res.name} ({doc['kind']}): {exc.message} at {list(exc.path)}")
     assert not errors, "\n".join(errors)
-    assert {"PersistentVolume", "PersistentVolumeClaim", "Job", "ServiceAccount"} <= kinds
+    assert {"PersistentVolume", "PersistentVolumeClaim", "Job", "ServiceAccount", "NetworkPolicy"} <= kinds
     if variant in ("efs-prod", "fsx-prod"):
         assert "Secret" in kinds
 
@@ -533,11 +537,31 @@ def test_staging_job(efs_prod, prod_storage):
     # Modest requests; no GPUs, no EFA.
     requests = container["resources"]["requests"]
     assert set(requests) == {"cpu", "memory"} and "nvidia.com/gpu" not in container["resources"].get("limits", {})
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+    # Least privilege: the program as an unprivileged user with nothing added, no token, the runtime's seccomp.
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert pod["securityContext"] == {"runAsUser": STAGING_UID, "runAsGroup": STAGING_UID, "runAsNonRoot": True,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    # ... after the one root step, which may only chown: it hands the destination to that user.
+    (owner,) = pod["initContainers"]
+    assert owner["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        "readOnlyRootFilesystem": True, "runAsUser": 0, "runAsNonRoot": False,
+    }  # fmt: skip
+    assert owner["image"] == container["image"] and owner["args"] == [comp.model_path, f"{STAGING_UID}:{STAGING_UID}"]
+    mounted, script = owner["command"][1].rsplit("/", 1)
+    assert owner["command"][0] == "sh" and mounted == script_files.MOUNT_PATH and script in config_map["data"]
     # Pulumi waits for completion as long as the Job may run, and only after its storage exists.
     assert res.options["custom_timeouts"]["create"] == f"{comp.staging_deadline_s + 600}s"
     needs = {u.rsplit("::", 1)[-1] for u in res.options["depends_on"]}
-    assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts"} <= needs
+    assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts", "weights-staging-egress"} <= needs
+    # Its egress: HTTPS to the hub, and nothing else (no VPC CIDR given: no exception; no Pod Identity for hf).
+    netpol = manifest(rec.one(NETWORK_POLICY))
+    assert netpol["spec"]["podSelector"]["matchLabels"] == job["spec"]["template"]["metadata"]["labels"]
+    assert netpol["spec"]["policyTypes"] == ["Egress"]
+    assert netpol["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]}]
 
 
 def test_s3_staging_reads_through_pod_identity(s3_ephemeral):
@@ -561,9 +585,17 @@ def test_s3_staging_reads_through_pod_identity(s3_ephemeral):
     assert assoc["clusterName"] == "gpu-serving-test"
     assert "weights-staging-identity" in {u.rsplit("::", 1)[-1] for u in rec.one(JOB).options["depends_on"]}
     (container,) = pod["containers"]
-    assert container["command"][0] == "sh" and "boto3==1.40.0" in container["command"][2]
+    assert container["command"] == ["python3", f"{script_files.MOUNT_PATH}/stage_weights.py"]  # nothing installed at run time
+    assert container["image"] == f"123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving-test/vllm:{STAGING_TAG}"
     (scripts,) = [v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v]
-    assert f"{script_files.MOUNT_PATH}/" in container["command"][2] and scripts == manifest(rec.one(CONFIG_MAP))["metadata"]["name"]
+    assert scripts == manifest(rec.one(CONFIG_MAP))["metadata"]["name"]
+    # No service-account token: EKS Pod Identity injects its own; the pod may reach its agent and HTTPS outside the VPC.
+    assert pod["automountServiceAccountToken"] is False
+    egress = manifest(rec.one(NETWORK_POLICY))["spec"]["egress"]
+    assert egress == [
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/16"]}}], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}], "ports": [{"protocol": "TCP", "port": 80}]},
+    ]
     args = container["args"]
     assert args[args.index("--source") + 1] == "s3://ml-weights-bucket/deepseek/v4-pro"
     assert comp.marker_path == f"/models/ml-weights-bucket/deepseek/v4-pro/{MARKER_NAME}"
@@ -701,7 +733,7 @@ def test_aws_enum_values_are_in_botocore(variants, variant):
         (dict(mount_path="relative"), "mount_path"),
         (dict(mount_path=script_files.MOUNT_PATH), "mount_path"),
         (dict(staging_image="python"), "pinned"),
-        (dict(staging_packages=("boto3",)), "pinned"),
+        (dict(staging_image=pulumi.Output.from_input("registry/staging:tag")), "staging_image_id"),
         (dict(source="s3", checkpoint="s3://bucket-name/p", cluster_name="c", hf_token=pulumi.Output.secret("x")), "hf_token"),
     ],
 )

@@ -128,6 +128,26 @@ class CapacityConfig(_Area):
 
 
 Cidr = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$")]
+Namespace = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
+def _clients(name: str, what: str, namespaces_note: str, cidrs_note: str) -> type["_Area"]:
+    """An object of `namespaces` and `cidrs`: who may open connections to one port of the serving pods."""
+    fields: dict[str, Any] = {
+        "__annotations__": {"namespaces": list[Namespace], "cidrs": list[Cidr]},
+        "__doc__": f"Who may {what}: pods of these namespaces, these source CIDRs (a NetworkPolicy).",
+        "namespaces": Field(
+            default_factory=list,
+            description=f"Namespaces whose pods may {what}{namespaces_note}",
+            json_schema_extra={"allowed": "a list of namespace names such as monitoring"},
+        ),
+        "cidrs": Field(
+            default_factory=list,
+            description=f"Source CIDRs that may {what}{cidrs_note}",
+            json_schema_extra={"allowed": "a list of IPv4 CIDRs such as 10.20.0.0/16"},
+        ),
+    }
+    return type(name, (_Area,), fields)
 
 
 class NetworkConfig(_Area):
@@ -357,6 +377,26 @@ class SpeculativeConfig(_Area):
     )
 
 
+ApiClientsConfig = _clients(
+    "ApiClientsConfig",
+    "call the OpenAI-compatible port 8000",
+    " (every pod of each); the benchmark Job always may.",
+    "; with serviceType internal-lb the VPC's CIDR is admitted as well (the load balancer's clients).",
+)
+MetricsClientsConfig = _clients(
+    "MetricsClientsConfig",
+    "scrape the serving pods' metrics (vLLM's on 8000, Ray's on 8080)",
+    ", e.g. Prometheus's; none by default.",
+    "; none by default.",
+)
+DashboardClientsConfig = _clients(
+    "DashboardClientsConfig",
+    "reach the Ray dashboard and job API (8265; Ray's token authentication still applies)",
+    "; none by default: the dashboard then listens on the head pod's loopback only (`kubectl port-forward` reaches it).",
+    "; given any namespace or CIDR, the dashboard listens on the pod's address.",
+)
+
+
 class ServingConfig(_Area):
     """`gpu-serving:serving`: vLLM's knobs; null lets the planner decide."""
 
@@ -459,6 +499,18 @@ class ServingConfig(_Area):
         default="annotations",
         description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",
     )
+    api_clients: ApiClientsConfig = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ApiClientsConfig(),
+        description="Who may call the API port besides the benchmark (NetworkPolicy).",
+    )
+    metrics_clients: MetricsClientsConfig = Field(  # type: ignore[valid-type]
+        default_factory=lambda: MetricsClientsConfig(),
+        description="Who may scrape the serving pods' metrics ports (NetworkPolicy).",
+    )
+    ray_dashboard_clients: DashboardClientsConfig = Field(  # type: ignore[valid-type]
+        default_factory=lambda: DashboardClientsConfig(),
+        description="Who may reach the Ray dashboard; none: it is bound to the head pod's loopback.",
+    )
 
     @field_validator("vllm_version")
     @classmethod
@@ -505,6 +557,14 @@ class StorageConfig(_Area):
         json_schema_extra={"allowed": "an S3 URI such as s3://bucket/models/DeepSeek-V4-Pro, or null"},
     )
 
+    staging_image: Optional[str] = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$",
+        description="Weight-staging image, pinned by digest: Python 3 with huggingface_hub and boto3 installed, running as a "
+        "non-root user (what `images/staging/Dockerfile` builds); null = the stack's ECR repository at the tag "
+        "`bin/build-image` pushes it with (`staging-hub<version>-boto3-<version>-<hash>`). Nothing is installed when the Job runs.",
+        json_schema_extra={"allowed": "an image reference pinned by digest, such as registry/staging@sha256:<64 hex digits>, or null"},
+    )
     staging_run: int = Field(
         default=0,
         ge=0,

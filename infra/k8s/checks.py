@@ -8,7 +8,11 @@
 
 Both Jobs run their scripts from the serving layer's ConfigMap
 (`raycluster.scripts_config_map`), mounted read-only, with the figures as
-arguments.
+arguments. Their containers drop every capability (the EFA check adds back
+IPC_LOCK on EFA nodes, as the Ray containers do), never escalate privileges,
+have read-only root file systems (they write to an emptyDir at /tmp) and mount
+no service-account token; the benchmark runs as a non-root user
+(infra/k8s/pod_security.py).
 
 The serving image must carry the EFA userspace (libfabric >= 1.18) and the
 aws-ofi-nccl plugin (>= 1.7) on its library path; without them NCCL silently
@@ -17,16 +21,19 @@ falls back to TCP sockets. The EFA check Job fails in exactly that case.
 
 from __future__ import annotations
 
-from infra.k8s import script_files
+from infra.k8s import pod_security, script_files
 from infra.k8s.raycluster import (
     efa_security_context,
     gpu_pod_resources,
     nccl_env,
     node_selector,
+    quiet_env,
     scripts_volume,
     shm_mount,
     shm_volume,
     spec_hash,
+    tmp_mount,
+    tmp_volume,
     tolerations,
     weights_mount,
     weights_volume,
@@ -115,11 +122,11 @@ def efa_check_job(spec: ServingSpec) -> dict:
         "command": ["/bin/bash", script_files.path(EFA_CHECK_SCRIPT)],
         "args": efa_check_args(spec),
         # INFO whatever the stack: the verdict reads NCCL's transport lines.
-        "env": nccl_env(spec, info=True),
+        "env": [*quiet_env(), *nccl_env(spec, info=True)],
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "resources": gpu_pod_resources(spec),
         **efa_security_context(spec),
-        "volumeMounts": [shm_mount(), script_files.volume_mount()],
+        "volumeMounts": [shm_mount(), script_files.volume_mount(), tmp_mount()],
     }
     return {
         "apiVersion": "batch/v1",
@@ -139,10 +146,11 @@ def efa_check_job(spec: ServingSpec) -> dict:
                     "restartPolicy": "Never",
                     "subdomain": name,
                     "enableServiceLinks": False,
+                    **pod_security.hardened_pod(),
                     "nodeSelector": node_selector(spec),
                     "tolerations": tolerations(),
                     "containers": [container],
-                    "volumes": [shm_volume(spec), scripts_volume(spec)],
+                    "volumes": [shm_volume(spec), scripts_volume(spec), tmp_volume()],
                 },
             },
         },
@@ -209,9 +217,10 @@ def benchmark_job(spec: ServingSpec) -> dict:
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python3", script_files.path(BENCHMARK_SCRIPT)],
         "args": benchmark_args(spec),
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, *quiet_env()],
         "resources": {k: dict(v) for k, v in BENCHMARK_RESOURCES.items()},
-        "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
+        "securityContext": pod_security.container_security_context(),
+        "volumeMounts": [weights_mount(spec), script_files.volume_mount(), tmp_mount()],
     }
     return {
         "apiVersion": "batch/v1",
@@ -222,16 +231,17 @@ def benchmark_job(spec: ServingSpec) -> dict:
             "activeDeadlineSeconds": ready_timeout_s(spec) + BENCHMARK_RUN_ALLOWANCE_S,
             "template": {
                 "metadata": {
-                    "labels": dict(PART_OF),
+                    "labels": {**PART_OF, CHECK_LABEL: benchmark_name(spec)},
                     "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec), **script_files.hash_annotation(BENCHMARK_SCRIPTS)},
                 },
                 "spec": {
                     "restartPolicy": "Never",
                     "enableServiceLinks": False,
+                    **pod_security.hardened_pod(pod_security.NONROOT_UID),
                     "nodeSelector": node_selector(spec),
                     "tolerations": tolerations(),
                     "containers": [container],
-                    "volumes": [weights_volume(spec), scripts_volume(spec)],
+                    "volumes": [weights_volume(spec), scripts_volume(spec), tmp_volume()],
                 },
             },
         },

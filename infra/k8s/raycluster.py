@@ -92,8 +92,54 @@ and start by checking it (`memlock_check.py`: the limit is unlimited or
 CAP_IPC_LOCK is effective; otherwise the container stops with the fix). A node
 whose containerd already runs with `LimitMEMLOCK=infinity` passes either way.
 
+Ray's ports and authentication
+------------------------------
+Ray's token authentication is on: the RayCluster's `authOptions.mode: token`
+makes KubeRay 1.7.0 create a Secret named after the cluster with a random
+32-byte token (raycluster_controller.go, `reconcileAuthSecret`; owned by the
+RayCluster, so it goes with it) and set `RAY_AUTH_MODE=token` and
+`RAY_AUTH_TOKEN` (from that Secret) in the Ray container of every pod and in
+its `wait-gcs-ready` init container (common/pod.go, `configureTokenAuth`); it
+needs Ray 2.52 or later (utils/validation.go). Ray 2.60.0 then checks the
+token on the GCS and raylet gRPC servers (the C++ AuthenticationTokenLoader
+reads `RAY_AUTH_TOKEN` first, `src/ray/rpc/authentication/`), the Ray client
+server on 10001 and the dashboard agents' gRPC (`ray/_private/grpc_utils.py`,
+`create_grpc_server_with_interceptors`; `ray/dashboard/agent.py`), and the
+dashboard's and agents' HTTP APIs, job submission included
+(`ray/_private/authentication/http_token_authentication.py`), except their
+health endpoints (`/api/healthz`, `/api/local_raylet_healthz`,
+`ray/dashboard/http_server_agent.py` and `http_server_head.py`): the probes
+KubeRay gives the workers (an HTTP GET of `/api/healthz` on the agent's port
+52365 for Ray >= 2.53, common/pod.go `initLivenessAndReadinessProbe`) keep
+working without a token. Processes started in the container (`ray_wait.py`,
+vLLM's Ray executor) inherit the token from the environment.
+KubeRay sets `dashboard-host: 0.0.0.0` on the head unless told otherwise
+(common/pod.go, `setMissingRayStartParams`); here it is `127.0.0.1`, so the
+dashboard and its job API answer inside the head pod only (`kubectl
+port-forward` reaches a pod's loopback), unless `spec.dashboard_clients` names
+who may reach it (then it listens on the pod's address and a NetworkPolicy
+admits exactly those). A plain RayCluster needs neither from outside: KubeRay
+calls a head's dashboard only for RayJob and RayService, and Ray's workers
+reach the head through the GCS. Who may open which port at all is the
+NetworkPolicies' business (infra/k8s/network_policies.py).
+
+Pod security
+------------
+Every container drops all capabilities, never escalates privileges and has a
+read-only root file system; the Ray containers add IPC_LOCK on EFA nodes
+(above); the pods use the runtime's default seccomp profile and mount no
+service-account token (infra/k8s/pod_security.py). What the containers write
+goes to `/dev/shm`, the compile cache, and an emptyDir at `/tmp` (Ray's
+session directory and logs, temporary files, and `HOME`, so the caches and
+configs libraries keep under `~` stay writable). KubeRay copies the Ray
+container's security context and mounts into the `wait-gcs-ready` init
+container it adds to the workers (common/pod.go).
+
 Environment (every Ray container)
 ---------------------------------
+- `HOME=/tmp` (above); `RAY_USAGE_STATS_ENABLED=0`, `VLLM_NO_USAGE_STATS=1`
+  and `DO_NOT_TRACK=1`: Ray and vLLM send no usage reports (the network
+  policies would drop them anyway).
 - `VLLM_HOST_IP` = the pod IP (vLLM's multi-node serving guide sets it per node;
   it is vLLM's internal address, not the API server's).
 - `HF_HUB_OFFLINE=1`: the weights are local; nothing may reach the Hub.
@@ -133,7 +179,7 @@ import json
 from typing import Any
 
 from infra.catalog.instances import get_instance_type
-from infra.k8s import scheduling, script_files
+from infra.k8s import pod_security, scheduling, script_files
 from infra.planning.serving import ROOT_VOLUME_GIB
 from infra.k8s.serving_spec import (
     API_PORT,
@@ -148,8 +194,10 @@ from infra.k8s.serving_spec import (
     OVERWRITE_CMD_ANNOTATION,
     PART_OF,
     PROBE_PATH,
+    RAY_CLUSTER_LABEL,
     RAY_METRICS_PORT,
     RAY_METRICS_PORT_NAME,
+    RAY_NODE_TYPE_LABEL,
     SERVING_SCRIPTS,
     WAIT_SCRIPT,
     WORKER_CONTAINER,
@@ -218,7 +266,16 @@ COMPILE_CACHE_DIR = "/var/cache/gpu-serving"
 COMPILE_CACHE_BUDGET_BYTES = 20 * GiB
 assert COMPILE_CACHE_BUDGET_BYTES < ROOT_VOLUME_GIB * GiB
 # What the EFA provider needs to register memory (module doc, "EFA memory registration").
-EFA_CAPABILITIES = ["IPC_LOCK"]
+EFA_CAPABILITIES = list(pod_security.EFA_CAPABILITIES)
+# The containers' root file systems are read-only; what Ray, vLLM and the compilers
+# write outside the compile cache and /dev/shm goes to this emptyDir at /tmp (Ray's
+# session directory, sockets and logs; temporary files; HOME, module doc). Its bound:
+# most of the node root volume's allowance for logs (infra/planning/serving.py,
+# ROOT_VOLUME_GIB: "the OS, logs and kubelet ~20 GiB"); past it the kubelet evicts the
+# pod rather than letting the node's disk fill.
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
+TMP_VOLUME_LIMIT = "16Gi"
 
 
 def shm_volume(spec: ServingSpec) -> dict:
@@ -258,15 +315,22 @@ def compile_cache_container(spec: ServingSpec) -> dict:
         "command": ["sh", script_files.path(COMPILE_CACHE_SCRIPT)],
         "args": [COMPILE_CACHE_DIR, str(COMPILE_CACHE_BUDGET_BYTES)],
         "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
+        "securityContext": pod_security.container_security_context(),
         "volumeMounts": [compile_cache_mount(), script_files.volume_mount()],
     }
 
 
 def efa_security_context(spec: ServingSpec) -> dict:
-    """IPC_LOCK on EFA nodes (module doc, "EFA memory registration"); nothing otherwise."""
-    if spec.efa_interfaces > 0:
-        return {"securityContext": {"capabilities": {"add": list(EFA_CAPABILITIES)}}}
-    return {}
+    """Every capability dropped but IPC_LOCK on EFA nodes (module doc, "EFA memory registration"), no escalation, read-only root."""
+    return {"securityContext": pod_security.container_security_context(EFA_CAPABILITIES if spec.efa_interfaces > 0 else ())}
+
+
+def tmp_volume() -> dict:
+    return {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": TMP_VOLUME_LIMIT}}
+
+
+def tmp_mount() -> dict:
+    return {"name": TMP_VOLUME, "mountPath": TMP_DIR}
 
 
 def memlock_required(spec: ServingSpec) -> str:
@@ -305,11 +369,22 @@ def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
     ]
 
 
+def quiet_env() -> list[dict]:
+    """A writable HOME on the read-only root file system, and no usage reports (nothing may leave the cluster)."""
+    return [
+        {"name": "HOME", "value": TMP_DIR},
+        {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "DO_NOT_TRACK", "value": "1"},
+    ]
+
+
 def ray_env(spec: ServingSpec) -> list[dict]:
     """The Ray containers' environment (see the module doc for each variable)."""
     return [
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        *quiet_env(),
         *vllm_timeouts_env(spec),
         *compile_cache_env(),
         *nccl_env(spec),
@@ -334,6 +409,7 @@ def wait_for_weights_container(spec: ServingSpec) -> dict:
         "command": ["sh", script_files.path(WAIT_SCRIPT)],
         "args": [spec.marker, "0", str(WEIGHTS_POLL_S)],
         "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
+        "securityContext": pod_security.container_security_context(),
         "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
     }
 
@@ -411,12 +487,24 @@ def _ray_ports(head: bool) -> list[dict]:
 def _pod_spec(spec: ServingSpec, container: dict) -> dict:
     return {
         "enableServiceLinks": False,
+        **pod_security.hardened_pod(),
         "nodeSelector": node_selector(spec),
         "tolerations": tolerations(),
         "initContainers": [compile_cache_container(spec), wait_for_weights_container(spec)],
         "containers": [container],
-        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec), compile_cache_volume(spec)],
+        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec), compile_cache_volume(spec), tmp_volume()],
     }
+
+
+def pod_labels(spec: ServingSpec, node_type: str) -> dict[str, str]:
+    """The template's labels: the stack's, and the two KubeRay sets on the pod anyway (and lets no template
+    change, common/pod.go `labelPod`), so what selects the pods (network policies, the Service) reads the
+    same in the template as on the pod."""
+    return {**PART_OF, RAY_CLUSTER_LABEL: spec.name, RAY_NODE_TYPE_LABEL: node_type}
+
+
+def _ray_mounts(spec: ServingSpec) -> list[dict]:
+    return [shm_mount(), weights_mount(spec), script_files.volume_mount(), compile_cache_mount(), tmp_mount()]
 
 
 def head_pod_template(spec: ServingSpec) -> dict:
@@ -433,18 +521,18 @@ def head_pod_template(spec: ServingSpec) -> dict:
         "ports": _ray_ports(head=True),
         "resources": gpu_pod_resources(spec),
         **efa_security_context(spec),
-        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount(), compile_cache_mount()],
+        "volumeMounts": _ray_mounts(spec),
         **head_probes(spec),
     }
     return {
-        "metadata": {"labels": dict(PART_OF), "annotations": annotations},
+        "metadata": {"labels": pod_labels(spec, "head"), "annotations": annotations},
         "spec": _pod_spec(spec, container),
     }
 
 
 def worker_pod_template(spec: ServingSpec) -> dict:
     annotations = {OVERWRITE_CMD_ANNOTATION: "true", **script_files.hash_annotation(WORKER_SCRIPTS)}
-    metadata: dict = {"labels": dict(PART_OF), "annotations": annotations}
+    metadata: dict = {"labels": pod_labels(spec, "worker"), "annotations": annotations}
     if spec.monitoring == "annotations":
         metadata["annotations"].update(scrape_annotations(RAY_METRICS_PORT))
     container = {
@@ -458,19 +546,22 @@ def worker_pod_template(spec: ServingSpec) -> dict:
         "ports": _ray_ports(head=False),
         "resources": gpu_pod_resources(spec),
         **efa_security_context(spec),
-        "volumeMounts": [shm_mount(), weights_mount(spec), script_files.volume_mount(), compile_cache_mount()],
+        "volumeMounts": _ray_mounts(spec),
     }
     return {"metadata": metadata, "spec": _pod_spec(spec, container)}
 
 
 def head_ray_start_params(spec: ServingSpec) -> dict[str, str]:
-    return {**spec.ray_start_params, "dashboard-host": "0.0.0.0"}
+    """The plan's parameters, and where the dashboard listens (module doc, "Ray's ports and authentication")."""
+    return {**spec.ray_start_params, "dashboard-host": spec.dashboard_host}
 
 
 def raycluster_spec(spec: ServingSpec) -> dict:
     body: dict = {
         "rayVersion": spec.ray_version,
         "enableInTreeAutoscaling": False,
+        # Ray's token authentication (module doc, "Ray's ports and authentication").
+        "authOptions": {"mode": "token"},
         # A template change (new arguments, image, sizes) must reach the pods: KubeRay
         # deletes every pod and creates new ones (raycluster_types.go, RayClusterRecreate).
         # A TP x PP engine cannot roll pod by pod anyway.

@@ -15,7 +15,11 @@ What is built, and where
 - `infra/k8s/exposure.py`: the Service on port 8000, the PodDisruptionBudget,
   the PodMonitor;
 - `infra/k8s/checks.py`: the EFA check (headless Service + Indexed Job) and the
-  serving benchmark Job.
+  serving benchmark Job;
+- `infra/k8s/network_policies.py`: the NetworkPolicies of the namespace and of
+  each of those pods;
+- `infra/k8s/pod_security.py`: every pod's security context and the
+  namespace's Pod Security labels.
 
 The programs those pods run are files in `infra/k8s/scripts/`, in one ConfigMap
 (`<name>-scripts`) mounted read-only; each pod template carries the hash of the
@@ -25,6 +29,7 @@ the pods that run it.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -46,6 +51,16 @@ GCS_PORT = 6379  # KubeRay DefaultRedisPort (the GCS)
 DASHBOARD_PORT = 8265  # KubeRay DefaultDashboardPort
 CLIENT_PORT = 10001  # KubeRay DefaultClientPort (Ray client)
 RDZV_PORT = 29500  # torchrun's default master port (EFA check)
+DASHBOARD_AGENT_PORT = 52365  # KubeRay DefaultDashboardAgentListenPort: the workers' injected probes ask it (kubelet, from the node)
+DNS_PORT = 53
+
+# Ray's token authentication (KubeRay `authOptions.mode: token`): KubeRay 1.7.0
+# refuses it below this Ray release (ray-operator/controllers/ray/utils/validation.go).
+RAY_TOKEN_AUTH_MIN_VERSION = (2, 52, 0)
+# Where the head's dashboard and job API listen: the pod's loopback only, unless
+# clients are configured (`ServingSpec.dashboard_clients`).
+DASHBOARD_LOOPBACK = "127.0.0.1"
+DASHBOARD_ALL_ADDRESSES = "0.0.0.0"
 
 # --- KubeRay 1.7.0 names (ray-operator/controllers/ray/utils/constant.go) ------
 RAY_CLUSTER_LABEL = "ray.io/cluster"
@@ -92,6 +107,35 @@ MAX_NAME = 40  # leaves room for the suffixes below within 63 characters
 
 
 @dataclass(frozen=True)
+class Clients:
+    """Who may open connections to a port of the serving pods: pods of these namespaces, and these source CIDRs.
+
+    Turned into NetworkPolicy peers (infra/k8s/network_policies.py); empty: nobody
+    beyond what the stack itself admits.
+    """
+
+    namespaces: tuple[str, ...] = ()
+    cidrs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+        object.__setattr__(self, "cidrs", tuple(self.cidrs))
+        for ns in self.namespaces:
+            if not _DNS1123.match(ns) or len(ns) > 63:
+                raise UserError(f"client namespace {ns!r} is not a DNS-1123 label")
+        for cidr in self.cidrs:
+            try:
+                net = ipaddress.ip_network(cidr, strict=True)
+            except ValueError:
+                raise UserError(f"client CIDR {cidr!r} is not an IPv4 network such as 10.20.0.0/16") from None
+            if net.version != 4:
+                raise UserError(f"client CIDR {cidr!r}: the cluster is IPv4, and IPv4 network policies ignore IPv6 rules")
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.cidrs)
+
+
+@dataclass(frozen=True)
 class ServingSpec:
     """Everything the serving objects need: the plan's figures plus the stack's settings.
 
@@ -133,6 +177,14 @@ class ServingSpec:
     benchmark_concurrency: int = 16
     image_pull_policy: str = "IfNotPresent"
     load_balancer_tags: Mapping[str, str] = field(default_factory=dict)  # the stack's tags, for an internal NLB
+    # Network policies (infra/k8s/network_policies.py): who may call the API port besides
+    # the benchmark, who may scrape the metrics ports, who may reach the Ray dashboard
+    # (nobody: it listens on the head pod's loopback), and the VPC's CIDR, whence an
+    # internal load balancer's connections come.
+    api_clients: Clients = field(default_factory=Clients)
+    metrics_clients: Clients = field(default_factory=Clients)
+    dashboard_clients: Clients = field(default_factory=Clients)
+    vpc_cidr: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not _DNS1035.match(self.name) or len(self.name) > MAX_NAME:
@@ -161,6 +213,13 @@ class ServingSpec:
             if value < 1:
                 raise UserError(f"{label} must be at least 1, got {value}")
         self._check_serve_command()
+        self._check_network()
+        if _version_tuple(self.ray_version) < RAY_TOKEN_AUTH_MIN_VERSION:
+            minimum = ".".join(map(str, RAY_TOKEN_AUTH_MIN_VERSION))
+            raise UserError(
+                f"Ray {self.ray_version} has no token authentication; the serving RayCluster turns it on "
+                f"(KubeRay authOptions), which needs Ray {minimum} or later: set gpu-serving:serving.rayVersion"
+            )
         if self.efa_check:
             if self.nodes < EFA_CHECK_NODES:
                 raise UserError(
@@ -168,6 +227,15 @@ class ServingSpec:
                 )
             if self.efa_interfaces < 1:
                 raise UserError(f"the EFA check needs EFA; {self.instance_type} has no EFA interface")
+
+    def _check_network(self) -> None:
+        if self.vpc_cidr is not None:
+            Clients(cidrs=(self.vpc_cidr,))  # validates it
+        if self.service_type == "internal-lb" and self.vpc_cidr is None and not self.api_clients.cidrs:
+            raise UserError(
+                "serviceType internal-lb: the network policy must admit the load balancer's clients, but the VPC's CIDR "
+                "is not known (an existing VPC): list it, or the clients' CIDRs, in gpu-serving:serving.apiClients.cidrs"
+            )
 
     def _check_serve_command(self) -> None:
         """The plan's `vllm serve` arguments must be ones the image's release accepts (infra/catalog/vllm/)."""
@@ -222,6 +290,11 @@ class ServingSpec:
         return dict(self.deployment.ray_start_params)
 
     @property
+    def dashboard_host(self) -> str:
+        """Where the Ray dashboard and job API listen: loopback unless clients are configured."""
+        return DASHBOARD_ALL_ADDRESSES if self.dashboard_clients else DASHBOARD_LOOPBACK
+
+    @property
     def service_name(self) -> str:
         return f"{self.name}-api"
 
@@ -232,6 +305,11 @@ class ServingSpec:
     @property
     def endpoint(self) -> str:
         return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}/v1"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = re.findall(r"\d+", version)[:3]
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 
 # --- Budgets (the plan's start-up calculation) -----------------------------------------

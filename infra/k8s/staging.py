@@ -11,6 +11,15 @@ The Job retries (each retry resumes the partial downloads) within one deadline
 for all of them, and fails at once when the program reports a source that
 cannot be listed. After the deadline a new Job (a new generation in its name,
 `gpu-serving:storage.stagingRun`) resumes where the failed one stopped.
+
+The image is built from `images/staging/` (Python with huggingface_hub, boto3
+and their dependencies, every wheel's hash pinned, installed at build time) and
+pushed to the stack's ECR repository by `bin/build-image`, at a tag derived from
+what it is built from (`staging_image_tag`); nothing is installed when the Job
+runs. The program runs as an unprivileged user (`STAGING_UID`); an init
+container (root, CAP_CHOWN only) first hands it the checkpoint's directory
+(`staging_owner.sh`). Security contexts: infra/k8s/pod_security.py; what the
+pod may reach: infra/k8s/network_policies.py (`staging_policy`).
 """
 
 from __future__ import annotations
@@ -19,10 +28,10 @@ import hashlib
 import math
 import posixpath
 import re
-import shlex
+from pathlib import Path
 from typing import Any, Optional
 
-from infra.k8s import script_files
+from infra.k8s import pod_security, script_files
 from infra.k8s.scheduling import system_node_selector
 from infra.k8s.scripts import stage_weights
 
@@ -30,8 +39,18 @@ MiB = 2**20
 
 VOLUME_NAME = "model-weights"
 STAGING_SCRIPT = "stage_weights.py"
-# The staging ConfigMap's scripts: the program alone (its pod runs nothing else).
-STAGING_SCRIPTS = (STAGING_SCRIPT,)
+OWNER_SCRIPT = "staging_owner.sh"  # the init container that hands the checkpoint's directory to STAGING_UID
+# The staging ConfigMap's scripts: the program and its init container's (its pod runs nothing else).
+STAGING_SCRIPTS = (STAGING_SCRIPT, OWNER_SCRIPT)
+# The program's user: not root (images/staging/Dockerfile's USER, and the pod's runAsUser).
+STAGING_UID = pod_security.NONROOT_UID
+
+# The staging image (images/staging/: Python and the pinned huggingface_hub and boto3
+# with their dependencies, hashes checked, installed when the image is built; nothing
+# is installed when the Job runs). bin/build-image pushes it to the stack's ECR
+# repository at `staging_image_tag()`.
+STAGING_IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "staging"
+STAGING_IMAGE_FILES = ("Dockerfile", "requirements.txt")
 
 # How long the staging Job may run, all retries included. ASSUMPTION: one pod
 # downloads at no less than 100 MiB/s from the Hugging Face hub or S3 (through
@@ -127,20 +146,22 @@ def staging_args(
     return args
 
 
-def staging_command(packages: tuple[str, ...] = ()) -> list[str]:
-    """The container command: `python3 <the mounted program>`, after installing pinned packages when asked.
+def staging_command() -> list[str]:
+    """The container command: `python3 <the mounted program>` (the image carries its clients)."""
+    return ["python3", script_files.path(STAGING_SCRIPT)]
 
-    With `packages` (pinned requirement specs such as `huggingface_hub==0.36.0`)
-    they are installed into /tmp at start, so a slim Python image will do; the
-    arguments still follow the command (`sh -c` passes them on as "$@").
-    """
-    program = script_files.path(STAGING_SCRIPT)
-    if not packages:
-        return ["python3", program]
-    install = "python3 -m pip install --no-cache-dir --disable-pip-version-check --quiet --target /tmp/staging-lib " + " ".join(
-        shlex.quote(p) for p in packages
-    )
-    return ["sh", "-c", f'{install} && PYTHONPATH=/tmp/staging-lib exec python3 {shlex.quote(program)} "$@"', "stage"]
+
+def staging_image_tag(image_dir: Path = STAGING_IMAGE_DIR) -> str:
+    """The staging image's tag in the stack's repository: the pinned clients' versions and a hash of
+    the files it is built from, so a changed pin or Dockerfile is a new tag (the repository's tags
+    are immutable) and a new staging Job."""
+    texts = {name: (image_dir / name).read_text() for name in STAGING_IMAGE_FILES}
+    pins = dict(re.findall(r"^([a-z0-9][a-z0-9.-]*)==(\S+)", texts["requirements.txt"], re.M))
+    missing = [p for p in ("huggingface-hub", "boto3") if p not in pins]
+    if missing:
+        raise ValueError(f"{image_dir / 'requirements.txt'} pins no {', '.join(missing)}")
+    digest = hashlib.sha256("\0".join(f"{n}\0{t}" for n, t in sorted(texts.items())).encode()).hexdigest()[:12]
+    return f"staging-hub{pins['huggingface-hub']}-boto3-{pins['boto3']}-{digest}"
 
 
 def staging_config_map(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -151,12 +172,6 @@ def staging_config_map(name: str, namespace: str, labels: dict[str, str]) -> dic
 def staging_scripts_hash() -> str:
     """Changes with the program: part of the Job's name and its pod template's annotation."""
     return script_files.content_hash(STAGING_SCRIPTS)
-
-
-def check_packages(packages: tuple[str, ...]) -> None:
-    for spec in packages:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!-]+", spec):
-            raise ValueError(f"staging package {spec!r} must be pinned, like huggingface_hub==0.36.0")
 
 
 # ---- the serving pods' side ---------------------------------------------------------------
@@ -177,19 +192,45 @@ def job_name(prefix: str, *parts: str) -> str:
     return f"{prefix[: 63 - 9 - 6]}-stage-{digest}"
 
 
+def owner_container(image: Any, dest: str, mount_path: str) -> dict[str, Any]:
+    """Init container: create the checkpoint's directory and hand it to STAGING_UID (staging_owner.sh).
+
+    The Job's one root step, with CAP_CHOWN alone (every other capability
+    dropped, no privilege escalation, read-only root file system).
+    """
+    return {
+        "name": "own-dest",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", script_files.path(OWNER_SCRIPT)],
+        "args": [dest, f"{STAGING_UID}:{STAGING_UID}"],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
+        "securityContext": pod_security.container_security_context(("CHOWN",), run_as_user=0),
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": mount_path}, script_files.volume_mount()],
+    }
+
+
 def staging_pod_spec(
     *,
-    image: str,
+    image: Any,
     command: list[str],
     args: list[str],
     pvc_name: str,
     mount_path: str,
+    dest: str,
     service_account: str,
     hf_token_secret: Optional[str],
     scripts_config_map: str,
     node_selector: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
-    """The staging pod: the volume read-write, the program read-only, modest resources, system nodes, no special privileges."""
+    """The staging pod: the volume read-write, the program read-only, modest resources, system nodes.
+
+    The program runs as STAGING_UID with no capability, no privilege
+    escalation and a read-only root file system (it writes to the volume and
+    /tmp), after `owner_container` handed it `dest`; no service-account token
+    is mounted (the program never calls the Kubernetes API; EKS Pod Identity,
+    for an S3 source, injects its own token). `image` may be an Output.
+    """
     env: list[dict[str, Any]] = [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},
@@ -203,8 +244,10 @@ def staging_pod_spec(
     return {
         "restartPolicy": "Never",
         "serviceAccountName": service_account,
+        "enableServiceLinks": False,
+        **pod_security.hardened_pod(STAGING_UID),
         "nodeSelector": dict(node_selector or system_node_selector()),
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [owner_container(image, dest, mount_path)],
         "containers": [
             {
                 "name": "stage",
@@ -214,16 +257,12 @@ def staging_pod_spec(
                 "args": list(args),
                 "env": env,
                 # Downloads are network- and NFS-bound: one core and a few GiB of
-                # buffers are plenty; the limit keeps a leak from hurting the node.
+                # buffers are plenty; the limits keep a leak or a spin from hurting the node.
                 "resources": {
                     "requests": {"cpu": "1", "memory": "2Gi"},
-                    "limits": {"memory": "6Gi"},
+                    "limits": {"cpu": "2", "memory": "6Gi"},
                 },
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": pod_security.container_security_context(),
                 "volumeMounts": [
                     {"name": VOLUME_NAME, "mountPath": mount_path},
                     {"name": "tmp", "mountPath": "/tmp"},

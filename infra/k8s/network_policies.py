@@ -1,0 +1,245 @@
+"""The serving namespace's NetworkPolicies: deny by default, then exactly the connections each pod needs.
+
+Pure builders of `networking.k8s.io/v1` NetworkPolicy manifests. `namespace_policies`
+are the namespace's own (stack.py creates them with the namespace, before any pod);
+`serving_policies(spec)` belong to the serving layer (components/serving.py);
+`staging_policy(...)` to the weight storage (components/storage.py).
+
+- `default-deny`: every pod of the namespace, ingress and egress, no rule: a
+  pod receives and opens only what a policy below allows.
+- `allow-dns`: every pod may ask the cluster's DNS (CoreDNS, the pods labelled
+  `k8s-app: kube-dns` in kube-system) on UDP and TCP 53.
+- `<name>-ray`: the RayCluster's pods (`ray.io/cluster: <name>`, the label
+  KubeRay puts on each of them and lets no template override,
+  ray-operator/controllers/ray/common/pod.go, `labelPod`) accept from and open
+  to each other on every port, and nothing else. Ray uses fixed ports (GCS
+  6379, dashboard 8265, client server 10001, metrics 8080, dashboard agent
+  52365) and many it picks at start (raylet, object manager, workers, the
+  runtime-env and dashboard agents' gRPC); NCCL's bootstrap and its socket
+  fallback are TCP between the same pods on ports it picks. NCCL's data over
+  EFA does not cross the pod network at all: it goes through the EFA devices
+  the device plugin mounts, not the pod's `eth0`, the only interface the VPC
+  CNI filters (EKS user guide, "Kubernetes network policies", Considerations).
+- `<name>-api`: the head's port 8000 (the OpenAI-compatible API) accepts the
+  benchmark Job's pods, the namespaces and CIDRs of `spec.api_clients`, and,
+  with an internal load balancer, the VPC's CIDR (an NLB preserves the
+  client's address; the in-tree controller's instance targets arrive through
+  a NodePort, from a node's or a client's address in the VPC). With VPC CNI
+  pods have VPC addresses too, so with `internal-lb` any pod of the cluster
+  reaches port 8000 (and only that port) through that rule.
+- `<name>-metrics`: ports 8000 (vLLM's /metrics) and 8080 (Ray's) accept the
+  namespaces and CIDRs of `spec.metrics_clients` (a Prometheus); none by
+  default.
+- `<name>-dashboard`: only when `spec.dashboard_clients` names some: the head's
+  8265 (dashboard and job API, then bound to the pod's address) accepts them.
+  Otherwise the dashboard listens on the head pod's loopback and no policy
+  opens it.
+- `<name>-efa-check`: the EFA check's pods accept from and open to each other on
+  every port (torchrun's rendezvous on 29500, NCCL's bootstrap).
+- `<name>-benchmark`: the benchmark's pods may open the head's port 8000.
+- `<pvc>-staging`: the weight-staging pods may open HTTPS (443) anywhere but
+  the VPC (the Hugging Face hub and its CDN; S3, whose gateway endpoint
+  still answers on S3's public addresses), and with an S3 source the EKS Pod
+  Identity agent (169.254.170.23, TCP 80) for credentials.
+
+Services. The VPC CNI filters the packets a pod sends before kube-proxy
+rewrites a Service's ClusterIP to a pod's address, so its controller adds a
+Service's ClusterIP to an egress rule only when the Service's selector is
+exactly the rule's `podSelector` and the Service's port is the container's
+(amazon-network-policy-controller-k8s, `pkg/resolvers/endpoints.go`; EKS user
+guide, Considerations). Hence the benchmark's egress selects the head with the
+API Service's own selector (`exposure.head_selector`), and `allow-dns` CoreDNS
+with the kube-dns Service's (`k8s-app: kube-dns`). The workers reach the head
+through KubeRay's head Service, which KubeRay 1.7.0 makes headless
+(ray-operator/controllers/ray/common/service.go, `BuildServiceForHeadPod`,
+unless ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE is set): its name resolves to the head
+pod's address, which the Ray policy admits.
+
+What needs no rule: kubelet probes and anything else from the pod's own node
+(Kubernetes docs, "Network Policies": traffic to and from the node where a
+pod runs is always allowed); the weights' file system, which the CSI node
+plugin mounts on the node, in the host's network namespace (the EFS CSI
+driver's node DaemonSet runs with `hostNetwork: true`; Lustre is a kernel
+client of the node), so no pod opens an NFS or Lustre connection. The
+serving pods need nothing outside the cluster: the weights are local
+(`HF_HUB_OFFLINE=1`) and usage reporting is off.
+
+Enforcement is the VPC CNI's network policy agent (`enableNetworkPolicy` in
+the vpc-cni add-on's configuration, components/cluster.py). These objects do
+not depend on it: without it they are accepted and have no effect.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Optional
+
+from infra.k8s import checks, exposure
+from infra.k8s.serving_spec import (
+    API_PORT,
+    CHECK_LABEL,
+    DASHBOARD_PORT,
+    DNS_PORT,
+    PART_OF,
+    RAY_CLUSTER_LABEL,
+    RAY_METRICS_PORT,
+    Clients,
+    ServingSpec,
+)
+
+API_VERSION = "networking.k8s.io/v1"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+DNS_NAMESPACE = "kube-system"
+DNS_POD_LABELS = {"k8s-app": "kube-dns"}  # CoreDNS on EKS (the coredns add-on keeps kube-dns's label)
+HTTPS_PORT = 443
+# EKS Pod Identity agent (EKS user guide, "Learn how EKS Pod Identity grants pods access to AWS services").
+POD_IDENTITY_AGENT = "169.254.170.23/32"
+POD_IDENTITY_PORT = 80
+ANYWHERE = "0.0.0.0/0"
+DEFAULT_DENY = "default-deny"
+ALLOW_DNS = "allow-dns"
+
+
+def policy(name: str, namespace: str, pod_selector: Mapping[str, str], *, ingress=None, egress=None, labels=None) -> dict:
+    """A NetworkPolicy; `policyTypes` name exactly the directions given (a given, empty list denies that direction)."""
+    spec: dict = {"podSelector": {"matchLabels": dict(pod_selector)} if pod_selector else {}, "policyTypes": []}
+    if ingress is not None:
+        spec["policyTypes"].append("Ingress")
+        spec["ingress"] = list(ingress)
+    if egress is not None:
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = list(egress)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or PART_OF)},
+        "spec": spec,
+    }
+
+
+def tcp(*ports: int) -> list[dict]:
+    return [{"protocol": "TCP", "port": p} for p in ports]
+
+
+def pods(labels: Mapping[str, str]) -> dict:
+    """A peer: the pods of the policy's namespace with these labels."""
+    return {"podSelector": {"matchLabels": dict(labels)}}
+
+
+def client_peers(clients: Clients) -> list[dict]:
+    """Peers for configured clients: every pod of each namespace, and each CIDR."""
+    peers: list[dict] = []
+    if clients.namespaces:
+        peers.append(
+            {
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": sorted(clients.namespaces)}]
+                }
+            }
+        )
+    peers += [{"ipBlock": {"cidr": c}} for c in clients.cidrs]
+    return peers
+
+
+# --- the namespace ---------------------------------------------------------------------
+
+
+def default_deny(namespace: str) -> dict:
+    return policy(DEFAULT_DENY, namespace, {}, ingress=[], egress=[])
+
+
+def allow_dns(namespace: str) -> dict:
+    to = [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: DNS_NAMESPACE}}, "podSelector": {"matchLabels": dict(DNS_POD_LABELS)}}]
+    ports = [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]
+    return policy(ALLOW_DNS, namespace, {}, egress=[{"to": to, "ports": ports}])
+
+
+def namespace_policies(namespace: str) -> list[dict]:
+    return [default_deny(namespace), allow_dns(namespace)]
+
+
+# --- the serving layer -----------------------------------------------------------------
+
+
+def cluster_labels(spec: ServingSpec) -> dict[str, str]:
+    return {RAY_CLUSTER_LABEL: spec.name}
+
+
+def head_labels(spec: ServingSpec) -> dict[str, str]:
+    """The head pod: exactly the API Service's selector (module doc, "Services")."""
+    return exposure.head_selector(spec)
+
+
+def benchmark_labels(spec: ServingSpec) -> dict[str, str]:
+    return {CHECK_LABEL: checks.benchmark_name(spec)}
+
+
+def efa_check_labels(spec: ServingSpec) -> dict[str, str]:
+    return {CHECK_LABEL: checks.efa_check_name(spec)}
+
+
+def ray_policy(spec: ServingSpec) -> dict:
+    """The RayCluster's pods with each other, every port, both ways; nothing else."""
+    peer = pods(cluster_labels(spec))
+    return policy(f"{spec.name}-ray", spec.namespace, cluster_labels(spec), ingress=[{"from": [peer]}], egress=[{"to": [peer]}])
+
+
+def api_peers(spec: ServingSpec) -> list[dict]:
+    peers = [pods(benchmark_labels(spec))] if spec.benchmark else []
+    peers += client_peers(spec.api_clients)
+    if spec.service_type == "internal-lb" and spec.vpc_cidr:
+        peers.append({"ipBlock": {"cidr": spec.vpc_cidr}})
+    return peers
+
+
+def serving_policies(spec: ServingSpec) -> list[dict]:
+    """Every NetworkPolicy of the serving layer for `spec` (module doc)."""
+    out = [ray_policy(spec)]
+    if peers := api_peers(spec):
+        out.append(policy(f"{spec.name}-api", spec.namespace, head_labels(spec), ingress=[{"from": peers, "ports": tcp(API_PORT)}]))
+    if peers := client_peers(spec.metrics_clients):
+        out.append(
+            policy(f"{spec.name}-metrics", spec.namespace, cluster_labels(spec), ingress=[{"from": peers, "ports": tcp(API_PORT, RAY_METRICS_PORT)}])
+        )
+    if peers := client_peers(spec.dashboard_clients):
+        out.append(policy(f"{spec.name}-dashboard", spec.namespace, head_labels(spec), ingress=[{"from": peers, "ports": tcp(DASHBOARD_PORT)}]))
+    if spec.efa_check:
+        peer = pods(efa_check_labels(spec))
+        out.append(
+            policy(checks.efa_check_name(spec), spec.namespace, efa_check_labels(spec), ingress=[{"from": [peer]}], egress=[{"to": [peer]}])
+        )
+    if spec.benchmark:
+        out.append(
+            policy(
+                checks.benchmark_name(spec),
+                spec.namespace,
+                benchmark_labels(spec),
+                egress=[{"to": [pods(head_labels(spec))], "ports": tcp(API_PORT)}],
+            )
+        )
+    return out
+
+
+# --- weight staging ----------------------------------------------------------------------
+
+
+def staging_policy(
+    name: str,
+    namespace: str,
+    pod_labels: Mapping[str, str],
+    *,
+    vpc_cidr: Optional[str],
+    pod_identity: bool,
+    labels: Optional[Mapping[str, str]] = None,
+) -> dict:
+    """The staging pods' egress: HTTPS outside the VPC (the hub, S3), and the Pod Identity agent for an S3 source."""
+    block: dict = {"cidr": ANYWHERE}
+    if vpc_cidr:
+        block["except"] = [vpc_cidr]
+    egress = [{"to": [{"ipBlock": block}], "ports": tcp(HTTPS_PORT)}]
+    if pod_identity:
+        egress.append({"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT}}], "ports": tcp(POD_IDENTITY_PORT)})
+    return policy(name, namespace, pod_labels, egress=egress, labels=labels)
+
+
+def names(policies: Iterable[dict]) -> list[str]:
+    return [p["metadata"]["name"] for p in policies]

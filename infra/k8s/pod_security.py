@@ -1,0 +1,100 @@
+"""Security contexts of every pod the stack creates, and the namespace's Pod Security labels.
+
+Pure. Every container drops ALL capabilities, never escalates privileges
+(`allowPrivilegeEscalation: false`: the kernel's no_new_privs, so no setuid
+binary or file capability gives anything back) and has a read-only root file
+system (what it writes goes to emptyDirs, the compile cache or the weights
+volume); every pod uses the runtime's default seccomp profile and mounts no
+service-account token (none of them calls the Kubernetes API). What each pod
+adds back, and why:
+
+- the Ray containers and the EFA check on EFA nodes: `IPC_LOCK`. libfabric's
+  EFA provider registers (pins) host memory through the verbs interface, and
+  the kernel refuses a pin beyond RLIMIT_MEMLOCK unless the process holds
+  CAP_IPC_LOCK (Linux `drivers/infiniband/core/umem.c`, `ib_umem_get`:
+  `new_pinned > lock_limit && !capable(CAP_IPC_LOCK)` is -ENOMEM). Kubernetes
+  cannot raise a container's RLIMIT_MEMLOCK, so the capability is the only
+  way (infra/k8s/raycluster.py, "EFA memory registration"; memlock_check.py
+  verifies it before Ray starts). NCCL itself needs nothing else: its
+  transports use the device nodes the device plugins mount (GPUs, EFA
+  `uverbs`), shared memory (`/dev/shm`) and sockets between the pods, none of
+  which takes a capability; the containers run as the image's root, but a root
+  without capabilities is only the owner of root-owned files;
+- the weight-staging Job's first init container: `CHOWN`, to hand the
+  checkpoint's directory on the shared file system (whose root directory EFS
+  and FSx create owned by root, mode 0755) to the unprivileged user the
+  program runs as (`staging_owner.sh`);
+- nothing else: the benchmark and the staging program run as a non-root user
+  (`NONROOT_UID`) with no capability at all.
+
+Pod Security admission (`namespace_labels`): the namespace enforces the
+strictest level every pod in it passes. The serving pods mount the compile
+cache from the node (a hostPath volume) and add IPC_LOCK, both outside the
+baseline level (Kubernetes docs, "Pod Security Standards": baseline forbids
+hostPath volumes and capabilities beyond the container runtime's default
+set), so the namespace enforces `privileged`; it warns at `baseline` (whoever
+creates a pod beyond baseline is told so: the EFA check Job at `pulumi up`,
+KubeRay for the serving pods) and audits at `restricted`. The policy pack
+(policies/pod_security.py) evaluates every pod template against these levels
+and fails when the enforced level is weaker than what the pods need, or
+stricter than what they pass.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+# The unprivileged user of the staging program and the benchmark (the "nonroot"
+# UID of distroless images; above 10000, so it maps to no user of a node).
+NONROOT_UID = 65532
+SECCOMP = {"type": "RuntimeDefault"}
+EFA_CAPABILITIES = ("IPC_LOCK",)
+
+PSA_ENFORCE = "privileged"
+PSA_WARN = "baseline"
+PSA_AUDIT = "restricted"
+PSA_PREFIX = "pod-security.kubernetes.io/"
+LEVELS = ("privileged", "baseline", "restricted")  # weakest to strictest
+
+
+def container_security_context(
+    add: Iterable[str] = (), *, run_as_user: Optional[int] = None, read_only_root: bool = True
+) -> dict:
+    """No privilege escalation, every capability dropped but `add`, a read-only root file system.
+
+    `run_as_user`: 0 for a container that must run as root when the pod runs as
+    a non-root user (the staging Job's ownership step); None: the pod's user.
+    """
+    caps: dict = {"drop": ["ALL"]}
+    if add:
+        caps["add"] = sorted(set(add))
+    sc: dict = {"allowPrivilegeEscalation": False, "capabilities": caps, "readOnlyRootFilesystem": read_only_root}
+    if run_as_user is not None:
+        sc["runAsUser"] = run_as_user
+        sc["runAsNonRoot"] = run_as_user != 0
+    return sc
+
+
+def pod_security_context(run_as_user: Optional[int] = None) -> dict:
+    """The runtime's default seccomp profile; with `run_as_user`, that user and group, required to be non-root."""
+    sc: dict = {"seccompProfile": dict(SECCOMP)}
+    if run_as_user is not None:
+        sc.update(runAsUser=run_as_user, runAsGroup=run_as_user, runAsNonRoot=True)
+    return sc
+
+
+def hardened_pod(run_as_user: Optional[int] = None) -> dict:
+    """The pod-level fields every pod of the stack carries."""
+    return {"automountServiceAccountToken": False, "securityContext": pod_security_context(run_as_user)}
+
+
+def namespace_labels(kubernetes_version: str) -> dict[str, str]:
+    """Pod Security admission labels, each pinned to the cluster's version (`v1.33`): a later
+    Kubernetes release does not change what the levels mean for this namespace until the
+    cluster runs it and the labels follow."""
+    version = f"v{kubernetes_version}"
+    labels = {}
+    for mode, level in (("enforce", PSA_ENFORCE), ("warn", PSA_WARN), ("audit", PSA_AUDIT)):
+        labels[f"{PSA_PREFIX}{mode}"] = level
+        labels[f"{PSA_PREFIX}{mode}-version"] = version
+    return labels

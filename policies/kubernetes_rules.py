@@ -1,0 +1,268 @@
+"""The policy pack's rules for the stack's pods and their network: plain functions, as in `policies/rules.py`.
+
+Standard library only. Three rules:
+
+- `check_pods_least_privilege` (resource rule): every pod template of every
+  workload (RayCluster head and worker groups, Pods, Jobs, CronJobs,
+  Deployments, ...) mounts no service-account token, uses the RuntimeDefault
+  (or a Localhost) seccomp profile, and every container forbids privilege
+  escalation, drops ALL capabilities, has a read-only root file system and
+  adds back only IPC_LOCK (in pods that request EFA interfaces: EFA memory
+  registration) or CHOWN (in init containers: handing a directory to the pod's
+  non-root user).
+- `check_namespace_pod_security` (stack rule): a namespace the stack creates
+  and runs pods in enforces Pod Security admission at exactly the strictest
+  level all of them pass (`policies/pod_security.py`): a weaker level wastes
+  the admission controller, a stricter one refuses the pods; its `warn` and
+  `audit` levels, if set, are no weaker than `enforce`.
+- `check_network_policies` (stack rule): every namespace the stack runs pods in
+  has a default-deny NetworkPolicy (every pod, ingress and egress, no rule);
+  and, evaluated with `policies/network_policy.py` over that namespace's
+  policies, each RayCluster's GCS, dashboard and client ports refuse a pod of
+  another namespace, a pod of the same namespace outside the RayCluster, and
+  every address an ipBlock names, while the RayCluster's head and workers
+  reach each other.
+
+A rule never reports on what it cannot see yet (`<computed>` values).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+if __package__:  # imported as policies.kubernetes_rules
+    from . import network_policy as netpol
+    from . import pod_security as pss
+    from .workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource
+else:  # run by the policy analyzer from the pack's directory
+    import network_policy as netpol  # type: ignore[no-redef]
+    import pod_security as pss  # type: ignore[no-redef]
+    from workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
+
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+PSA_PREFIX = "pod-security.kubernetes.io/"
+# What a container may add back after dropping ALL, and where (module doc).
+EFA_CAPABILITIES = frozenset({"IPC_LOCK"})
+INIT_CAPABILITIES = frozenset({"CHOWN"})
+# KubeRay's labels on every pod it creates (ray-operator/controllers/ray/common/pod.go, labelPod).
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_GROUP_LABEL = "ray.io/group"
+# Ray's well-known head ports (KubeRay's defaults) and the rayStartParams that move them.
+RAY_PORTS = (("GCS", "port", 6379), ("dashboard", "dashboard-port", 8265), ("client server", "ray-client-server-port", 10001))
+OUTSIDE_ADDRESS = "203.0.113.10"  # TEST-NET-3: an address outside any cluster
+PROBE_NAMESPACE = "policy-probe-elsewhere"
+
+
+def _namespace(props: Mapping) -> str:
+    ns = _map(props.get("metadata")).get("namespace")
+    return ns if isinstance(ns, str) and ns else "default"
+
+
+# --- pods: least privilege -------------------------------------------------------------------
+
+
+def _pod_problems(where: str, pod: Mapping) -> list[str]:
+    out: list[str] = []
+    if pod.get("automountServiceAccountToken") is not False:
+        out.append(
+            f"{where}: mounts a service-account token (automountServiceAccountToken is not false): "
+            "a pod that never calls the Kubernetes API should not carry credentials for it"
+        )
+    pod_seccomp = _map(_map(pod.get("securityContext")).get("seccompProfile")).get("type")
+    efa = requests_resource(pod, EFA)
+    for key, c in containers(pod):
+        name = f"{'init container' if key == 'initContainers' else 'container'} {c.get('name', '?')}"
+        sc = _map(c.get("securityContext"))
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{where}, {name}: set securityContext.allowPrivilegeEscalation: false")
+        caps = _map(sc.get("capabilities"))
+        if "ALL" not in {str(x).upper() for x in _list(caps.get("drop"))}:
+            out.append(f"{where}, {name}: drop ALL capabilities (securityContext.capabilities.drop: [ALL])")
+        allowed = (EFA_CAPABILITIES if efa else frozenset()) | (INIT_CAPABILITIES if key == "initContainers" else frozenset())
+        extra = sorted({str(x).upper().removeprefix("CAP_") for x in _list(caps.get("add"))} - allowed)
+        if extra:
+            out.append(
+                f"{where}, {name}: adds {', '.join(extra)}; only IPC_LOCK (pods that request {EFA}) "
+                "and CHOWN (init containers) may be added back"
+            )
+        if sc.get("readOnlyRootFilesystem") is not True:
+            out.append(f"{where}, {name}: set securityContext.readOnlyRootFilesystem: true (mount emptyDirs where it writes)")
+        seccomp = _map(sc.get("seccompProfile")).get("type", pod_seccomp)
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{where}, {name}: no RuntimeDefault seccomp profile (set securityContext.seccompProfile on the pod)")
+    return out
+
+
+def check_pods_least_privilege(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
+    """Every pod template: no SA token, RuntimeDefault seccomp; every container: no escalation, ALL dropped, read-only root."""
+    out: list[str] = []
+    for where, metadata, pod in pod_templates(resource_type, props):
+        if not pod or not pss.judgeable(pod, metadata) or is_unknown(pod.get("automountServiceAccountToken")):
+            continue
+        out.extend(_pod_problems(where, pod))
+    return out
+
+
+# --- namespaces: Pod Security admission ---------------------------------------------------------
+
+
+def _pods_by_namespace(resources: Sequence[Mapping]) -> tuple[dict[str, list[tuple[Mapping, str, Mapping, Mapping]]], set[str]]:
+    """namespace -> [(resource, where, metadata, pod spec)] for every pod template of the stack, and the
+    namespaces holding a workload whose spec is not known yet (a preview: an Output in it)."""
+    out: dict[str, list[tuple[Mapping, str, Mapping, Mapping]]] = {}
+    unknown: set[str] = set()
+    for r in resources:
+        props = _map(r.get("inputs"))
+        templates = pod_templates(str(r.get("type", "")), props)
+        if not templates:
+            continue
+        ns = _namespace(props)
+        if is_unknown(props.get("spec")) or any(not spec or is_unknown(spec) for _, _, spec in templates):
+            unknown.add(ns)
+        out.setdefault(ns, []).extend((r, where, md, spec) for where, md, spec in templates)
+    return out, unknown
+
+
+def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """A namespace the stack creates and runs pods in enforces the strictest Pod Security level they all pass."""
+    out: list[tuple[str, str]] = []
+    pods, unseen = _pods_by_namespace(resources)
+    for ns in (r for r in resources if r.get("type") == NAMESPACE):
+        metadata = _map(_map(ns.get("inputs")).get("metadata"))
+        name, labels = metadata.get("name") or ns.get("name"), metadata.get("labels")
+        if name not in pods or name in unseen or is_unknown(labels) or any(is_unknown(v) for v in _map(labels).values()):
+            continue
+        levels = [(r, where, pss.level(spec, md), spec, md) for r, where, md, spec in pods[name]]
+        if any(lv is None for _, _, lv, _, _ in levels):
+            continue
+        strictest = pss.weakest([lv for _, _, lv, _, _ in levels])
+        enforce = _map(labels).get(f"{PSA_PREFIX}enforce")
+        urn = ns.get("urn", "")
+        if enforce not in pss.LEVELS:
+            out.append((urn, f"namespace {name} runs the stack's pods without Pod Security admission: label it "
+                             f"{PSA_PREFIX}enforce={strictest}, the strictest level they all pass"))
+            continue
+        for r, where, lv, spec, md in levels:
+            if not pss.stricter_or_equal(lv, enforce):
+                why = "; ".join(pss.violations(spec, enforce, md))
+                out.append((r.get("urn", ""), f"{r.get('name')} ({where}) passes Pod Security {lv} only, but namespace {name} "
+                                              f"enforces {enforce}: admission would refuse its pods ({why})"))
+        if pss.stricter_or_equal(strictest, enforce) and strictest != enforce:
+            out.append((urn, f"namespace {name} enforces Pod Security {enforce}, but every pod the stack runs there passes "
+                             f"{strictest}: enforce {strictest}"))
+        for mode in ("warn", "audit"):
+            other = _map(labels).get(f"{PSA_PREFIX}{mode}")
+            if other is not None and (other not in pss.LEVELS or not pss.stricter_or_equal(other, enforce)):
+                out.append((urn, f"namespace {name}: {PSA_PREFIX}{mode}={other} is weaker than enforce={enforce}; "
+                                 "warn and audit exist to report what is stricter than enforcement"))
+    return out
+
+
+# --- network policies ------------------------------------------------------------------------------
+
+
+def _policies_by_namespace(resources: Sequence[Mapping]) -> tuple[dict[str, list[Mapping]], set[str]]:
+    """namespace -> its NetworkPolicies (as manifests), and the namespaces with a policy not known yet."""
+    out: dict[str, list[Mapping]] = {}
+    unknown: set[str] = set()
+    for r in resources:
+        if r.get("type") != NETWORK_POLICY:
+            continue
+        props = _map(r.get("inputs"))
+        ns = _namespace(props)
+        spec = props.get("spec")
+        if is_unknown(spec) or _has_unknown(spec):
+            unknown.add(ns)
+            continue
+        out.setdefault(ns, []).append({"metadata": {"namespace": ns}, "spec": spec})
+    return out, unknown
+
+
+def _has_unknown(value: Any) -> bool:
+    if is_unknown(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_unknown(v) for v in value)
+    return False
+
+
+def _block_addresses(policies: Sequence[Mapping]) -> list[str]:
+    """The first address of every ipBlock the policies name: who an ipBlock rule would admit."""
+    out = []
+    for p in policies:
+        spec = _map(p.get("spec"))
+        for rule in [*_list(spec.get("ingress")), *_list(spec.get("egress"))]:
+            for peer in [*_list(_map(rule).get("from")), *_list(_map(rule).get("to"))]:
+                block = _map(_map(peer).get("ipBlock"))
+                if block.get("cidr"):
+                    net = ipaddress.ip_network(str(block["cidr"]), strict=False)
+                    out.append(str(net[1] if net.num_addresses > 2 else net[0]))
+    return out
+
+
+def _ray_endpoints(resource: Mapping, spec: Mapping) -> tuple[netpol.Endpoint, list[netpol.Endpoint], dict[str, int]]:
+    """The RayCluster's head and worker pods as KubeRay labels them, and its head's Ray ports."""
+    props = _map(resource.get("inputs"))
+    ns, name = _namespace(props), _map(props.get("metadata")).get("name") or resource.get("name")
+    head = _map(spec.get("headGroupSpec"))
+    head_labels = {**_map(_map(_map(head.get("template")).get("metadata")).get("labels")),
+                   RAY_CLUSTER_LABEL: name, RAY_NODE_TYPE_LABEL: "head", RAY_GROUP_LABEL: "headgroup"}  # fmt: skip
+    workers = []
+    for group in (_map(g) for g in _list(spec.get("workerGroupSpecs"))):
+        labels = {**_map(_map(_map(group.get("template")).get("metadata")).get("labels")),
+                  RAY_CLUSTER_LABEL: name, RAY_NODE_TYPE_LABEL: "worker", RAY_GROUP_LABEL: str(group.get("groupName", ""))}  # fmt: skip
+        workers.append(netpol.pod(ns, labels))
+    params = _map(head.get("rayStartParams"))
+    ports = {}
+    for what, param, default in RAY_PORTS:
+        try:
+            ports[what] = int(params.get(param, default))
+        except (TypeError, ValueError):
+            ports[what] = default
+    return netpol.pod(ns, head_labels), workers, ports
+
+
+def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """A default deny wherever the stack runs pods; Ray's ports open to the RayCluster's own pods only."""
+    out: list[tuple[str, str]] = []
+    policies, unknown = _policies_by_namespace(resources)
+    for ns, pods in sorted(_pods_by_namespace(resources)[0].items()):
+        if ns in unknown:
+            continue
+        if not any(netpol.denies_all(p) for p in policies.get(ns, [])):
+            r = pods[0][0]
+            out.append((r.get("urn", ""), f"namespace {ns} runs the stack's pods ({r.get('name')}, ...) but has no default-deny "
+                                          "NetworkPolicy (podSelector {}, policyTypes Ingress and Egress, no rules): "
+                                          "every pod there accepts connections from anywhere"))
+    for r in resources:
+        spec = raycluster_spec(str(r.get("type", "")), _map(r.get("inputs")))
+        ns = _namespace(_map(r.get("inputs")))
+        if spec is None or is_unknown(_map(r.get("inputs")).get("spec")) or ns in unknown:
+            continue
+        groups = [_map(spec.get("headGroupSpec")), *(_map(g) for g in _list(spec.get("workerGroupSpecs")))]
+        if any(_has_unknown(g.get("rayStartParams")) or _has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):
+            continue
+        nps = policies.get(ns, [])
+        head, workers, ports = _ray_endpoints(r, spec)
+        strangers = [
+            ("a pod of another namespace", netpol.pod(PROBE_NAMESPACE, {})),
+            (f"a pod of namespace {ns} outside the RayCluster", netpol.pod(ns, {"policy-probe": "stranger"})),
+            *((f"address {ip}", netpol.address(ip)) for ip in [OUTSIDE_ADDRESS, *_block_addresses(nps)]),
+        ]
+        for what, port in ports.items():
+            for who, src in strangers:
+                if netpol.allowed(nps, src, head, port):
+                    out.append((r.get("urn", ""), f"RayCluster {r.get('name')}: {who} can reach the head's Ray {what} port {port}; "
+                                                  "Ray's ports must be open to the RayCluster's own pods only (NetworkPolicy)"))
+        for worker in workers:
+            if not netpol.allowed(nps, worker, head, ports["GCS"]) or not netpol.allowed(nps, head, worker, ports["GCS"]):
+                out.append((r.get("urn", ""), f"RayCluster {r.get('name')}: its head and workers cannot reach each other under "
+                                              f"namespace {ns}'s NetworkPolicies; Ray would not start"))
+                break
+    return out

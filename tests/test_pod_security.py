@@ -1,0 +1,232 @@
+"""Pod security: the Pod Security Standards evaluator, and every pod the stack creates measured with it.
+
+`policies/pod_security.py` judges a pod spec by the controls of the Kubernetes
+"Pod Security Standards" page; its tests take a minimal pod that passes
+restricted and break one control at a time. Then the stack's own pods
+(RayCluster head and workers, the EFA check, the benchmark, the staging Job):
+each sets no privilege escalation, drops ALL (adding back only IPC_LOCK on EFA
+nodes, CHOWN in the staging Job's init container), uses RuntimeDefault seccomp
+and mounts no service-account token; their levels are what the namespace's
+labels say (the strictest level all of them pass is the one enforced).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from infra.k8s import checks, pod_security, raycluster, staging
+from policies import pod_security as pss
+from policies.kubernetes_rules import check_pods_least_privilege
+from tests.test_rayspec import all_checks, make_spec, stack_plan
+
+
+def restricted_pod() -> dict:
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": "app",
+                "image": "img@sha256:" + "0" * 64,
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True},
+                "ports": [{"containerPort": 8000}],
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "data", "persistentVolumeClaim": {"claimName": "c"}}],
+    }
+
+
+def broken(path: str, value) -> dict:
+    """The restricted pod with one field set (`a.b.0.c`: keys and list indexes)."""
+    pod = restricted_pod()
+    *parents, last = path.split(".")
+    node = pod
+    for key in parents:
+        node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+    if last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return pod
+
+
+def test_a_hardened_pod_passes_restricted():
+    assert pss.level(restricted_pod()) == pss.RESTRICTED
+    assert pss.violations(restricted_pod(), pss.RESTRICTED) == []
+
+
+@pytest.mark.parametrize(
+    "path,value,control",
+    [
+        ("containers.0.securityContext.allowPrivilegeEscalation", True, "privilege escalation"),
+        ("containers.0.securityContext.capabilities", {"drop": ["NET_RAW"]}, "does not drop ALL"),
+        ("containers.0.securityContext.capabilities", {"drop": ["ALL"], "add": ["CHOWN"]}, "restricted allows NET_BIND_SERVICE only"),
+        ("securityContext.runAsNonRoot", False, "running as non-root"),
+        ("containers.0.securityContext.runAsUser", 0, "runAsUser is 0"),
+        ("securityContext.seccompProfile", {"type": "Localhost", "localhostProfile": "p.json"}, None),  # allowed
+        ("containers.0.securityContext.seccompProfile", {"type": "Unconfined"}, "seccomp"),
+        ("volumes.1", {"name": "nfs", "nfs": {"server": "s", "path": "/"}}, "volume types"),
+    ],
+)
+def test_each_restricted_control(path, value, control):
+    pod = broken(path, value)
+    found = pss.restricted_violations(pod)
+    if control is None:
+        assert found == []
+    else:
+        assert any(control in v for v in found), found
+        if "Unconfined" not in str(value):
+            assert pss.level(pod) == pss.BASELINE  # a restricted-only control: baseline still passes
+
+
+@pytest.mark.parametrize(
+    "path,value,control",
+    [
+        ("hostNetwork", True, "host namespaces"),
+        ("hostPID", True, "host namespaces"),
+        ("containers.0.securityContext.privileged", True, "privileged containers"),
+        ("containers.0.securityContext.capabilities", {"drop": ["ALL"], "add": ["IPC_LOCK"]}, "IPC_LOCK"),
+        ("containers.0.securityContext.capabilities", {"add": ["SYS_ADMIN"]}, "SYS_ADMIN"),
+        ("volumes.0", {"name": "cache", "hostPath": {"path": "/var/lib/x"}}, "hostPath volumes"),
+        ("containers.0.ports", [{"containerPort": 80, "hostPort": 80}], "host ports"),
+        ("containers.0.securityContext.procMount", "Unmasked", "/proc mount type"),
+        ("containers.0.securityContext.seccompProfile", {"type": "Unconfined"}, "seccomp"),
+        ("containers.0.securityContext.appArmorProfile", {"type": "Unconfined"}, "AppArmor"),
+        ("securityContext.seLinuxOptions", {"type": "spc_t"}, "SELinux"),
+        ("securityContext.sysctls", [{"name": "kernel.msgmax", "value": "1"}], "sysctls"),
+        ("securityContext.windowsOptions", {"hostProcess": True}, "HostProcess"),
+    ],
+)
+def test_each_baseline_control(path, value, control):
+    pod = broken(path, value)
+    found = pss.baseline_violations(pod)
+    assert any(control in v for v in found), found
+    assert pss.level(pod) == pss.PRIVILEGED
+
+
+def test_baseline_allows_what_restricted_does_not():
+    pod = broken("containers.0.securityContext.capabilities", {"drop": ["ALL"], "add": ["CHOWN"]})
+    pod["securityContext"] = {"sysctls": [{"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"}]}
+    assert pss.baseline_violations(pod) == [] and pss.restricted_violations(pod)
+    assert pss.level(pod) == pss.BASELINE
+    # The AppArmor annotation: runtime/default and localhost profiles only.
+    assert pss.baseline_violations(pod, {"annotations": {"container.apparmor.security.beta.kubernetes.io/app": "unconfined"}})
+    assert not pss.baseline_violations(pod, {"annotations": {"container.apparmor.security.beta.kubernetes.io/app": "localhost/p"}})
+
+
+def test_a_container_overrides_the_pods_run_as_non_root_and_init_containers_count():
+    pod = restricted_pod()
+    pod["initContainers"] = [copy.deepcopy(pod["containers"][0]) | {"name": "init"}]
+    pod["initContainers"][0]["securityContext"] = {**pod["initContainers"][0]["securityContext"], "runAsNonRoot": False, "runAsUser": 0}
+    found = pss.restricted_violations(pod)
+    assert any("initContainer init" in v and "non-root" in v for v in found)
+    assert pss.level(pod) == pss.BASELINE
+
+
+def test_an_unknown_value_makes_the_pod_unjudgeable():
+    pod = restricted_pod()
+    pod["containers"][0]["securityContext"] = "<computed>"
+    assert pss.level(pod) is None
+
+
+def test_levels_order():
+    assert pss.weakest([pss.RESTRICTED, pss.BASELINE, pss.RESTRICTED]) == pss.BASELINE
+    assert pss.weakest([]) == pss.RESTRICTED
+    assert pss.stricter_or_equal(pss.RESTRICTED, pss.BASELINE) and not pss.stricter_or_equal(pss.PRIVILEGED, pss.BASELINE)
+    with pytest.raises(ValueError):
+        pss.violations(restricted_pod(), "strict")
+
+
+# --- the stack's pods --------------------------------------------------------------------------
+
+
+def stack_pods(stack: str) -> dict[str, tuple[dict, dict]]:
+    """Every pod template the stack's builders make for `stack` with every check on: name -> (metadata, spec)."""
+    spec = all_checks(stack_plan(stack))
+    rc = raycluster.raycluster(spec)
+    out = {"head": rc["spec"]["headGroupSpec"]["template"]}
+    out.update({f"worker {g['groupName']}": g["template"] for g in rc["spec"].get("workerGroupSpecs", [])})
+    if spec.efa_check:
+        out["efa-check"] = checks.efa_check_job(spec)["spec"]["template"]
+    out["benchmark"] = checks.benchmark_job(spec)["spec"]["template"]
+    out["staging"] = {
+        "metadata": {},
+        "spec": staging.staging_pod_spec(
+            image="registry/staging:tag", command=staging.staging_command(), args=[], pvc_name="model-weights",
+            mount_path="/models", dest="/models/org/name", service_account="sa", hf_token_secret="t", scripts_config_map="cm",
+        ),
+    }  # fmt: skip
+    return {name: (t["metadata"], t["spec"]) for name, t in out.items()}
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
+    for name, (metadata, pod) in stack_pods(stack).items():
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            added = set(sc["capabilities"].get("add", []))
+            if c["name"] == "own-dest":
+                assert added == {"CHOWN"}
+            elif c["name"] in (raycluster.HEAD_CONTAINER, raycluster.WORKER_CONTAINER, "efa-check") and stack == "prod":
+                assert added == {"IPC_LOCK"}  # EFA memory registration (p5)
+            else:
+                assert added == set(), (name, c["name"])  # nothing; g6e has no EFA: not even IPC_LOCK
+        # The policy pack's rule agrees (it reads the same fields).
+        assert check_pods_least_privilege("kubernetes:core/v1:Pod", {"metadata": metadata, "spec": pod}, {}, {}) == [], name
+
+
+def test_the_levels_of_the_stacks_pods_and_why():
+    pods = stack_pods("prod")
+    levels = {name: pss.level(spec, md) for name, (md, spec) in pods.items()}
+    assert levels == {"head": "privileged", "worker gpu": "privileged", "efa-check": "privileged", "benchmark": "restricted", "staging": "baseline"}
+    # The serving pods: the node's compile cache and EFA's IPC_LOCK, nothing else, keep them out of baseline.
+    reasons = pss.baseline_violations(pods["head"][1], pods["head"][0])
+    assert len(reasons) == 2 and "hostPath volumes" in reasons[0] and "adds IPC_LOCK" in reasons[1]
+    assert [v.split(":")[0] for v in pss.baseline_violations(pods["efa-check"][1])] == ["capabilities"]
+    # Staging: only its root init container (CHOWN) keeps it out of restricted.
+    assert all("own-dest" in v for v in pss.restricted_violations(pods["staging"][1]))
+    test_pods = stack_pods("test")
+    assert [v.split(":")[0] for v in pss.baseline_violations(test_pods["head"][1])] == ["hostPath volumes"]  # no EFA on g6e
+
+
+def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass():
+    labels = pod_security.namespace_labels("1.33")
+    assert labels == {
+        "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/enforce-version": "v1.33",
+        "pod-security.kubernetes.io/warn": "baseline", "pod-security.kubernetes.io/warn-version": "v1.33",
+        "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "v1.33",
+    }  # fmt: skip
+    for stack in ("prod", "test"):
+        pods = stack_pods(stack)
+        strictest = pss.weakest([pss.level(spec, md) for md, spec in pods.values()])
+        assert labels["pod-security.kubernetes.io/enforce"] == strictest
+        for md, spec in pods.values():
+            assert pss.violations(spec, strictest, md) == []
+        # warn and audit report what exceeds stricter levels, never weaker ones.
+        for mode in ("warn", "audit"):
+            assert pss.stricter_or_equal(labels[f"pod-security.kubernetes.io/{mode}"], strictest)
+
+
+def test_dropping_the_efa_capability_would_not_lift_the_serving_pods_to_baseline():
+    """Why the namespace cannot enforce baseline: the compile cache's hostPath alone is outside it."""
+    _, head = stack_pods("prod")["head"]
+    head = copy.deepcopy(head)
+    for c in head["containers"]:
+        c["securityContext"]["capabilities"].pop("add", None)
+    assert pss.level(head) == pss.PRIVILEGED
+    head["volumes"] = [v for v in head["volumes"] if "hostPath" not in v]
+    assert pss.level(head) == pss.BASELINE  # root and the rest are baseline; restricted would also need non-root
+
+
+def test_ray_token_authentication_needs_a_release_that_has_it():
+    from infra.errors import UserError
+
+    with pytest.raises(UserError, match="token authentication"):
+        make_spec(stack_plan("prod"), ray_version="2.51.1")
+    assert raycluster.raycluster(make_spec(stack_plan("prod"), ray_version="2.52.0"))["spec"]["authOptions"] == {"mode": "token"}
