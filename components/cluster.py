@@ -551,13 +551,18 @@ class EksCluster(pulumi.ComponentResource):
             policy_arn=managed_policy_arn(args.region, access.SSM_POLICY),
             opts=child,
         )
-        profile = aws.iam.InstanceProfile(f"{name}-bastion", role=role.name, tags=tags, opts=child)
+        # The instance, its profile and its group once shared one name; resources of different types may, but
+        # the offline tools' placeholders (`<id:NAME>`) name a resource by its name alone. The aliases keep
+        # the deployed profile and group.
+        profile = aws.iam.InstanceProfile(
+            f"{name}-bastion-profile", role=role.name, tags=tags, opts=_renamed(child, f"{name}-bastion")
+        )
         group = aws.ec2.SecurityGroup(
-            f"{name}-bastion",
+            f"{name}-bastion-sg",
             vpc_id=args.vpc_id,
             description="SSM bastion: no inbound rules; HTTPS out (SSM and the cluster API)",
             tags={**tags, "Name": f"{cluster_name}-bastion"},
-            opts=child,
+            opts=_renamed(child, f"{name}-bastion"),
         )
         out = aws.vpc.SecurityGroupEgressRule(
             f"{name}-bastion-out-https",
@@ -589,6 +594,10 @@ class EksCluster(pulumi.ComponentResource):
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
             ),
+            # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances";
+            # a few metrics of one small instance) and EBS optimisation, which t3 has by default at no cost.
+            monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
+            ebs_optimized="true",
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=access.BASTION_ROOT_DEVICE,
@@ -666,6 +675,11 @@ class EksCluster(pulumi.ComponentResource):
             tags=tags,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[attachment])),
         )
+
+
+def _renamed(opts: pulumi.ResourceOptions, old_name: str) -> pulumi.ResourceOptions:
+    """`opts` plus an alias to the resource's former name (same type and parent): a rename, not a replacement."""
+    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)]))
 
 
 def _template_version(version: Any) -> Optional[str]:
