@@ -69,6 +69,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     )
     provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
     opts = pulumi.ResourceOptions(providers={"aws": provider})
+    # The account the provider deploys into (STS GetCallerIdentity), for the key policies and the flow-log role.
+    account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
     net = cfg.network
     network = Network(
         name,
@@ -99,6 +101,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             subnet_ids=network.private_subnet_ids,
             region=cfg.region,
             addon_versions=eks_versions.addon_versions(kubernetes_version),
+            account_id=account_id,
+            log_retention_days=life.log_retention_days,
             endpoint_access=cl.endpoint_access,
             deployer_cidrs=tuple(cl.deployer_cidrs),
             api_tunnel_port=cl.api_tunnel_port,

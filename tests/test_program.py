@@ -140,11 +140,12 @@ def test_prod_cluster_is_encrypted_private_and_protected():
     assert inputs["vpcConfig"]["endpointPublicAccess"] is False  # no public CIDRs in prod
     assert inputs["encryptionConfig"]["resources"] == ["secrets"]
     assert inputs["accessConfig"]["authenticationMode"] == "API"
-    assert sorted(inputs["enabledClusterLogTypes"]) == ["api", "audit", "authenticator"]
+    assert sorted(inputs["enabledClusterLogTypes"]) == ["api", "audit", "authenticator", "controllerManager", "scheduler"]
     assert cluster.options["protect"] is True
     assert "bootstrapSelfManagedAddons" in cluster.options["ignore_changes"]
-    (key,) = rec.of_type("aws:kms/key:Key")
+    key = rec.named("gpu-serving-prod-secrets")
     assert key.inputs["enableKeyRotation"] is True
+    assert inputs["encryptionConfig"]["provider"]["keyArn"] == "<arn:gpu-serving-prod-secrets>"
 
 
 def test_every_aws_resource_uses_the_tagging_provider():
