@@ -89,7 +89,9 @@ class TerraformType:
 # except in the ec2 module (and a few others) where Terraform has no module prefix.
 TYPES: dict[str, TerraformType] = {
     "aws:cloudwatch/logGroup:LogGroup": TerraformType("aws_cloudwatch_log_group"),
+    "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup": TerraformType("aws_default_security_group"),
     "aws:ec2/eip:Eip": TerraformType("aws_eip"),
+    "aws:ec2/flowLog:FlowLog": TerraformType("aws_flow_log"),
     "aws:ec2/instance:Instance": TerraformType("aws_instance"),
     "aws:ec2/internetGateway:InternetGateway": TerraformType("aws_internet_gateway"),
     "aws:ec2/launchTemplate:LaunchTemplate": TerraformType(
