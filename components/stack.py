@@ -192,6 +192,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             staging_run=st.staging_run,
             cluster_name=cluster.cluster_name,
             region=cfg.region,
+            kms_key_arn=cluster.kms_key.arn,  # the stack's key: retained in production, as the weights are
         ),
         opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
     )

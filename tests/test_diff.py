@@ -8,7 +8,9 @@ match), or from editing a synthesized document.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.preview.diff import CLUSTER, FORCE_NEW, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
+from infra.preview.diff import CLUSTER, EFS, FORCE_NEW, FSX_LUSTRE, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
 from infra.preview.synth import dump, synthesize
 
 PROGRAM = '''
@@ -284,6 +286,25 @@ def test_cluster_replacement_is_called_out_with_its_node_groups(synth) -> None:
     resource(head, "eks")["inputs"]["name"] = "demo-2"
     md = render_markdown(diff(base, head))
     assert "**Replaces EKS cluster `eks`**" in md and "Node groups on it: `gpu`" in md
+
+
+def test_a_new_key_on_the_weights_file_system_is_called_out_as_its_replacement(repo_root: Path) -> None:
+    """EFS takes its KMS key at creation only: a stack made before the key was set replaces its weights."""
+    head = synthesize("prod", repo_root)
+    base = copy.deepcopy(head)
+    efs = resource(base, "gpu-serving-prod-weights-efs")
+    del efs["inputs"]["kmsKeyId"]
+    (change,) = [c for c in diff(base, head).changed if c.name == "gpu-serving-prod-weights-efs"]
+    assert change.replaced_by == ["kmsKeyId"]
+    md = render_markdown(diff(base, head))
+    assert "**Replaces EFS file system `gpu-serving-prod-weights-efs`**" in md and "staged into it again" in md
+    assert "It is protected: `pulumi up` refuses to replace it" in md
+    import pulumi_aws
+
+    for token, fields in ((EFS, FORCE_NEW[EFS]), (FSX_LUSTRE, FORCE_NEW[FSX_LUSTRE])):
+        cls = getattr(pulumi_aws.efs if token == EFS else pulumi_aws.fsx, token.rsplit(":", 1)[1])
+        args = set(inspect.signature(cls._internal_init).parameters)
+        assert {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", f).lower() for f in fields} <= args, token
 
 
 def test_removing_the_cluster_is_called_out(synth) -> None:

@@ -46,6 +46,12 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   (pull request #34209, "Remove force new on eks vpc change"); version,
   enabled_cluster_log_types, access_config.authentication_mode, upgrade_policy,
   zonal_shift_config and endpoint access are updated in place too.
+- `internal/service/efs/file_system.go`, `resourceFileSystem()`: ForceNew on
+  availability_zone_name, creation_token, encrypted, kms_key_id and
+  performance_mode; `internal/service/fsx/lustre_file_system.go`: ForceNew on
+  deployment_type, file_system_type_version, kms_key_id, security_group_ids,
+  storage_type and subnet_ids (among others the stack does not set). Either is
+  the model weights: a replacement stages them again.
 - `internal/service/ec2/ec2_launch_template.go`, `ResourceLaunchTemplate()`:
   ForceNew only on name and name_prefix; any other change to the launch data
   creates a new template version (`latest_version` becomes unknown), which node
@@ -70,6 +76,8 @@ from infra.errors import UserError
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+EFS = "aws:efs/fileSystem:FileSystem"
+FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 
 # Input paths (Pulumi names) whose change replaces the resource: Terraform ForceNew,
 # read from the sources named in the module docstring.
@@ -100,6 +108,8 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
         "remoteNetworkConfig",
     ),
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
+    EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
+    FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
 }
 
 # Terraform sets (TypeSet): their order means nothing, so a reordering replaces nothing.
@@ -107,6 +117,8 @@ SET_FIELDS: dict[str, frozenset[str]] = {
     NODE_GROUP: frozenset({"subnetIds", "remoteAccess.sourceSecurityGroupIds"}),
     CLUSTER: frozenset(),
     LAUNCH_TEMPLATE: frozenset(),
+    EFS: frozenset(),
+    FSX_LUSTRE: frozenset({"securityGroupIds"}),
 }
 
 # Node group fields updated by UpdateNodegroupVersion: every node is replaced, in batches.
@@ -115,7 +127,10 @@ NODE_ROLL: tuple[str, ...] = ("launchTemplate.version", "releaseVersion", "versi
 # Launch template fields that do not make a new template version (everything else does).
 LT_NOT_VERSIONED = frozenset({"name", "namePrefix", "description", "defaultVersion", "updateDefaultVersion", "tags", "tagsAll"})
 
-KIND = {NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template"}
+KIND = {
+    NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template",
+    EFS: "EFS file system", FSX_LUSTRE: "FSx for Lustre file system",
+}  # fmt: skip
 
 MAX_VALUE = 80  # characters of a value shown in a table cell
 MAX_ROWS = 40  # changed fields shown per resource
@@ -464,6 +479,10 @@ CONSEQUENCE = {
     "and the nodes are launched again (into a reservation, only if it has room for both groups)",
     CLUSTER: "a new cluster is created and this one deleted, with every node group, add-on and workload on it",
     LAUNCH_TEMPLATE: "a new launch template is created; node groups using it are updated onto it",
+    EFS: "a new, empty file system is created and the weights staged into it again (hours); this one is deleted, "
+    "or kept when retained on delete",
+    FSX_LUSTRE: "a new, empty file system is created and the weights staged into it again (hours); this one is "
+    "deleted, or kept when retained on delete",
 }
 
 
