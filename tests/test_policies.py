@@ -376,18 +376,28 @@ def test_internet_facing_allowed_when_the_context_says_so():
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 8
+    assert len(names) == len(set(names)) == 14
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
-    assert {r.name for r in R.RULES if r.scope == "stack"} == {"tp-within-node", "efa-security-group-self-referencing", "production-weights-protected"}
+    assert {r.name for r in R.RULES if r.scope == "stack"} == {
+        "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
+        "vpcs-have-flow-logs", "default-security-groups-closed",
+    }  # fmt: skip
 
 
-def test_rules_import_only_the_standard_library():
-    tree = ast.parse((REPO_ROOT / "policies" / "rules.py").read_text())
+PACK_MODULES = sorted(p for p in (REPO_ROOT / "policies").glob("*.py") if p.name not in ("__main__.py", "__init__.py"))
+
+
+@pytest.mark.parametrize("path", PACK_MODULES, ids=lambda p: p.name)
+def test_rules_import_only_the_standard_library(path):
+    """The rules' modules need nothing but the standard library and each other (the pack's venv has pulumi-policy only)."""
+    tree = ast.parse(path.read_text())
+    siblings = {p.stem for p in PACK_MODULES}
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"} | siblings, imported
+    assert len(PACK_MODULES) >= 2 and "rules" in siblings
 
 
 # --- the real stacks -------------------------------------------------------------------------------------------
@@ -519,7 +529,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 8 policy rules passed: stack prod" in proc.stdout
+    assert "All 14 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -536,12 +546,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 8 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 14 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 8
+    assert result["passed"] is False and len(result["rules"]) == 14
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]
