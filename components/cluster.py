@@ -630,10 +630,6 @@ class EksCluster(pulumi.ComponentResource):
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
             ),
-            # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances";
-            # a few metrics of one small instance) and EBS optimisation, which t3 has by default at no cost.
-            monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
-            ebs_optimized="true",
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=access.BASTION_ROOT_DEVICE,
@@ -655,6 +651,11 @@ class EksCluster(pulumi.ComponentResource):
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
             ),
+            # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances"). On the
+            # instance, not in its template: EC2 switches it on a running instance (MonitorInstances), while any
+            # change to the template would be a new template version, which replaces the instance, and a new
+            # bastion is a new kubeconfig for everything deployed through the Kubernetes provider.
+            monitoring=True,
             launch_template=aws.ec2.InstanceLaunchTemplateArgs(
                 id=template.id, version=template.latest_version.apply(_template_version)
             ),

@@ -365,6 +365,27 @@ def test_a_move_through_an_alias_is_not_a_delete_and_create(synth) -> None:
     assert moved.moved_from == old_urn and not moved.replaced
 
 
+def test_references_to_a_renamed_resource_follow_its_alias(synth) -> None:
+    """A rename with an alias is a move: what referred to it under the old name refers to the same resource."""
+    base = synth()
+    head = copy.deepcopy(base)
+    lt = resource(head, "gpu-lt")
+    old_urn = lt["urn"]
+    lt["name"], lt["urn"] = "gpu-template", old_urn.rsplit("::", 1)[0] + "::gpu-template"
+    lt["options"]["aliases"] = [old_urn]
+    ng = resource(head, "gpu")
+    assert ng["inputs"]["launchTemplate"]["id"] == "<id:gpu-lt>"
+    ng["inputs"]["launchTemplate"]["id"] = "<id:gpu-template>"
+    ng["options"]["depends_on"] = [lt["urn"] if u == old_urn else u for u in ng["options"]["depends_on"]]
+    head["resources"].sort(key=lambda r: r["urn"])
+    (moved,) = diff(base, head).changed
+    assert moved.name == "gpu-template" and moved.moved_from == old_urn  # the node group: unchanged, not replaced
+    # A reference to another resource than the one renamed is still a change.
+    ng["inputs"]["launchTemplate"]["id"] = "<id:other>"
+    (replaced,) = [c for c in diff(base, head).changed if c.name == "gpu"]
+    assert replaced.replaced_by == ["launchTemplate.id"]
+
+
 def test_force_new_lists_name_the_fields_of_the_issue() -> None:
     for field in ("subnetIds", "amiType", "capacityType", "instanceTypes", "diskSize", "nodeRoleArn", "remoteAccess"):
         assert field in FORCE_NEW[NODE_GROUP]

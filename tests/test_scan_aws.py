@@ -144,3 +144,14 @@ def test_checkov_judges_an_instance_by_its_templates_settings(checkov):
     bare = {"blockDeviceMappings": [], "monitoring": {"enabled": False}, "ebsOptimized": "false", "iamInstanceProfile": {}}
     bad = scan.scan_document(_bastion(template=bare), [], checkov)
     assert INSTANCE_CHECKS <= _failed(bad, "aws_instance.bastion")
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_no_aws_finding_of_the_stacks_is_left_unaccepted(checkov, stack):
+    result = scan.scan_document(synth(stack), scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov)
+    assert not result.errors
+    assert [(f.check, f.resource) for f in result.not_accepted if f.framework == "terraform_plan"] == []
+    accepted = sorted((f.check, f.resource) for f, _ in result.accepted if f.framework == "terraform_plan")
+    assert accepted == [("CKV_AWS_135", f"aws_instance.gpu-serving-{stack}-bastion")]  # t3 is EBS-optimized by default
+    assert not [r for r in result.stale if r.resource.startswith("aws_")]
+    assert result.counts["terraform_plan"].failed == len(accepted) and result.counts["terraform_plan"].passed > 150

@@ -2,15 +2,16 @@
 
 `diff(base, head)` compares two synth documents (`infra.preview.synth`): resources are
 matched by URN (a resource whose `aliases` name a URN that is gone counts as a
-move, not as a deletion plus a creation); for each changed resource every
+move, not as a deletion plus a creation, and references to it under its old
+name, placeholders and dependencies, are the same references); for each changed resource every
 changed field of its inputs and options is listed (nested keys as dotted paths,
 `tags["kubernetes.io/role"]` for keys that are not identifiers, list items by
 index). `render_markdown(d)` writes it up, with a loud callout at the top when
 the change would
 
-- replace an EKS node group, the EKS cluster or a launch template (a change to
-  a field the provider can only set at creation, or to a `replaceOnChanges`
-  path), or delete a node group or the cluster;
+- replace an EKS node group, the EKS cluster, a launch template or the weights'
+  file system (a change to a field the provider can only set at creation, or
+  to a `replaceOnChanges` path), or delete a node group or the cluster;
 - swap a node group for a new one of another name under the same component
   (a Capacity Block's group is named after its block: a new reservation id
   brings a new group, created before the old one is deleted);
@@ -308,9 +309,29 @@ def _canon(value: Any, is_set: bool) -> Any:
     return value
 
 
-def _compare(b: dict, h: dict) -> ResourceChange:
+_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")  # the recording engine's `<id:NAME>`, `<arn:NAME>`, ...
+
+
+def _follow_renames(b: Any, h: Any, renames: set[tuple[str, str]]) -> Any:
+    """`b` with each placeholder of a renamed resource (`<id:OLD>` where head has `<id:NEW>` at the same
+    path, and OLD moved to NEW through an alias) written as head writes it: the same cloud value."""
+    if not renames:
+        return b
+    if isinstance(b, str) and isinstance(h, str):
+        pb, ph = _PLACEHOLDER.match(b), _PLACEHOLDER.match(h)
+        return h if pb and ph and pb[1] == ph[1] and (pb[2], ph[2]) in renames else b
+    if isinstance(b, dict) and isinstance(h, dict):
+        return {k: _follow_renames(v, h[k], renames) if k in h else v for k, v in b.items()}
+    if isinstance(b, list) and isinstance(h, list):
+        return [_follow_renames(v, h[i], renames) if i < len(h) else v for i, v in enumerate(b)]
+    return b
+
+
+def _compare(b: dict, h: dict, renames: set[tuple[str, str]] = frozenset(), moves: dict[str, str] = {}) -> ResourceChange:  # noqa: B006 - read only
+    """How `h` differs from `b`; `renames` (old name, new name) and `moves` (old URN -> new URN) of resources
+    moved through an alias, whose references in `b` name the same cloud resources under their old names."""
     typ = h["type"]
-    b_in, h_in = b.get("inputs") or {}, h.get("inputs") or {}
+    b_in, h_in = _follow_renames(b.get("inputs") or {}, h.get("inputs") or {}, renames), h.get("inputs") or {}
     h_opts = h.get("options") or {}
     ignore = [_path_pattern(p) for p in h_opts.get("ignore_changes") or []]
     replace_on = [_path_pattern(p) for p in h_opts.get("replace_on_changes") or []]
@@ -362,7 +383,7 @@ def _compare(b: dict, h: dict) -> ResourceChange:
         fields.append(FieldChange("parent", b.get("parent", MISSING), h.get("parent", MISSING)))
     if b.get("custom") != h.get("custom"):
         fields.append(FieldChange("custom", b.get("custom", MISSING), h.get("custom", MISSING)))
-    b_opts = b.get("options") or {}
+    b_opts = {k: [moves.get(i, i) for i in v] if isinstance(v, list) else v for k, v in (b.get("options") or {}).items()}
     for key in sorted(set(b_opts) | set(h_opts)):
         o, n = b_opts.get(key, MISSING), h_opts.get(key, MISSING)
         if o == n:
@@ -399,11 +420,13 @@ def diff(base: dict, head: dict) -> Diff:
                 moved[urn] = alias
                 break
 
+    moves = {old: new for new, old in moved.items()}
+    renames = {(b_res[old]["name"], h_res[new]["name"]) for new, old in moved.items() if b_res[old]["name"] != h_res[new]["name"]}
     for urn in sorted(h_res):
         h = h_res[urn]
         if urn in b_res or urn in moved:
             b = b_res.get(urn) or b_res[moved[urn]]
-            change = _compare(b, h)
+            change = _compare(b, h, renames, moves)
             if urn in moved:
                 change.moved_from = moved[urn]
             if change.fields or change.moved_from:
@@ -670,8 +693,8 @@ def render_markdown(d: Diff) -> str:
     if d.outputs:
         lines += [f"#### Stack outputs ({len(d.outputs)} changed)", "", *_field_table(d.outputs, "Output"), ""]
     lines.append(
-        "<sub>Replacements are judged from the Terraform AWS provider's ForceNew fields for EKS clusters, node groups "
-        "and launch templates, and from `replaceOnChanges`; a change to another resource type is shown as an update "
+        "<sub>Replacements are judged from the Terraform AWS provider's ForceNew fields for EKS clusters, node groups, "
+        "launch templates and EFS / FSx for Lustre file systems, and from `replaceOnChanges`; a change to another resource type is shown as an update "
         "even where its provider would replace it. Values only the cloud knows are placeholders.</sub>"
     )
     text = "\n".join(lines).rstrip() + "\n"
