@@ -4,13 +4,20 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
 
 - the cluster IAM role (AmazonEKSClusterPolicy, plus an inline policy letting it
   use the secrets key, as terraform-aws-eks does);
-- a KMS key with yearly rotation (and an alias) for envelope encryption of
-  Kubernetes secrets;
-- the control-plane log group (`/aws/eks/<cluster>/cluster`) with a retention,
-  created before the cluster so EKS does not create one that never expires and
-  outlives the stack;
+- the stack's KMS key, with yearly rotation (and an alias), for envelope
+  encryption of Kubernetes secrets, the control-plane logs and (passed on by
+  components/stack.py) the model weights' file system; its key policy is
+  explicit (`infra.aws.iam.key_policy`: the account administers it, the cluster
+  role uses it for secrets, CloudWatch Logs for the control-plane log group
+  only);
+- the control-plane log group (`/aws/eks/<cluster>/cluster`), encrypted with
+  that key, with the config's retention, created before the cluster so EKS does
+  not create one that never expires and outlives the stack; in production it
+  and the key are protected and retained on delete (`components.protection.kept`:
+  audit logs outlive the cluster for their retention, and the key stays to read
+  them and the retained weights);
 - the cluster: authentication through the EKS API only (access entries, no
-  aws-auth ConfigMap); api, audit and authenticator logs; the API endpoint of
+  aws-auth ConfigMap); all five control-plane log types; the API endpoint of
   the endpoint access mode (`infra/aws/access.py`): public only from the
   deployer's CIDRs, or private only with a way in from the VPC; no self-managed
   add-ons (the managed ones below are ours);
@@ -21,7 +28,8 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
 - one node IAM role for every node group (the GPU node groups use it too);
 - managed add-ons, every one at the version pinned for the Kubernetes version
   (`infra/catalog/eks_versions.py`; vpc-cni must support `efa-only`
-  interfaces): vpc-cni, kube-proxy and eks-pod-identity-agent before any node (a node
+  interfaces; network policy enforcement on, `ADDON_CONFIGURATION`): vpc-cni,
+  kube-proxy and eks-pod-identity-agent before any node (a node
   without a CNI never becomes Ready, so its node group would never finish), then
   coredns and the EFS CSI driver (and the FSx CSI driver when asked), whose pods
   need a node to run on; each CSI driver's controller gets its IAM role through
@@ -53,16 +61,20 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.protection import kept
 from infra.aws import access
-from infra.aws.iam import assume_role_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
+from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
 from infra.aws.tags import tag_specifications
+from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
 from infra.errors import UserError
 from infra.k8s.scheduling import system_labels
 
 TYPE = "gpu-serving:cluster:EksCluster"
 
 AUTHENTICATION_MODE = "API"  # access entries only; the aws-auth ConfigMap is not read
-LOG_TYPES = ("api", "audit", "authenticator")
+# Every control-plane log type (EKS User Guide, "Send control plane logs to CloudWatch Logs": the API server,
+# audit, authenticator, controller manager and scheduler logs; botocore's eks LogType, which the tests read).
+LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 ENCRYPTED_RESOURCES = ("secrets",)
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_CAPACITY_TYPE = "ON_DEMAND"
@@ -84,8 +96,13 @@ ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver")
 FSX_CSI_ADDON = "aws-fsx-csi-driver"
 
-# Log retention values CloudWatch Logs accepts (PutRetentionPolicy; 0 = never expire).
-LOG_RETENTION_DAYS = (0, 1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+# Add-on configuration values (the add-on's configuration schema, `aws eks describe-addon-configuration`).
+# vpc-cni: enforce Kubernetes NetworkPolicies with its node agent (EKS User Guide, "Restrict Pod network
+# traffic with Kubernetes network policies", step 4: `{"enableNetworkPolicy": "true"}`, VPC CNI 1.14 or
+# later; the network policy controller runs in the EKS control plane). Standard mode: a new pod starts
+# allowed until its policies are in place; strict mode would need a policy for CoreDNS and every add-on.
+ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+VPC_CNI_MIN_NETWORK_POLICY = (1, 14, 0)
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,7 @@ class ClusterArgs:
     subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]]
     region: str
     addon_versions: Mapping[str, str]
+    account_id: pulumi.Input[str]  # the account the stack deploys into, for the key policy
     endpoint_access: str = access.PRIVATE_SSM
     deployer_cidrs: tuple[str, ...] = ()
     api_tunnel_port: int = 9443
@@ -137,7 +155,7 @@ class ClusterArgs:
     protect: bool = False
     cluster_name: Optional[str] = None  # None: the component's name (must match the network's subnet tags)
     node_ssm_access: bool = False  # AmazonSSMManagedInstanceCore on the node role (shell on nodes without SSH)
-    log_retention_days: int = 90
+    log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS
     tags: dict[str, str] = field(default_factory=dict)  # extra tags on top of the provider's default tags
     instance_tags: Mapping[str, str] = field(default_factory=dict)
 
@@ -202,9 +220,15 @@ def cluster_ignore_changes() -> list[str]:
     return ["accessConfig.bootstrapClusterCreatorAdminPermissions", "bootstrapSelfManagedAddons"]
 
 
-def protect_options(protect: bool) -> pulumi.ResourceOptions:
-    """`protect` for the resources that are costly to lose (the cluster and its secrets key)."""
-    return pulumi.ResourceOptions(protect=protect)
+def addon_configuration(addon: str) -> Optional[str]:
+    """The add-on's configuration values as the JSON EKS takes, or None for its defaults."""
+    values = ADDON_CONFIGURATION.get(addon)
+    return json.dumps(values, sort_keys=True) if values else None
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """The log group EKS writes the control-plane logs to (EKS User Guide, "Send control plane logs to CloudWatch Logs")."""
+    return f"/aws/eks/{cluster_name}/cluster"
 
 
 def parse_addon_version(version: str) -> tuple[int, int, int]:
@@ -220,6 +244,8 @@ def check_vpc_cni_version(version: str) -> None:
     if parse_addon_version(version) < VPC_CNI_MIN_EFA_ONLY:
         minimum = ".".join(map(str, VPC_CNI_MIN_EFA_ONLY))
         raise UserError(f"vpc-cni {version} cannot drive efa-only interfaces; use v{minimum} or later")
+    if parse_addon_version(version) < VPC_CNI_MIN_NETWORK_POLICY:  # below the EFA minimum today; kept for the pairing
+        raise UserError(f"vpc-cni {version} cannot enforce network policies; use v1.14.0 or later")
 
 
 def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
@@ -315,14 +341,21 @@ class EksCluster(pulumi.ComponentResource):
             policy_arn=managed_policy_arn(region, "AmazonEKSClusterPolicy"),
             opts=child,
         )
+        log_group_name = control_plane_log_group(cluster_name)
+        account_id = pulumi.Output.from_input(args.account_id)
         self.kms_key = aws.kms.Key(
             f"{name}-secrets",
-            description=f"Envelope encryption of Kubernetes secrets in {cluster_name}",
+            description=f"{cluster_name}: Kubernetes secrets, control-plane logs and model weights",
             enable_key_rotation=True,
             # The longest wait when the data matters, the shortest otherwise.
             deletion_window_in_days=30 if args.protect else 7,
+            # The role exists before the key: KMS refuses a policy naming a principal it cannot find (the
+            # provider retries while IAM propagates: MalformedPolicyDocumentException).
+            policy=pulumi.Output.all(account_id, self.cluster_role.arn).apply(
+                lambda v: key_policy(region, v[0], key_users=[v[1]], log_group_names=[log_group_name])
+            ),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, protect_options(args.protect)),
+            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
         )
         aws.kms.Alias(
             f"{name}-secrets-alias",
@@ -330,19 +363,22 @@ class EksCluster(pulumi.ComponentResource):
             target_key_id=self.kms_key.key_id,
             opts=child,
         )
-        key_policy = aws.iam.RolePolicy(
+        key_use = aws.iam.RolePolicy(
             f"{name}-cluster-encryption",
             role=self.cluster_role.id,
             policy=self.kms_key.arn.apply(key_use_policy),
             opts=child,
         )
-        log_group = aws.cloudwatch.LogGroup(
+        # CloudWatch Logs checks the key policy when the group is associated with the key: the group waits for it.
+        self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-control-plane-logs",
-            name=f"/aws/eks/{cluster_name}/cluster",
+            name=log_group_name,
             retention_in_days=args.log_retention_days,
+            kms_key_id=self.kms_key.arn,
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
         )
+        log_group = self.log_group
 
         # -- the cluster ----------------------------------------------------------------
         self.cluster = aws.eks.Cluster(
@@ -372,7 +408,7 @@ class EksCluster(pulumi.ComponentResource):
                     ignore_changes=cluster_ignore_changes(),
                     # The role's permissions must exist when the cluster is created and
                     # outlive it on delete; the log group must exist before EKS writes to it.
-                    depends_on=[cluster_policy, key_policy, log_group],
+                    depends_on=[cluster_policy, key_use, log_group],
                 ),
             ),
         )
@@ -551,13 +587,18 @@ class EksCluster(pulumi.ComponentResource):
             policy_arn=managed_policy_arn(args.region, access.SSM_POLICY),
             opts=child,
         )
-        profile = aws.iam.InstanceProfile(f"{name}-bastion", role=role.name, tags=tags, opts=child)
+        # The instance, its profile and its group once shared one name; resources of different types may, but
+        # the offline tools' placeholders (`<id:NAME>`) name a resource by its name alone. The aliases keep
+        # the deployed profile and group.
+        profile = aws.iam.InstanceProfile(
+            f"{name}-bastion-profile", role=role.name, tags=tags, opts=_renamed(child, f"{name}-bastion")
+        )
         group = aws.ec2.SecurityGroup(
-            f"{name}-bastion",
+            f"{name}-bastion-sg",
             vpc_id=args.vpc_id,
             description="SSM bastion: no inbound rules; HTTPS out (SSM and the cluster API)",
             tags={**tags, "Name": f"{cluster_name}-bastion"},
-            opts=child,
+            opts=_renamed(child, f"{name}-bastion"),
         )
         out = aws.vpc.SecurityGroupEgressRule(
             f"{name}-bastion-out-https",
@@ -610,6 +651,11 @@ class EksCluster(pulumi.ComponentResource):
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
             ),
+            # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances"). On the
+            # instance, not in its template: EC2 switches it on a running instance (MonitorInstances), while any
+            # change to the template would be a new template version, which replaces the instance, and a new
+            # bastion is a new kubeconfig for everything deployed through the Kubernetes provider.
+            monitoring=True,
             launch_template=aws.ec2.InstanceLaunchTemplateArgs(
                 id=template.id, version=template.latest_version.apply(_template_version)
             ),
@@ -633,6 +679,7 @@ class EksCluster(pulumi.ComponentResource):
             addon_name=addon,
             # Every add-on at the version pinned for the cluster's Kubernetes version.
             addon_version=args.addon_versions[addon],
+            configuration_values=addon_configuration(addon),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=dict(args.tags),
@@ -666,6 +713,11 @@ class EksCluster(pulumi.ComponentResource):
             tags=tags,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[attachment])),
         )
+
+
+def _renamed(opts: pulumi.ResourceOptions, old_name: str) -> pulumi.ResourceOptions:
+    """`opts` plus an alias to the resource's former name (same type and parent): a rename, not a replacement."""
+    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)]))
 
 
 def _template_version(version: Any) -> Optional[str]:

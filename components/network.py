@@ -23,12 +23,26 @@ One `Network` component (`gpu-serving:network:Network`) creates, for a new VPC:
 - a `cluster` placement group for the GPU nodes, unless a capacity reservation
   or Capacity Block already fixes their placement; a reservation made in a
   cluster placement group passes that group's name through
-  (`existing_placement_group_name`) instead.
+  (`existing_placement_group_name`) instead;
+- the VPC's default security group, adopted with no rules: nothing of the
+  stack uses it, and anything launched without a group of its own then gets
+  no traffic at all (Amazon VPC User Guide, "Default security groups for your
+  VPCs"; AWS Security Hub control EC2.2). Pulumi cannot delete a default group:
+  on destroy it leaves it, and the VPC's deletion takes it along;
+- VPC flow logs (`REJECT`ed connections, or `ALL`) to a CloudWatch log group
+  of their own (`/aws/vpc/<name>/flow-logs`) with the config's retention,
+  encrypted with a KMS key of the network's (its policy lets CloudWatch Logs
+  use it for that group only: `infra.aws.iam.key_policy`), delivered by a role
+  only VPC Flow Logs of this account may assume, which may only write into that
+  group (`infra.aws.iam.flow_logs_*`). In production the log group and its key
+  are protected and retained on delete (`components.protection.kept`).
 
 With `existing_vpc_id` nothing of the VPC is created (no VPC, subnets, gateways,
 NAT or route tables): the given subnet ids are passed through, and only the EFA
 security group, the placement group and, when asked, the S3 endpoint on the given
-route tables are created.
+route tables are created. The existing VPC's default security group and flow logs
+stay its owner's: stripping the rules of a group other workloads may use, or
+adding a second flow log, is not this stack's call.
 
 Subnet tags follow the AWS Load Balancer Controller's discovery rules:
 `kubernetes.io/cluster/<cluster>: shared` on every subnet,
@@ -45,8 +59,16 @@ from typing import Optional
 import pulumi
 import pulumi_aws as aws
 
+from components.protection import kept
 from infra.errors import UserError
+from infra.aws.iam import flow_logs_publish_policy, flow_logs_trust_policy, key_policy
 from infra.aws.subnets import SubnetLayout, check_zones, region_of_zones, subnet_layout
+from infra.catalog.cloudwatch import (
+    DEFAULT_FLOW_LOG_TRAFFIC_TYPE,
+    DEFAULT_LOG_RETENTION_DAYS,
+    FLOW_LOG_TRAFFIC_TYPES,
+    LOG_RETENTION_DAYS,
+)
 
 TYPE = "gpu-serving:network:Network"
 
@@ -54,6 +76,7 @@ ANYWHERE = "0.0.0.0/0"
 ALL_PROTOCOLS = "-1"  # EC2's "all traffic" (IpProtocol -1: every protocol, every port)
 PLACEMENT_STRATEGY = "cluster"  # EC2 PlacementStrategy: one low-latency network segment
 S3_ENDPOINT_TYPE = "Gateway"  # EC2 VpcEndpointType: free, route-table based
+FLOW_LOG_DESTINATION_TYPE = "cloud-watch-logs"  # EC2 LogDestinationType
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,7 @@ class NetworkArgs:
     gpu_availability_zone: str
     create_placement_group: bool
     cluster_name: str
+    account_id: pulumi.Input[str]  # the account the stack deploys into (the flow logs' key and role policies)
     nat_gateway_per_az: bool = False
     create_s3_endpoint: Optional[bool] = None
     region: Optional[str] = None  # None: read from the zone names ("us-east-1a" -> "us-east-1")
@@ -83,6 +107,9 @@ class NetworkArgs:
     # An existing cluster placement group for the GPU nodes (a reservation's own); never with create_placement_group.
     existing_placement_group_name: Optional[str] = None
     tags: dict[str, str] = field(default_factory=dict)  # extra tags on top of the provider's default tags
+    flow_log_traffic_type: str = DEFAULT_FLOW_LOG_TRAFFIC_TYPE
+    log_retention_days: int = DEFAULT_LOG_RETENTION_DAYS
+    protect: bool = False  # production: the flow logs and their key are protected and retained on delete
 
     def __post_init__(self) -> None:
         # Tuples, not lists: the args are frozen and hashable, and callers may pass lists.
@@ -117,6 +144,10 @@ def validate_network_args(args: NetworkArgs) -> None:
     check_zones(args.availability_zones, args.gpu_availability_zone)
     if args.region is None:
         region_of_zones(args.availability_zones)
+    if args.flow_log_traffic_type not in FLOW_LOG_TRAFFIC_TYPES:
+        raise UserError(f"network: flow log traffic type {args.flow_log_traffic_type!r} is not one of {', '.join(FLOW_LOG_TRAFFIC_TYPES)}")
+    if args.log_retention_days not in LOG_RETENTION_DAYS:
+        raise UserError(f"network: log_retention_days {args.log_retention_days} is not one CloudWatch Logs accepts: {LOG_RETENTION_DAYS}")
     if args.create_placement_group and args.existing_placement_group_name:
         raise UserError(
             "network: create_placement_group and existing_placement_group_name both given; the GPU nodes go into "
@@ -176,6 +207,11 @@ def gpu_subnet_tags(cluster_name: str, name: str) -> dict[str, str]:
 def nat_zones(azs: tuple[str, ...], per_az: bool) -> tuple[str, ...]:
     """The zones that get a NAT gateway: every zone, or the first one."""
     return tuple(azs) if per_az else (azs[0],)
+
+
+def flow_log_group_name(name: str) -> str:
+    """The flow logs' CloudWatch log group."""
+    return f"/aws/vpc/{name}/flow-logs"
 
 
 def s3_service_name(region: str) -> str:
@@ -290,6 +326,53 @@ class Network(pulumi.ComponentResource):
             }
         )
 
+    def _flow_logs(self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, tags: dict[str, str], child: pulumi.ResourceOptions) -> None:
+        """The VPC's flow log, its encrypted log group, the group's key and the delivery role (module docstring)."""
+        region, group_name = args.aws_region, flow_log_group_name(name)
+        account_id = pulumi.Output.from_input(args.account_id)
+        keep = pulumi.ResourceOptions.merge(child, kept(args.protect))
+        self.flow_log_key = aws.kms.Key(
+            f"{name}-flow-logs-key",
+            description=f"{name}: VPC flow logs",
+            enable_key_rotation=True,
+            deletion_window_in_days=30 if args.protect else 7,
+            policy=account_id.apply(lambda account: key_policy(region, account, log_group_names=[group_name])),
+            tags=tags,
+            opts=keep,
+        )
+        self.flow_log_group = aws.cloudwatch.LogGroup(
+            f"{name}-flow-logs",
+            name=group_name,
+            retention_in_days=args.log_retention_days,
+            kms_key_id=self.flow_log_key.arn,
+            tags=tags,
+            opts=keep,
+        )
+        role = aws.iam.Role(
+            f"{name}-flow-logs-role",
+            assume_role_policy=account_id.apply(lambda account: flow_logs_trust_policy(region, account)),
+            description=f"VPC flow logs of {name} to {group_name}",
+            tags=tags,
+            opts=child,
+        )
+        publish = aws.iam.RolePolicy(
+            f"{name}-flow-logs-publish",
+            role=role.id,
+            policy=account_id.apply(lambda account: flow_logs_publish_policy(region, account, group_name)),
+            opts=child,
+        )
+        self.flow_log = aws.ec2.FlowLog(
+            f"{name}-vpc-flow-log",
+            vpc_id=vpc.id,
+            traffic_type=args.flow_log_traffic_type,
+            log_destination_type=FLOW_LOG_DESTINATION_TYPE,
+            log_destination=self.flow_log_group.arn,
+            iam_role_arn=role.arn,
+            tags={**tags, "Name": f"{name}-vpc"},
+            # Delivery needs the role's permissions from the first record on.
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[publish])),
+        )
+
     def _new_vpc(self, name: str, args: NetworkArgs, tags: dict[str, str], child: pulumi.ResourceOptions):
         layout = subnet_layout(args.cidr, args.availability_zones, args.gpu_availability_zone)
         self.layout = layout
@@ -302,6 +385,14 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         self.vpc = vpc
+        self.default_security_group = aws.ec2.DefaultSecurityGroup(
+            f"{name}-default-sg",
+            vpc_id=vpc.id,
+            # No ingress and no egress: adopting the group removes the rules AWS put in it.
+            tags={**tags, "Name": f"{name}-default"},
+            opts=child,
+        )
+        self._flow_logs(name, args, vpc, tags, child)
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags={**tags, "Name": f"{name}-igw"}, opts=child)
 
         public: dict[str, aws.ec2.Subnet] = {}

@@ -69,6 +69,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     )
     provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
     opts = pulumi.ResourceOptions(providers={"aws": provider})
+    # The account the provider deploys into (STS GetCallerIdentity), for the key policies and the flow-log role.
+    account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
     net = cfg.network
     network = Network(
         name,
@@ -79,7 +81,11 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             create_placement_group=cfg.placement_group,
             existing_placement_group_name=net.placement_group_name,
             cluster_name=name,
+            account_id=account_id,
             nat_gateway_per_az=net.nat_gateway_per_az,
+            flow_log_traffic_type=net.flow_log_traffic_type,
+            log_retention_days=life.log_retention_days,
+            protect=life.production,
             region=cfg.region,
             existing_vpc_id=net.existing_vpc_id,
             existing_private_subnet_ids=tuple(net.existing_private_subnet_ids or ()),
@@ -99,6 +105,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             subnet_ids=network.private_subnet_ids,
             region=cfg.region,
             addon_versions=eks_versions.addon_versions(kubernetes_version),
+            account_id=account_id,
+            log_retention_days=life.log_retention_days,
             endpoint_access=cl.endpoint_access,
             deployer_cidrs=tuple(cl.deployer_cidrs),
             api_tunnel_port=cl.api_tunnel_port,
@@ -204,6 +212,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             staging_run=st.staging_run,
             cluster_name=cluster.cluster_name,
             region=cfg.region,
+            kms_key_arn=cluster.kms_key.arn,  # the stack's key: retained in production, as the weights are
         ),
         opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[*in_namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
     )

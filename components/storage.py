@@ -159,6 +159,8 @@ class ModelStorageArgs:
     staging_run: int = 0
     await_staging: bool = True
     tags: dict[str, str] = field(default_factory=dict)
+    # The file system's KMS key (the stack's key); None: the service's AWS managed key. Create-only on EFS and FSx.
+    kms_key_arn: Optional[pulumi.Input[str]] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client_security_group_ids", list(self.client_security_group_ids))
@@ -465,6 +467,7 @@ class ModelStorage(pulumi.ComponentResource):
         self.file_system = aws.efs.FileSystem(
             f"{name}-efs",
             encrypted=True,
+            kms_key_id=args.kms_key_arn,
             performance_mode=EFS_PERFORMANCE_MODE,
             throughput_mode=EFS_THROUGHPUT_MODE,
             # No TransitionToIA/ToArchive: the weights stay in Standard storage.
@@ -540,6 +543,7 @@ class ModelStorage(pulumi.ComponentResource):
             subnet_ids=args.subnet_id,
             security_group_ids=[sg],
             file_system_type_version=LUSTRE_VERSION,
+            kms_key_id=args.kms_key_arn,  # PERSISTENT deployments take one (FSx API, CreateFileSystem KmsKeyId)
             data_compression_type="NONE",  # safetensors of quantised weights barely compress
             # The checkpoint's source (the hub or S3) is its backup.
             automatic_backup_retention_days=0,

@@ -578,8 +578,7 @@ def check_no_internet_facing_lb(resource_type: str, props: Mapping, options: Map
 
 @dataclass(frozen=True)
 class Rule:
-    """One policy: a name (the CrossGuard policy name), a one-line description, an
-    enforcement level, and either a resource check or a stack check."""
+    """One policy: a name (the CrossGuard policy name), a one-line description, an enforcement level, and a resource or stack check."""
 
     name: str
     description: str
@@ -595,6 +594,10 @@ class Rule:
             raise ValueError(f"rule {self.name}: enforcement must be {MANDATORY!r} or {ADVISORY!r}")
 
 
+if __package__:  # imported as policies.rules
+    from . import aws_rules
+else:  # run by the policy analyzer from the pack's directory
+    import aws_rules  # type: ignore[no-redef]
 RULES: tuple[Rule, ...] = (
     Rule(
         "tp-within-node",
@@ -678,11 +681,8 @@ RULES: tuple[Rule, ...] = (
         "resource",
         {"allowInternetFacing": {"type": "boolean", "default": False, "description": "Allow internet-facing load balancers."}},
     ),
-)
+) + tuple(Rule(**spec) for spec in aws_rules.RULES)  # the AWS hardening rules (policies/aws_rules.py)
 
 
 def rule(name: str) -> Rule:
-    for r in RULES:
-        if r.name == name:
-            return r
-    raise KeyError(name)
+    return {r.name: r for r in RULES}[name]

@@ -108,9 +108,15 @@ def test_private_ssm_gives_a_bastion_a_rule_and_a_tunnelled_kubeconfig():
     assert bastion.inputs["metadataOptions"]["httpTokens"] == "required"
     template = rec.named("gpu-serving-test-bastion-lt").inputs
     assert template["imageId"] == access.BASTION_IMAGE and template["imageId"].startswith("resolve:ssm:")
-    assert template["iamInstanceProfile"]["arn"] == placeholder("arn", "gpu-serving-test-bastion")
-    group = placeholder("id", "gpu-serving-test-bastion")
+    assert template["iamInstanceProfile"]["arn"] == placeholder("arn", "gpu-serving-test-bastion-profile")
+    group = placeholder("id", "gpu-serving-test-bastion-sg")
     assert template["vpcSecurityGroupIds"] == [group]
+    # Once named like the instance: the aliases keep a deployed profile and group (a rename, not a replacement).
+    for renamed in ("gpu-serving-test-bastion-profile", "gpu-serving-test-bastion-sg"):
+        r = rec.named(renamed)
+        assert r.options["aliases"] == [r.urn.rsplit("::", 1)[0] + "::gpu-serving-test-bastion"]
+    # Detailed monitoring on the instance (switched on in place), the template untouched (a new version replaces the bastion).
+    assert bastion.inputs["monitoring"] is True and "monitoring" not in template and "ebsOptimized" not in template
     policy = rec.named("gpu-serving-test-bastion-AmazonSSMManagedInstanceCore").inputs["policyArn"]
     assert policy == "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
     # No inbound rule on the bastion at all; HTTPS out; 443 on the cluster security group from it.

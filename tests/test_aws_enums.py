@@ -9,6 +9,7 @@ and SDKs validate against.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,6 +45,7 @@ ENUM_FIELDS: dict[str, list[tuple[str, str, str]]] = {
     "aws:ec2/placementGroup:PlacementGroup": [("strategy", "ec2", "PlacementStrategy")],
     "aws:ec2/vpcEndpoint:VpcEndpoint": [("vpcEndpointType", "ec2", "VpcEndpointType")],
     "aws:ec2/eip:Eip": [("domain", "ec2", "DomainType")],
+    "aws:ec2/flowLog:FlowLog": [("trafficType", "ec2", "TrafficType"), ("logDestinationType", "ec2", "LogDestinationType")],
 }
 
 # Fields every stack must send (a value missing here would pass the check vacuously).
@@ -55,6 +57,9 @@ REQUIRED = {
     ("aws:ec2/launchTemplate:LaunchTemplate", "blockDeviceMappings[].ebs.volumeType"),
     ("aws:ec2/launchTemplate:LaunchTemplate", "metadataOptions.httpTokens"),
     ("aws:ec2/launchTemplate:LaunchTemplate", "networkInterfaces[].interfaceType"),
+    ("aws:eks/cluster:Cluster", "enabledClusterLogTypes[]"),
+    ("aws:ec2/flowLog:FlowLog", "trafficType"),
+    ("aws:ec2/flowLog:FlowLog", "logDestinationType"),
 }
 
 
@@ -118,3 +123,14 @@ def test_enum_values_are_in_botocore(documents, variant):
                     bad.append(f"{res['name']}: {path} = {json.dumps(value)} is not in {service} {shape}")
     assert not bad, "\n".join(bad)
     assert REQUIRED <= seen, REQUIRED - seen
+
+
+def test_the_config_offers_only_what_cloudwatch_and_ec2_accept():
+    """The config's retention days and flow-log traffic types (infra/catalog/cloudwatch.py) against botocore."""
+    from infra.catalog.cloudwatch import FLOW_LOG_TRAFFIC_TYPES, LOG_RETENTION_DAYS, NEVER_EXPIRE
+
+    assert set(FLOW_LOG_TRAFFIC_TYPES) <= _enum("ec2", "TrafficType")
+    # The logs model has no enum for Days; its documentation lists the values ("Possible values are: 1, 3, ...").
+    doc = botocore.session.get_session().get_service_model("logs").shape_for("Days").documentation
+    listed = {int(n) for n in re.findall(r"\d+", doc.split("Possible values are:")[1].split(".")[0])}
+    assert set(LOG_RETENTION_DAYS) - {NEVER_EXPIRE} == listed

@@ -21,6 +21,7 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from components.cluster import (
     ADDONS_AFTER_NODES,
     ADDONS_BEFORE_NODES,
+    VPC_CNI_MIN_NETWORK_POLICY,
     ClusterArgs,
     EksCluster,
     addon_names,
@@ -29,6 +30,7 @@ from components.cluster import (
     parse_addon_version,
     principal_slug,
 )
+from components.protection import kept
 from infra.catalog.eks_versions import ADDON_VERSIONS, addon_versions
 from infra.aws.iam import assume_role_policy, managed_policy_arn, node_policies
 from infra.errors import UserError
@@ -48,6 +50,7 @@ COMPONENT = "gpu-serving:cluster:EksCluster"
 
 ADMINS = ("arn:aws:iam::123456789012:role/platform-admin", "arn:aws:iam::123456789012:user/alice")
 SUBNETS = ["subnet-a", "subnet-b", "subnet-c"]
+ACCOUNT = "123456789012"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ TAGS = {"project": "gpu-serving", "stack": "test", "owner": "ci", "lifecycle": "
 
 def _args(**overrides) -> ClusterArgs:
     base = dict(version="1.35", vpc_id="vpc-0123", subnet_ids=SUBNETS, region="us-east-1", cluster_name="gs-test",
-                addon_versions=addon_versions("1.35"), bastion_subnet_id="subnet-a", instance_tags=TAGS,
+                addon_versions=addon_versions("1.35"), account_id=ACCOUNT, bastion_subnet_id="subnet-a", instance_tags=TAGS,
                 system_release_version="1.35.6-20260714")
     base.update(overrides)
     return ClusterArgs(**base)
@@ -126,11 +129,55 @@ def test_cluster_role_can_use_the_key_and_has_only_the_cluster_policy(private_cl
 
 def test_control_plane_logs(private_cluster, eks_model):
     logs = private_cluster.one(CLUSTER).inputs["enabledClusterLogTypes"]
-    assert logs == ["api", "audit", "authenticator"]
-    assert set(logs) <= set(eks_model.shape_for("LogType").enum)
+    assert logs == ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+    assert set(logs) == set(eks_model.shape_for("LogType").enum)  # every type EKS has
     group = private_cluster.one("aws:cloudwatch/logGroup:LogGroup").inputs
     assert group["name"] == "/aws/eks/gs-test/cluster"  # the name EKS writes to
     assert "gs-control-plane-logs" in _depends_on(private_cluster, "gs-eks")
+
+
+def test_control_plane_logs_are_encrypted_with_the_stacks_key_and_kept_for_the_retention(private_cluster, public_cluster):
+    for rec in (private_cluster, public_cluster):
+        group = rec.named("gs-control-plane-logs")
+        assert group.inputs["kmsKeyId"] == placeholder("arn", "gs-secrets")
+        assert group.inputs["retentionInDays"] == 365  # the config's default
+        assert "gs-secrets" in _depends_on(rec, "gs-control-plane-logs")  # the key policy lets Logs use it first
+    assert _record(_args(log_retention_days=30)).named("gs-control-plane-logs").inputs["retentionInDays"] == 30
+
+
+def test_the_key_policy_is_explicit(private_cluster):
+    policy = json.loads(private_cluster.one(KEY).inputs["policy"])
+    statements = {s["Sid"]: s for s in policy["Statement"]}
+    assert statements["AccountAdministersTheKey"]["Principal"] == {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}
+    assert statements["AccountAdministersTheKey"]["Action"] == "kms:*"
+    assert statements["ClusterRoleEncryptsSecrets"]["Principal"] == {"AWS": [placeholder("arn", "gs-cluster-role")]}
+    logs = statements["CloudWatchLogsEncryptsTheStacksLogGroups"]
+    assert logs["Principal"] == {"Service": "logs.us-east-1.amazonaws.com"}
+    assert logs["Condition"] == {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": [
+        f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/gs-test/cluster"]}}  # fmt: skip
+    assert "gs-cluster-role" in _depends_on(private_cluster, "gs-secrets")  # KMS refuses a principal it cannot find
+
+
+def test_the_account_may_be_an_output():
+    rec = _record(_args(account_id=pulumi.Output.from_input("210987654321")))
+    root = json.loads(rec.one(KEY).inputs["policy"])["Statement"][0]["Principal"]["AWS"]
+    assert root == "arn:aws:iam::210987654321:root"
+
+
+def test_vpc_cni_enforces_network_policies(private_cluster, public_cluster):
+    for rec in (private_cluster, public_cluster):
+        config = {r.inputs["addonName"]: r.inputs.get("configurationValues") for r in rec.of_type(ADDON)}
+        assert json.loads(config.pop("vpc-cni")) == {"enableNetworkPolicy": "true"}
+        assert set(config.values()) == {None}  # the other add-ons keep their defaults
+    cni = next(r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] == "vpc-cni")
+    assert parse_addon_version(cni["addonVersion"]) >= VPC_CNI_MIN_NETWORK_POLICY
+    with pytest.raises(UserError, match="efa-only"):
+        check_vpc_cni_version("v1.13.4-eksbuild.1")
+
+
+def test_kept_protects_and_retains_in_production_only():
+    assert (kept(True).protect, kept(True).retain_on_delete) == (True, True)
+    assert (kept(False).protect, kept(False).retain_on_delete) == (False, False)
 
 
 def test_endpoint_private_only_in_private_ssm(private_cluster):
@@ -163,7 +210,10 @@ def test_ignore_changes_recorded_on_the_cluster(private_cluster, public_cluster)
 
 def test_protect_only_when_asked(private_cluster, public_cluster):
     protected = {r.name for r in private_cluster.resources if r.options["protect"]}
-    assert protected == {"gs-eks", "gs-secrets"}
+    assert protected == {"gs-eks", "gs-secrets", "gs-control-plane-logs"}
+    # The audit logs outlive the cluster for their retention, and the key that reads them (and the weights) stays.
+    assert {r.name for r in private_cluster.resources if r.options["retain_on_delete"]} == {"gs-secrets", "gs-control-plane-logs"}
+    assert [r.name for r in public_cluster.resources if r.options["retain_on_delete"]] == []
     assert private_cluster.one(CLUSTER).inputs["deletionProtection"] is True
     assert private_cluster.one(KEY).inputs["deletionWindowInDays"] == 30
     assert [r.name for r in public_cluster.resources if r.options["protect"]] == []

@@ -246,7 +246,24 @@ BAD = {
         lambda c: c.update({"aws:region": "us-east"}),
         ["aws:region", "'us-east'"],
     ),
+    "log retention CloudWatch refuses": (
+        _set("lifecycle", "logRetentionDays", 31),
+        ["gpu-serving:lifecycle.logRetentionDays = 31", "not a retention CloudWatch Logs accepts", "the nearest: 30, 14", "3653"],
+    ),
+    "flow log traffic type": (
+        _set("network", "flowLogTrafficType", "ACCEPT"),
+        ["gpu-serving:network.flowLogTrafficType", "'ACCEPT'", "'REJECT', 'ALL'"],
+    ),
 }
+
+
+def test_log_retention_and_flow_logs_default_to_a_year_and_refused_traffic(repo_root: Path, tmp_path: Path) -> None:
+    for stack in ("prod", "test"):
+        cfg = load_stack_file(stack, repo_root)
+        assert (cfg.lifecycle.log_retention_days, cfg.network.flow_log_traffic_type) == (365, "REJECT")
+    root = _prod_copy(repo_root, tmp_path, lambda c: (_set("lifecycle", "logRetentionDays", "0")(c), _set("network", "flowLogTrafficType", "ALL")(c)))
+    cfg = load_stack_file("prod", root)  # `pulumi config set --path` stores a string; 0 never expires
+    assert (cfg.lifecycle.log_retention_days, cfg.network.flow_log_traffic_type) == (0, "ALL")
 
 
 @pytest.mark.parametrize("case", list(BAD))

@@ -8,7 +8,9 @@ match), or from editing a synthesized document.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.preview.diff import CLUSTER, FORCE_NEW, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
+from infra.preview.diff import CLUSTER, EFS, FORCE_NEW, FSX_LUSTRE, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
 from infra.preview.synth import dump, synthesize
 
 PROGRAM = '''
@@ -286,6 +288,25 @@ def test_cluster_replacement_is_called_out_with_its_node_groups(synth) -> None:
     assert "**Replaces EKS cluster `eks`**" in md and "Node groups on it: `gpu`" in md
 
 
+def test_a_new_key_on_the_weights_file_system_is_called_out_as_its_replacement(repo_root: Path) -> None:
+    """EFS takes its KMS key at creation only: a stack made before the key was set replaces its weights."""
+    head = synthesize("prod", repo_root)
+    base = copy.deepcopy(head)
+    efs = resource(base, "gpu-serving-prod-weights-efs")
+    del efs["inputs"]["kmsKeyId"]
+    (change,) = [c for c in diff(base, head).changed if c.name == "gpu-serving-prod-weights-efs"]
+    assert change.replaced_by == ["kmsKeyId"]
+    md = render_markdown(diff(base, head))
+    assert "**Replaces EFS file system `gpu-serving-prod-weights-efs`**" in md and "staged into it again" in md
+    assert "It is protected: `pulumi up` refuses to replace it" in md
+    import pulumi_aws
+
+    for token, fields in ((EFS, FORCE_NEW[EFS]), (FSX_LUSTRE, FORCE_NEW[FSX_LUSTRE])):
+        cls = getattr(pulumi_aws.efs if token == EFS else pulumi_aws.fsx, token.rsplit(":", 1)[1])
+        args = set(inspect.signature(cls._internal_init).parameters)
+        assert {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", f).lower() for f in fields} <= args, token
+
+
 def test_removing_the_cluster_is_called_out(synth) -> None:
     d = diff(synth(), synth(cluster=False))
     assert [r["type"] for r in d.removed] == [CLUSTER]
@@ -342,6 +363,27 @@ def test_a_move_through_an_alias_is_not_a_delete_and_create(synth) -> None:
     assert not d.added and not d.removed
     (moved,) = d.changed
     assert moved.moved_from == old_urn and not moved.replaced
+
+
+def test_references_to_a_renamed_resource_follow_its_alias(synth) -> None:
+    """A rename with an alias is a move: what referred to it under the old name refers to the same resource."""
+    base = synth()
+    head = copy.deepcopy(base)
+    lt = resource(head, "gpu-lt")
+    old_urn = lt["urn"]
+    lt["name"], lt["urn"] = "gpu-template", old_urn.rsplit("::", 1)[0] + "::gpu-template"
+    lt["options"]["aliases"] = [old_urn]
+    ng = resource(head, "gpu")
+    assert ng["inputs"]["launchTemplate"]["id"] == "<id:gpu-lt>"
+    ng["inputs"]["launchTemplate"]["id"] = "<id:gpu-template>"
+    ng["options"]["depends_on"] = [lt["urn"] if u == old_urn else u for u in ng["options"]["depends_on"]]
+    head["resources"].sort(key=lambda r: r["urn"])
+    (moved,) = diff(base, head).changed
+    assert moved.name == "gpu-template" and moved.moved_from == old_urn  # the node group: unchanged, not replaced
+    # A reference to another resource than the one renamed is still a change.
+    ng["inputs"]["launchTemplate"]["id"] = "<id:other>"
+    (replaced,) = [c for c in diff(base, head).changed if c.name == "gpu"]
+    assert replaced.replaced_by == ["launchTemplate.id"]
 
 
 def test_force_new_lists_name_the_fields_of_the_issue() -> None:

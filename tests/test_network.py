@@ -8,6 +8,7 @@ AWS enum values are checked against botocore's EC2 service model.
 from __future__ import annotations
 
 import ipaddress
+import json
 
 import botocore.session
 import pulumi
@@ -24,6 +25,7 @@ from infra.preview.recording import placeholder, record
 AZS = ("us-east-1a", "us-east-1b", "us-east-1c")
 GPU_AZ = "us-east-1b"
 CLUSTER = "gs-test"
+ACCOUNT = "123456789012"
 
 SUBNET = "aws:ec2/subnet:Subnet"
 NAT = "aws:ec2/natGateway:NatGateway"
@@ -51,6 +53,7 @@ def _args(**overrides) -> NetworkArgs:
         gpu_availability_zone=GPU_AZ,
         create_placement_group=True,
         cluster_name=CLUSTER,
+        account_id=ACCOUNT,
     )
     base.update(overrides)
     return NetworkArgs(**base)
@@ -184,6 +187,8 @@ def test_pure_helpers():
         ({"gpu_availability_zone": "us-east-1z"}, "us-east-1z"),
         ({"cidr": "10.0.0.0/27"}, "too small"),
         ({"cluster_name": ""}, "cluster_name"),
+        ({"flow_log_traffic_type": "ACCEPT"}, "REJECT, ALL"),
+        ({"log_retention_days": 31}, "CloudWatch Logs accepts"),
         ({"existing_gpu_subnet_id": "subnet-gpu"}, "without existing_vpc_id"),
         ({"existing_vpc_id": "vpc-1", "existing_private_subnet_ids": ("subnet-a",), "existing_gpu_subnet_id": "s"}, "two"),
         ({"existing_vpc_id": "vpc-1", "existing_private_subnet_ids": ("subnet-a", "subnet-b")}, "existing_gpu_subnet_id"),
@@ -330,11 +335,69 @@ def test_outputs():
     }
 
 
+# ---- the default security group and the flow logs ---------------------------------------
+
+DEFAULT_SG = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+FLOW_LOG = "aws:ec2/flowLog:FlowLog"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+KEY = "aws:kms/key:Key"
+
+
+def _depends_on(rec, name: str) -> set[str]:
+    return {u.rsplit("::", 1)[-1] for u in rec.named(name).options["depends_on"]}
+
+
+def test_the_default_security_group_is_adopted_with_no_rules(new_vpc):
+    group = new_vpc.one(DEFAULT_SG)
+    assert group.inputs["vpcId"] == placeholder("id", "net-vpc")
+    assert "ingress" not in group.inputs and "egress" not in group.inputs  # adopting it removes AWS's rules
+    # Nothing of the stack uses it: every group it attaches is one of its own.
+    assert not [r for r in new_vpc.resources if placeholder("id", "net-default-sg") in str(r.inputs)]
+
+
+def test_flow_logs_record_rejected_traffic_to_an_encrypted_retained_log_group(new_vpc, ec2_model):
+    flow = new_vpc.one(FLOW_LOG).inputs
+    assert flow["vpcId"] == placeholder("id", "net-vpc")
+    assert flow["trafficType"] == "REJECT" and flow["trafficType"] in ec2_model.shape_for("TrafficType").enum
+    assert flow["logDestinationType"] == "cloud-watch-logs" and flow["logDestinationType"] in ec2_model.shape_for("LogDestinationType").enum
+    assert flow["logDestination"] == placeholder("arn", "net-flow-logs")
+    assert flow["iamRoleArn"] == placeholder("arn", "net-flow-logs-role")
+    assert "net-flow-logs-publish" in _depends_on(new_vpc, "net-vpc-flow-log")
+    group = new_vpc.one(LOG_GROUP).inputs
+    assert group == {**group, "name": "/aws/vpc/net/flow-logs", "retentionInDays": 365, "kmsKeyId": placeholder("arn", "net-flow-logs-key")}
+
+
+def test_the_flow_logs_key_and_role_policies(new_vpc):
+    key = new_vpc.one(KEY).inputs
+    assert key["enableKeyRotation"] is True
+    statements = {st["Sid"]: st for st in json.loads(key["policy"])["Statement"]}
+    assert set(statements) == {"AccountAdministersTheKey", "CloudWatchLogsEncryptsTheStacksLogGroups"}
+    assert statements["CloudWatchLogsEncryptsTheStacksLogGroups"]["Condition"]["ArnEquals"] == {
+        "kms:EncryptionContext:aws:logs:arn": [f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/vpc/net/flow-logs"]}  # fmt: skip
+    trust = json.loads(new_vpc.named("net-flow-logs-role").inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
+    assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": ACCOUNT}
+    publish = new_vpc.named("net-flow-logs-publish").inputs
+    assert publish["role"] == placeholder("id", "net-flow-logs-role")
+    assert json.loads(publish["policy"])["Statement"][0]["Resource"][0] == f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/vpc/net/flow-logs"
+
+
+def test_flow_logs_follow_the_config_and_are_kept_in_production(new_vpc):
+    assert not [r.name for r in new_vpc.resources if r.options["protect"] or r.options["retain_on_delete"]]
+    rec = _record(_args(flow_log_traffic_type="ALL", log_retention_days=731, protect=True))
+    assert rec.one(FLOW_LOG).inputs["trafficType"] == "ALL"
+    assert rec.one(LOG_GROUP).inputs["retentionInDays"] == 731
+    kept = {r.name for r in rec.resources if r.options["protect"] and r.options["retain_on_delete"]}
+    assert kept == {"net-flow-logs", "net-flow-logs-key"}
+    assert rec.one(KEY).inputs["deletionWindowInDays"] == 30
+
+
 # ---- the component, existing VPC ---------------------------------------------------------
 
 
 def test_existing_vpc_creates_no_vpc_subnets_or_nat(existing_vpc):
-    for typ in (VPC, SUBNET, NAT, EIP, IGW, ROUTE_TABLE, ROUTE, "aws:ec2/routeTableAssociation:RouteTableAssociation"):
+    for typ in (VPC, SUBNET, NAT, EIP, IGW, ROUTE_TABLE, ROUTE, "aws:ec2/routeTableAssociation:RouteTableAssociation",
+                DEFAULT_SG, FLOW_LOG, LOG_GROUP, KEY):  # fmt: skip
         assert existing_vpc.of_type(typ) == [], typ
     assert existing_vpc.of_type(ENDPOINT) == []  # not asked for: the VPC's owner has its own
     sg = existing_vpc.one(SG)

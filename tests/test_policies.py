@@ -448,13 +448,14 @@ def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 11
+    assert len(names) == len(set(names)) == 17
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
     assert {r.name for r in R.RULES if r.scope == "stack"} == {
         "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
         "namespace-pod-security", "network-policies-isolate-ray",
+        "vpcs-have-flow-logs", "default-security-groups-closed",
     }  # fmt: skip
 
 
@@ -469,7 +470,7 @@ def test_rules_import_only_the_standard_library(path):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"} | siblings, imported
-    assert len(PACK_MODULES) >= 5 and "rules" in siblings
+    assert len(PACK_MODULES) >= 6 and "rules" in siblings
 
 
 # --- the real stacks -------------------------------------------------------------------------------------------
@@ -667,7 +668,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 11 policy rules passed: stack prod" in proc.stdout
+    assert "All 17 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -684,12 +685,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 11 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 17 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 11
+    assert result["passed"] is False and len(result["rules"]) == 17
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]

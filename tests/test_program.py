@@ -140,11 +140,41 @@ def test_prod_cluster_is_encrypted_private_and_protected():
     assert inputs["vpcConfig"]["endpointPublicAccess"] is False  # no public CIDRs in prod
     assert inputs["encryptionConfig"]["resources"] == ["secrets"]
     assert inputs["accessConfig"]["authenticationMode"] == "API"
-    assert sorted(inputs["enabledClusterLogTypes"]) == ["api", "audit", "authenticator"]
+    assert sorted(inputs["enabledClusterLogTypes"]) == ["api", "audit", "authenticator", "controllerManager", "scheduler"]
     assert cluster.options["protect"] is True
     assert "bootstrapSelfManagedAddons" in cluster.options["ignore_changes"]
-    (key,) = rec.of_type("aws:kms/key:Key")
+    key = rec.named("gpu-serving-prod-secrets")
     assert key.inputs["enableKeyRotation"] is True
+    assert inputs["encryptionConfig"]["provider"]["keyArn"] == "<arn:gpu-serving-prod-secrets>"
+
+
+@pytest.mark.parametrize("storage", ["efs", "fsx"])
+def test_weights_audit_logs_and_flow_logs_use_the_stacks_keys(storage):
+    """The weights' file system takes the stack's key; the config's retention and traffic type reach the logs."""
+    config = engine_config("prod", REPO)
+    if storage == "fsx":
+        config = _with(_with(config, "storage", type="fsx"), "cluster", fsxCsi=True)
+    config = _with(_with(config, "lifecycle", logRetentionDays=731), "network", flowLogTrafficType="ALL")
+    rec = _run(config, "prod")
+    fs = {"efs": "aws:efs/fileSystem:FileSystem", "fsx": "aws:fsx/lustreFileSystem:LustreFileSystem"}[storage]
+    (weights,) = rec.of_type(fs)
+    assert weights.inputs["kmsKeyId"] == "<arn:gpu-serving-prod-secrets>"
+    groups = {r.name: r for r in rec.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    assert {n: g.inputs["retentionInDays"] for n, g in groups.items()} == {
+        "gpu-serving-prod-control-plane-logs": 731, "gpu-serving-prod-flow-logs": 731}  # fmt: skip
+    assert {n: g.inputs["kmsKeyId"] for n, g in groups.items()} == {
+        "gpu-serving-prod-control-plane-logs": "<arn:gpu-serving-prod-secrets>",
+        "gpu-serving-prod-flow-logs": "<arn:gpu-serving-prod-flow-logs-key>"}  # fmt: skip
+    assert all(g.options["protect"] and g.options["retain_on_delete"] for g in groups.values())  # production
+    assert rec.one("aws:ec2/flowLog:FlowLog").inputs["trafficType"] == "ALL"
+    # The account comes from the provider's credentials (STS GetCallerIdentity), once.
+    assert [t for t, _ in rec.calls].count("aws:index/getCallerIdentity:getCallerIdentity") == 1
+
+
+def test_test_stack_keeps_nothing_after_destroy():
+    rec = _stack("test")
+    assert not [r.name for r in rec.resources if r.options["retain_on_delete"] and r.type.startswith("aws:")]
+    assert {r.inputs["retentionInDays"] for r in rec.of_type("aws:cloudwatch/logGroup:LogGroup")} == {365}
 
 
 def test_every_aws_resource_uses_the_tagging_provider():

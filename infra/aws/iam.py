@@ -8,7 +8,7 @@ stack works in the China and GovCloud partitions too.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping, Optional, Sequence
 
 
 def partition_of(region: str) -> str:
@@ -37,29 +37,142 @@ def node_policies(ssm: bool) -> tuple[str, ...]:
     return policies + (("AmazonSSMManagedInstanceCore",) if ssm else ())
 
 
-def assume_role_policy(service: str, *, tag_session: bool = False) -> str:
-    """A trust policy for an AWS service principal, as JSON (no invoke needed)."""
+def dns_suffix(region: str) -> str:
+    """The domain of the region's service endpoints and principals (`amazonaws.com.cn` in China)."""
+    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+
+
+def assume_role_policy(service: str, *, tag_session: bool = False, condition: Optional[Mapping[str, Any]] = None) -> str:
+    """A trust policy for an AWS service principal, as JSON (no invoke needed); `condition` limits who may pass it on."""
     actions: Any = ["sts:AssumeRole", "sts:TagSession"] if tag_session else "sts:AssumeRole"
+    statement: dict[str, Any] = {"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}
+    if condition:
+        statement["Condition"] = dict(condition)
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]}, sort_keys=True)
+
+
+# What the EKS cluster role does with the secrets key (terraform-aws-eks's ClusterEncryption policy; EKS
+# User Guide, "Encrypt Kubernetes secrets with KMS on existing clusters").
+KEY_USER_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey")
+# What CloudWatch Logs does with a log group's key (CloudWatch Logs User Guide, "Encrypt log data in
+# CloudWatch Logs using AWS Key Management Service", step 2: the key policy's statement for logs).
+LOGS_KEY_ACTIONS = ("kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*")
+LOGS_ENCRYPTION_CONTEXT = "kms:EncryptionContext:aws:logs:arn"
+
+
+def key_use_policy(key_arn: str) -> str:
+    """What the cluster role needs on the secrets key, as its IAM policy (terraform-aws-eks's ClusterEncryption policy)."""
     return json.dumps(
         {
             "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}],
+            "Statement": [{"Effect": "Allow", "Action": list(KEY_USER_ACTIONS), "Resource": key_arn}],
         },
         sort_keys=True,
     )
 
 
-def key_use_policy(key_arn: str) -> str:
-    """What the cluster role needs on the secrets key (terraform-aws-eks's ClusterEncryption policy)."""
+def account_root_arn(partition: str, account_id: str) -> str:
+    return f"arn:{partition}:iam::{account_id}:root"
+
+
+def log_group_arn(region: str, account_id: str, name: str) -> str:
+    """A log group's ARN as its encryption context carries it (no `:*` at the end)."""
+    return f"arn:{partition_of(region)}:logs:{region}:{account_id}:log-group:{name}"
+
+
+def logs_principal(region: str) -> str:
+    """The CloudWatch Logs service principal of a region (regional, unlike most service principals)."""
+    return f"logs.{region}.{dns_suffix(region)}"
+
+
+def key_policy(
+    region: str, account_id: str, *, key_users: Sequence[str] = (), log_group_names: Sequence[str] = ()
+) -> str:
+    """A KMS key policy: the account administers the key, `key_users` (role ARNs) use it, CloudWatch Logs
+    encrypts the named log groups of this account and region with it; nothing outside the account may.
+
+    - The account root with `kms:*`: the key policy AWS gives a key created without one (AWS KMS
+      Developer Guide, "Default key policy": it lets the account's IAM policies grant access, and keeps
+      the key manageable; without it a key whose named principals are all gone is lost).
+    - `key_users`: the actions of `KEY_USER_ACTIONS`, the EKS cluster role's use for secrets.
+    - CloudWatch Logs (`logs.<region>.amazonaws.com`): the actions of `LOGS_KEY_ACTIONS`, only with the
+      encryption context of one of the stack's log groups (`kms:EncryptionContext:aws:logs:arn`), so the
+      key cannot encrypt any other log group.
+    """
+    partition = partition_of(region)
+    statements: list[dict[str, Any]] = [
+        {
+            "Sid": "AccountAdministersTheKey",
+            "Effect": "Allow",
+            "Principal": {"AWS": account_root_arn(partition, account_id)},
+            "Action": "kms:*",
+            "Resource": "*",
+        }
+    ]
+    if key_users:
+        statements.append(
+            {
+                "Sid": "ClusterRoleEncryptsSecrets",
+                "Effect": "Allow",
+                "Principal": {"AWS": sorted(key_users)},
+                "Action": list(KEY_USER_ACTIONS),
+                "Resource": "*",
+            }
+        )
+    if log_group_names:
+        statements.append(
+            {
+                "Sid": "CloudWatchLogsEncryptsTheStacksLogGroups",
+                "Effect": "Allow",
+                "Principal": {"Service": logs_principal(region)},
+                "Action": list(LOGS_KEY_ACTIONS),
+                "Resource": "*",
+                "Condition": {
+                    "ArnEquals": {
+                        LOGS_ENCRYPTION_CONTEXT: sorted(log_group_arn(region, account_id, n) for n in log_group_names)
+                    }
+                },
+            }
+        )
+    return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
+
+
+FLOW_LOGS_SERVICE = "vpc-flow-logs.amazonaws.com"
+
+
+def flow_logs_trust_policy(region: str, account_id: str) -> str:
+    """The flow-log delivery role's trust policy: VPC Flow Logs, for this account's flow logs only.
+
+    Amazon VPC User Guide, "IAM role for publishing flow logs to CloudWatch Logs": the trust policy, and
+    the `aws:SourceAccount` / `aws:SourceArn` condition it recommends against the confused deputy
+    problem (the flow log's id is not known before the role exists: a wildcard).
+    """
+    source = f"arn:{partition_of(region)}:ec2:{region}:{account_id}:vpc-flow-log/*"
+    return assume_role_policy(
+        FLOW_LOGS_SERVICE,
+        condition={"StringEquals": {"aws:SourceAccount": account_id}, "ArnLike": {"aws:SourceArn": source}},
+    )
+
+
+def flow_logs_publish_policy(region: str, account_id: str, log_group_name: str) -> str:
+    """What the flow-log delivery role may do: write streams and events into its one log group.
+
+    The VPC User Guide's list of permissions ("IAM role for publishing flow logs to CloudWatch Logs"),
+    narrowed: the streams' actions only on the stack's log group, DescribeLogGroups on `*` (it takes no
+    resource), and no CreateLogGroup: the stack creates the group (encrypted, with a retention), and a
+    deleted one is not silently made again without either.
+    """
+    group = log_group_arn(region, account_id, log_group_name)
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
                 {
                     "Effect": "Allow",
-                    "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"],
-                    "Resource": key_arn,
-                }
+                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                    "Resource": [group, f"{group}:*"],
+                },
+                {"Effect": "Allow", "Action": "logs:DescribeLogGroups", "Resource": "*"},
             ],
         },
         sort_keys=True,

@@ -15,6 +15,12 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
+from infra.catalog.cloudwatch import (
+    DEFAULT_FLOW_LOG_TRAFFIC_TYPE,
+    DEFAULT_LOG_RETENTION_DAYS,
+    FLOW_LOG_TRAFFIC_TYPES,
+    LOG_RETENTION_DAYS,
+)
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, ENDPOINT_ACCESS_MODES, PRIVATE_SSM, PRIVATE_VPC, PUBLIC_RESTRICTED, gpu_ami_types
 from infra.catalog.eks_versions import RELEASES as KUBERNETES_RELEASES, supported_versions
 from infra.errors import UserError
@@ -31,6 +37,7 @@ GpuAmiType = Literal[gpu_ami_types("x86_64")]  # type: ignore[valid-type]
 CapacityKind = Literal[CAPACITY_KINDS]  # type: ignore[valid-type]
 
 EndpointAccess = Literal[ENDPOINT_ACCESS_MODES]  # type: ignore[valid-type]
+FlowLogTrafficType = Literal[FLOW_LOG_TRAFFIC_TYPES]  # type: ignore[valid-type]
 
 
 class _Area(BaseModel):
@@ -187,6 +194,11 @@ class NetworkConfig(_Area):
     )
     nat_gateway_per_az: StrictBool = Field(
         default=False, description="One NAT gateway per zone (survives a zone outage) instead of one."
+    )
+    flow_log_traffic_type: FlowLogTrafficType = Field(
+        default=DEFAULT_FLOW_LOG_TRAFFIC_TYPE,
+        description="What the flow log of the VPC the stack creates records, to a CloudWatch log group: `REJECT` "
+        "(connections security groups and network ACLs refused) or `ALL` (every connection; more log data).",
     )
     existing_vpc_id: Optional[str] = Field(
         default=None,
@@ -347,6 +359,23 @@ class LifecycleConfig(_Area):
         "required unless production; tagged as `expires-at`.",
         json_schema_extra={"allowed": "an ISO 8601 UTC time such as 2026-12-31T18:00:00Z, or null"},
     )
+    log_retention_days: int = Field(
+        default=DEFAULT_LOG_RETENTION_DAYS,
+        description="Days CloudWatch Logs keeps the control-plane logs and the VPC flow logs; 0 = never expire. "
+        "A year on every stack: an ephemeral stack's log groups are deleted with it, so a shorter one saves nothing.",
+        json_schema_extra={"allowed": f"one of {', '.join(map(str, LOG_RETENTION_DAYS))} (the values CloudWatch Logs accepts)"},
+    )
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention_cloudwatch_accepts(cls, v: int) -> int:
+        if v not in LOG_RETENTION_DAYS:
+            raise PydanticCustomError(
+                "retention_not_accepted",
+                "not a retention CloudWatch Logs accepts (the nearest: {near})",
+                {"near": ", ".join(str(d) for d in sorted(LOG_RETENTION_DAYS, key=lambda d: abs(d - v))[:2])},
+            )
+        return v
 
     @model_validator(mode="after")
     def _expiry(self) -> "LifecycleConfig":

@@ -2,15 +2,16 @@
 
 `diff(base, head)` compares two synth documents (`infra.preview.synth`): resources are
 matched by URN (a resource whose `aliases` name a URN that is gone counts as a
-move, not as a deletion plus a creation); for each changed resource every
+move, not as a deletion plus a creation, and references to it under its old
+name, placeholders and dependencies, are the same references); for each changed resource every
 changed field of its inputs and options is listed (nested keys as dotted paths,
 `tags["kubernetes.io/role"]` for keys that are not identifiers, list items by
 index). `render_markdown(d)` writes it up, with a loud callout at the top when
 the change would
 
-- replace an EKS node group, the EKS cluster or a launch template (a change to
-  a field the provider can only set at creation, or to a `replaceOnChanges`
-  path), or delete a node group or the cluster;
+- replace an EKS node group, the EKS cluster, a launch template or the weights'
+  file system (a change to a field the provider can only set at creation, or
+  to a `replaceOnChanges` path), or delete a node group or the cluster;
 - swap a node group for a new one of another name under the same component
   (a Capacity Block's group is named after its block: a new reservation id
   brings a new group, created before the old one is deleted);
@@ -46,6 +47,12 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   (pull request #34209, "Remove force new on eks vpc change"); version,
   enabled_cluster_log_types, access_config.authentication_mode, upgrade_policy,
   zonal_shift_config and endpoint access are updated in place too.
+- `internal/service/efs/file_system.go`, `resourceFileSystem()`: ForceNew on
+  availability_zone_name, creation_token, encrypted, kms_key_id and
+  performance_mode; `internal/service/fsx/lustre_file_system.go`: ForceNew on
+  deployment_type, file_system_type_version, kms_key_id, security_group_ids,
+  storage_type and subnet_ids (among others the stack does not set). Either is
+  the model weights: a replacement stages them again.
 - `internal/service/ec2/ec2_launch_template.go`, `ResourceLaunchTemplate()`:
   ForceNew only on name and name_prefix; any other change to the launch data
   creates a new template version (`latest_version` becomes unknown), which node
@@ -70,6 +77,8 @@ from infra.errors import UserError
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+EFS = "aws:efs/fileSystem:FileSystem"
+FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 
 # Input paths (Pulumi names) whose change replaces the resource: Terraform ForceNew,
 # read from the sources named in the module docstring.
@@ -100,6 +109,8 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
         "remoteNetworkConfig",
     ),
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
+    EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
+    FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
 }
 
 # Terraform sets (TypeSet): their order means nothing, so a reordering replaces nothing.
@@ -107,6 +118,8 @@ SET_FIELDS: dict[str, frozenset[str]] = {
     NODE_GROUP: frozenset({"subnetIds", "remoteAccess.sourceSecurityGroupIds"}),
     CLUSTER: frozenset(),
     LAUNCH_TEMPLATE: frozenset(),
+    EFS: frozenset(),
+    FSX_LUSTRE: frozenset({"securityGroupIds"}),
 }
 
 # Node group fields updated by UpdateNodegroupVersion: every node is replaced, in batches.
@@ -115,7 +128,10 @@ NODE_ROLL: tuple[str, ...] = ("launchTemplate.version", "releaseVersion", "versi
 # Launch template fields that do not make a new template version (everything else does).
 LT_NOT_VERSIONED = frozenset({"name", "namePrefix", "description", "defaultVersion", "updateDefaultVersion", "tags", "tagsAll"})
 
-KIND = {NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template"}
+KIND = {
+    NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template",
+    EFS: "EFS file system", FSX_LUSTRE: "FSx for Lustre file system",
+}  # fmt: skip
 
 MAX_VALUE = 80  # characters of a value shown in a table cell
 MAX_ROWS = 40  # changed fields shown per resource
@@ -293,9 +309,29 @@ def _canon(value: Any, is_set: bool) -> Any:
     return value
 
 
-def _compare(b: dict, h: dict) -> ResourceChange:
+_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")  # the recording engine's `<id:NAME>`, `<arn:NAME>`, ...
+
+
+def _follow_renames(b: Any, h: Any, renames: set[tuple[str, str]]) -> Any:
+    """`b` with each placeholder of a renamed resource (`<id:OLD>` where head has `<id:NEW>` at the same
+    path, and OLD moved to NEW through an alias) written as head writes it: the same cloud value."""
+    if not renames:
+        return b
+    if isinstance(b, str) and isinstance(h, str):
+        pb, ph = _PLACEHOLDER.match(b), _PLACEHOLDER.match(h)
+        return h if pb and ph and pb[1] == ph[1] and (pb[2], ph[2]) in renames else b
+    if isinstance(b, dict) and isinstance(h, dict):
+        return {k: _follow_renames(v, h[k], renames) if k in h else v for k, v in b.items()}
+    if isinstance(b, list) and isinstance(h, list):
+        return [_follow_renames(v, h[i], renames) if i < len(h) else v for i, v in enumerate(b)]
+    return b
+
+
+def _compare(b: dict, h: dict, renames: set[tuple[str, str]] = frozenset(), moves: dict[str, str] = {}) -> ResourceChange:  # noqa: B006 - read only
+    """How `h` differs from `b`; `renames` (old name, new name) and `moves` (old URN -> new URN) of resources
+    moved through an alias, whose references in `b` name the same cloud resources under their old names."""
     typ = h["type"]
-    b_in, h_in = b.get("inputs") or {}, h.get("inputs") or {}
+    b_in, h_in = _follow_renames(b.get("inputs") or {}, h.get("inputs") or {}, renames), h.get("inputs") or {}
     h_opts = h.get("options") or {}
     ignore = [_path_pattern(p) for p in h_opts.get("ignore_changes") or []]
     replace_on = [_path_pattern(p) for p in h_opts.get("replace_on_changes") or []]
@@ -347,7 +383,7 @@ def _compare(b: dict, h: dict) -> ResourceChange:
         fields.append(FieldChange("parent", b.get("parent", MISSING), h.get("parent", MISSING)))
     if b.get("custom") != h.get("custom"):
         fields.append(FieldChange("custom", b.get("custom", MISSING), h.get("custom", MISSING)))
-    b_opts = b.get("options") or {}
+    b_opts = {k: [moves.get(i, i) for i in v] if isinstance(v, list) else v for k, v in (b.get("options") or {}).items()}
     for key in sorted(set(b_opts) | set(h_opts)):
         o, n = b_opts.get(key, MISSING), h_opts.get(key, MISSING)
         if o == n:
@@ -384,11 +420,13 @@ def diff(base: dict, head: dict) -> Diff:
                 moved[urn] = alias
                 break
 
+    moves = {old: new for new, old in moved.items()}
+    renames = {(b_res[old]["name"], h_res[new]["name"]) for new, old in moved.items() if b_res[old]["name"] != h_res[new]["name"]}
     for urn in sorted(h_res):
         h = h_res[urn]
         if urn in b_res or urn in moved:
             b = b_res.get(urn) or b_res[moved[urn]]
-            change = _compare(b, h)
+            change = _compare(b, h, renames, moves)
             if urn in moved:
                 change.moved_from = moved[urn]
             if change.fields or change.moved_from:
@@ -464,6 +502,10 @@ CONSEQUENCE = {
     "and the nodes are launched again (into a reservation, only if it has room for both groups)",
     CLUSTER: "a new cluster is created and this one deleted, with every node group, add-on and workload on it",
     LAUNCH_TEMPLATE: "a new launch template is created; node groups using it are updated onto it",
+    EFS: "a new, empty file system is created and the weights staged into it again (hours); this one is deleted, "
+    "or kept when retained on delete",
+    FSX_LUSTRE: "a new, empty file system is created and the weights staged into it again (hours); this one is "
+    "deleted, or kept when retained on delete",
 }
 
 
@@ -651,8 +693,8 @@ def render_markdown(d: Diff) -> str:
     if d.outputs:
         lines += [f"#### Stack outputs ({len(d.outputs)} changed)", "", *_field_table(d.outputs, "Output"), ""]
     lines.append(
-        "<sub>Replacements are judged from the Terraform AWS provider's ForceNew fields for EKS clusters, node groups "
-        "and launch templates, and from `replaceOnChanges`; a change to another resource type is shown as an update "
+        "<sub>Replacements are judged from the Terraform AWS provider's ForceNew fields for EKS clusters, node groups, "
+        "launch templates and EFS / FSx for Lustre file systems, and from `replaceOnChanges`; a change to another resource type is shown as an update "
         "even where its provider would replace it. Values only the cloud knows are placeholders.</sub>"
     )
     text = "\n".join(lines).rstrip() + "\n"

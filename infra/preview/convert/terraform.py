@@ -29,8 +29,20 @@ that reads Terraform plans (checkov's `terraform_plan` framework) sees the stack
   interfaces that use it). `<computed>` values and secrets are left out, with
   no reference.
 
+- instances launched from a launch template: EC2 takes what the RunInstances
+  request leaves out from the template (EC2 User Guide, "Launch an instance
+  from a launch template": a parameter given in the request overrides the
+  template's). Terraform plans those attributes of an `aws_instance` as
+  unknown, and checkov's instance checks read the instance alone, so an
+  instance whose template is in the plan gets the template's effective values
+  for what it leaves unset (`_launched_from_templates`): instance profile,
+  security groups, instance type, detailed monitoring, EBS optimisation and
+  the EBS volumes (the mapping of a root device name is the root volume).
+
 Gaps (`Plan.gaps`): a token missing from `TYPES`, a placeholder naming no
-resource of the document. Values the recording engine answers with a concrete
+resource of the document, and a placeholder naming two resources (Pulumi lets
+resources of different types share a name, a placeholder names only the name:
+the reference would be a guess, so the scan fails instead). Values the recording engine answers with a concrete
 value instead of a placeholder (a role's or cluster's `name`, a repository's
 URL) stay literal values: they do not become references.
 """
@@ -77,7 +89,9 @@ class TerraformType:
 # except in the ec2 module (and a few others) where Terraform has no module prefix.
 TYPES: dict[str, TerraformType] = {
     "aws:cloudwatch/logGroup:LogGroup": TerraformType("aws_cloudwatch_log_group"),
+    "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup": TerraformType("aws_default_security_group"),
     "aws:ec2/eip:Eip": TerraformType("aws_eip"),
+    "aws:ec2/flowLog:FlowLog": TerraformType("aws_flow_log"),
     "aws:ec2/instance:Instance": TerraformType("aws_instance"),
     "aws:ec2/internetGateway:InternetGateway": TerraformType("aws_internet_gateway"),
     "aws:ec2/launchTemplate:LaunchTemplate": TerraformType(
@@ -187,6 +201,8 @@ class _Converter:
         self.gaps: list[Gap] = []
         self.addresses: dict[str, str] = {}
         self.by_name: dict[str, str] = {}  # synth name of an aws resource -> its Terraform address
+        # Names more than one aws resource has: a placeholder naming one of them cannot say which.
+        self.ambiguous: dict[str, list[str]] = {}
         taken: set[str] = set()
         for r in doc.get("resources", []):
             spec = TYPES.get(r.get("type", ""))
@@ -199,6 +215,8 @@ class _Converter:
                 address = f"{base}_{n}"
             taken.add(address)
             self.addresses[r["urn"]] = address
+            if r["name"] in self.by_name:
+                self.ambiguous.setdefault(r["name"], [self.by_name[r["name"]]]).append(address)
             self.by_name.setdefault(r["name"], address)
         self.current = ("", "")
 
@@ -207,6 +225,17 @@ class _Converter:
         if found is None:
             return None
         kind, name = found
+        if name in self.ambiguous:
+            self.gaps.append(
+                Gap(
+                    self.current[0],
+                    self.current[1],
+                    f"{value}: {', '.join(self.ambiguous[name])} share the name {name!r}, so the reference cannot say which; "
+                    "give them distinct resource names",
+                    blocking=True,
+                )
+            )
+            return []
         address = self.by_name.get(name)
         attribute = PLACEHOLDER_ATTRIBUTES.get(kind)
         if address is None or attribute is None:
@@ -281,6 +310,74 @@ def default_tags(provider: dict[str, Any] | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in tags.items()} if isinstance(tags, dict) else {}
 
 
+# The root device names of EC2's Linux AMIs (EC2 User Guide, "Device names for volumes on Amazon EC2
+# instances": /dev/xvda on Amazon Linux, /dev/sda1 on most others). A launch template's mapping of one of
+# them sets the root volume; the AMI's own root device name is not known offline.
+ROOT_DEVICE_NAMES = ("/dev/xvda", "/dev/sda1")
+# The `aws_instance` attributes `_launched_from_templates` may take from the instance's launch template.
+TEMPLATE_ATTRIBUTES = (
+    "instance_type", "vpc_security_group_ids", "ebs_optimized", "monitoring", "iam_instance_profile",
+    "root_block_device", "ebs_block_device",
+)  # fmt: skip
+# Launch template EBS fields that are strings in the template and booleans on an instance.
+_STRING_BOOLEANS = ("encrypted", "delete_on_termination")
+
+
+def _as_bool(value: Any) -> Any:
+    return value.strip().lower() == "true" if isinstance(value, str) and value.strip().lower() in ("true", "false") else value
+
+
+def _launched_from_templates(planned: list[dict[str, Any]], configured: list[dict[str, Any]]) -> None:
+    """Give every `aws_instance` whose launch template is in the plan that template's values for what it leaves unset."""
+    by_address = {p["address"]: (p, c) for p, c in zip(planned, configured)}
+    for instance, config in zip(planned, configured):
+        if instance["type"] != "aws_instance":
+            continue
+        refs = (((config["expressions"].get("launch_template") or [{}])[0] or {}).get("id") or {}).get("references") or []
+        template = next((by_address[a] for a in refs if a in by_address and by_address[a][0]["type"] == "aws_launch_template"), None)
+        if template is None:
+            continue
+        values, exprs = instance["values"], config["expressions"]
+        t_values, t_exprs = template[0]["values"], template[1]["expressions"]
+
+        def unset(attribute: str) -> bool:
+            return attribute not in values and attribute not in exprs
+
+        for attribute in ("instance_type", "vpc_security_group_ids"):
+            if unset(attribute):
+                if attribute in t_values:
+                    values[attribute] = t_values[attribute]
+                if attribute in t_exprs:
+                    exprs[attribute] = t_exprs[attribute]
+        if unset("ebs_optimized") and "ebs_optimized" in t_values:
+            values["ebs_optimized"] = _as_bool(t_values["ebs_optimized"])
+        monitoring = (t_values.get("monitoring") or [{}])[0] or {}
+        if unset("monitoring") and "enabled" in monitoring:
+            values["monitoring"] = _as_bool(monitoring["enabled"])
+        if unset("iam_instance_profile"):
+            profile = (t_values.get("iam_instance_profile") or [{}])[0] or {}
+            profile_exprs = (t_exprs.get("iam_instance_profile") or [{}])[0] or {}
+            if profile.get("name"):
+                values["iam_instance_profile"] = profile["name"]
+            elif profile_exprs.get("name") or profile_exprs.get("arn"):
+                exprs["iam_instance_profile"] = profile_exprs.get("name") or profile_exprs["arn"]
+        if unset("root_block_device") and unset("ebs_block_device"):
+            root, others = [], []
+            for mapping in t_values.get("block_device_mappings") or []:
+                ebs = (mapping.get("ebs") or [None])[0]
+                if not isinstance(ebs, dict):
+                    continue  # an instance-store or suppressed device: no EBS volume
+                volume = {k: (_as_bool(v) if k in _STRING_BOOLEANS else v) for k, v in ebs.items()}
+                if mapping.get("device_name") in ROOT_DEVICE_NAMES and not root:
+                    root.append(volume)
+                else:
+                    others.append({"device_name": mapping.get("device_name"), **volume})
+            if root:
+                values["root_block_device"] = root
+            if others:
+                values["ebs_block_device"] = others
+
+
 def plan(doc: dict[str, Any]) -> Plan:
     """The `aws:*` resources of a synth document as a Terraform plan (see the module docstring)."""
     conv = _Converter(doc)
@@ -328,6 +425,8 @@ def plan(doc: dict[str, Any]) -> Plan:
                 "schema_version": 0,
             }
         )
+
+    _launched_from_templates(planned, configured)
 
     provider_config = {}
     for name, key in provider_keys.items():
