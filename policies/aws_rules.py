@@ -29,7 +29,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-UNKNOWN = "<computed>"  # rules.UNKNOWN
+if __package__:  # imported as policies.aws_rules
+    from .values import UNKNOWN, _list, _map, is_unknown
+else:  # run by the policy analyzer from the pack's directory
+    from values import UNKNOWN, _list, _map, is_unknown  # type: ignore[no-redef]
+
 MANDATORY = "mandatory"  # rules.MANDATORY
 
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
@@ -49,18 +53,6 @@ SG_RULE_TYPES = (
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 PRODUCTION_MIN_RETENTION_DAYS = 365  # a year of audit data (0: never expires)
 _ACCOUNT_ROOT = re.compile(r"^(arn:aws[a-z-]*:iam::\d{12}:root|\d{12})$")
-
-
-def is_unknown(value: Any) -> bool:
-    return isinstance(value, str) and value == UNKNOWN
-
-
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
 
 
 def _as_list(value: Any) -> list:

@@ -12,23 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-UNKNOWN = "<computed>"
+if __package__:  # imported as policies.workloads
+    from .values import UNKNOWN, _list, _map, is_unknown
+else:  # run by the policy analyzer from the pack's directory
+    from values import UNKNOWN, _list, _map, is_unknown  # type: ignore[no-redef]
+
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"
 WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
 CONTAINER_KEYS = ("containers", "initContainers", "ephemeralContainers")
-
-
-def is_unknown(value: Any) -> bool:
-    return isinstance(value, str) and value == UNKNOWN
-
-
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
 
 
 def _truthy(value: Any) -> Optional[bool]:

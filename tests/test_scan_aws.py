@@ -14,7 +14,6 @@ checkov to judge the stack, and the scan of prod and test with no AWS finding le
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from infra.preview import scan
 from infra.preview.convert import terraform as tf
 from infra.preview.synth import synthesize
+from tests.test_scan import PROVIDER, planned, res
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTANCE = "aws:ec2/instance:Instance"
@@ -33,21 +33,6 @@ TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 @functools.lru_cache(maxsize=None)
 def synth(stack: str) -> dict:
     return synthesize(stack)
-
-
-def res(typ: str, name: str, inputs: dict, provider: str = "aws") -> dict:
-    return {"type": typ, "name": name, "urn": f"urn:pulumi:s::p::{typ}::{name}", "parent": "", "custom": True,
-            "inputs": inputs, "options": {"provider": provider}}  # fmt: skip
-
-
-PROVIDER = res("pulumi:providers:aws", "aws", {"region": "us-east-1", "defaultTags": json.dumps({"tags": {"project": "p"}})}, provider="")
-
-
-def planned(doc: dict) -> tuple[dict, dict]:
-    p = tf.plan(doc)
-    values = {r["address"]: r["values"] for r in p.resources}
-    exprs = {r["address"]: r["expressions"] for r in p.document["configuration"]["root_module"]["resources"]}
-    return values, exprs
 
 
 # --------------------------------------------------------------------------- names and references

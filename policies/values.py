@@ -1,0 +1,24 @@
+"""How the pack reads a resource's properties: unknown values, and maps and lists that may be missing.
+
+Standard library only, like the rest of the pack. A value nobody knows yet (a
+preview's computed output) is `UNKNOWN`, as in the synth document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+UNKNOWN = "<computed>"
+
+
+def is_unknown(value: Any) -> bool:
+    return isinstance(value, str) and value == UNKNOWN
+
+
+def _map(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> Sequence:
+    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
