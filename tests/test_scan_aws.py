@@ -140,3 +140,15 @@ def test_no_aws_finding_of_the_stacks_is_left_unaccepted(checkov, stack):
     assert accepted == [("CKV_AWS_135", f"aws_instance.gpu-serving-{stack}-bastion")]  # t3 is EBS-optimized by default
     assert not [r for r in result.stale if r.resource.startswith("aws_")]
     assert result.counts["terraform_plan"].failed == len(accepted) and result.counts["terraform_plan"].passed > 150
+
+
+def test_the_bastion_type_is_ebs_optimized_by_default():
+    """CKV_AWS_135 is accepted because EC2 runs the bastion's type EBS-optimized whatever the request says (moto's
+    DescribeInstanceTypes data); a type without that default would need the flag, and a new bastion."""
+    from moto.utilities.utils import load_resource
+
+    from infra.aws.access import BASTION_INSTANCE_TYPE
+
+    types = load_resource("ec2/resources/instance_types.json")
+    assert types[BASTION_INSTANCE_TYPE]["EbsInfo"]["EbsOptimizedSupport"] == "default"
+    assert types["t2.micro"]["EbsInfo"]["EbsOptimizedSupport"] == "unsupported"  # the data tells types apart
