@@ -231,7 +231,10 @@ _FAKE_PYTHON = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("script", "installs", "runs"), [("bin/plan", TOOLS, "-m infra plan"), ("bin/test", DEV, "-m pytest")])
+@pytest.mark.parametrize(("script", "installs", "runs"), [
+    ("bin/plan", TOOLS, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
+    ("bin/test", DEV, ["-m pytest -q"]),
+])  # fmt: skip
 def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
     shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
     for name in (PROGRAM, TOOLS, DEV):
@@ -251,7 +254,7 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
 
     first = run()
     assert first[0].startswith("pip -m pip install") and first[0].endswith(f"-r {installs}")
-    assert first[1].startswith(f"run {runs}") and len(first) == 2
+    assert [line.removeprefix("run ") for line in first[1:]] == runs
     assert run() == first[1:]  # nothing changed: no install
     for name in rf.included(installs):
         with open(tmp_path / name, "a") as fh:
@@ -259,3 +262,20 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
         again = run()
         assert again[0].endswith(f"-r {installs}"), f"{script} did not install again after {name} changed"
         assert run() == first[1:]
+
+
+def test_bin_plan_with_arguments_plans_only(tmp_path):
+    """Arguments change the plan, not the stack's config: bin/plan then neither synthesises nor checks."""
+    shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
+    for name in (PROGRAM, TOOLS):
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "FAKE_LOG": str(log), "STACK": "test"}
+    proc = subprocess.run([str(tmp_path / "bin/plan"), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in log.read_text().splitlines() if line.startswith("run ")] == ["run -m infra plan --stack test --json"]
+    assert not (tmp_path / "out").exists()
