@@ -439,11 +439,6 @@ def scrape_annotations(port: int) -> dict[str, str]:
 # --- The head's command ------------------------------------------------------------
 
 
-def vllm_serve_argv(spec: ServingSpec) -> list[str]:
-    """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`."""
-    return ["vllm", "serve", spec.model_dir, "--served-model-name", spec.served_model_name, *spec.vllm_args]
-
-
 def head_command(spec: ServingSpec) -> list[str]:
     return ["/bin/bash", script_files.path(HEAD_SCRIPT)]
 
@@ -455,7 +450,7 @@ def head_args(spec: ServingSpec) -> list[str]:
         str(spec.nodes),
         str(spec.deployment.startup.ray_join_timeout_s),
         memlock_required(spec),
-        *vllm_serve_argv(spec),
+        *spec.serve_argv,
     ]
 
 

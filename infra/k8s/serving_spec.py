@@ -240,9 +240,7 @@ class ServingSpec:
     def _check_serve_command(self) -> None:
         """The plan's `vllm serve` arguments must be ones the image's release accepts (infra/catalog/vllm/)."""
         try:
-            problems = vllm_release.check_serve_argv(
-                ["vllm", "serve", self.model_dir, "--served-model-name", self.served_model_name, *self.vllm_args], self.vllm_version
-            )
+            problems = vllm_release.check_serve_argv(self.serve_argv, self.vllm_version)
         except vllm_release.UnknownRelease as exc:
             raise UserError(str(exc)) from None
         if problems:
@@ -284,6 +282,11 @@ class ServingSpec:
     @property
     def vllm_args(self) -> list[str]:
         return list(self.deployment.serve.vllm_args)
+
+    @property
+    def serve_argv(self) -> list[str]:
+        """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`: what the head runs."""
+        return ["vllm", "serve", self.model_dir, "--served-model-name", self.served_model_name, *self.vllm_args]
 
     @property
     def ray_start_params(self) -> dict[str, str]:
