@@ -69,8 +69,9 @@ def efa_check_name(spec: ServingSpec) -> str:
     return f"{spec.name}-efa-check"
 
 
-def _efa_check_labels(spec: ServingSpec) -> dict[str, str]:
-    return {**PART_OF, CHECK_LABEL: efa_check_name(spec)}
+def efa_check_selector(spec: ServingSpec) -> dict[str, str]:
+    """The label of the EFA check's pods: its Service and network policy select them by it."""
+    return {CHECK_LABEL: efa_check_name(spec)}
 
 
 def efa_check_service(spec: ServingSpec) -> dict:
@@ -83,7 +84,7 @@ def efa_check_service(spec: ServingSpec) -> dict:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {CHECK_LABEL: name},
+            "selector": efa_check_selector(spec),
             "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
         },
     }
@@ -141,7 +142,7 @@ def efa_check_job(spec: ServingSpec) -> dict:
             "backoffLimit": 0,
             "activeDeadlineSeconds": EFA_CHECK_DEADLINE_S,
             "template": {
-                "metadata": {"labels": _efa_check_labels(spec), "annotations": script_files.hash_annotation(EFA_CHECK_SCRIPTS)},
+                "metadata": {"labels": {**PART_OF, **efa_check_selector(spec)}, "annotations": script_files.hash_annotation(EFA_CHECK_SCRIPTS)},
                 "spec": {
                     "restartPolicy": "Never",
                     "subdomain": name,
@@ -162,6 +163,11 @@ def efa_check_job(spec: ServingSpec) -> dict:
 
 def benchmark_name(spec: ServingSpec) -> str:
     return f"{spec.name}-benchmark"
+
+
+def benchmark_selector(spec: ServingSpec) -> dict[str, str]:
+    """The label of the benchmark's pods: the network policies select them by it."""
+    return {CHECK_LABEL: benchmark_name(spec)}
 
 
 def benchmark_argv(spec: ServingSpec) -> list[str]:
@@ -231,7 +237,7 @@ def benchmark_job(spec: ServingSpec) -> dict:
             "activeDeadlineSeconds": ready_timeout_s(spec) + BENCHMARK_RUN_ALLOWANCE_S,
             "template": {
                 "metadata": {
-                    "labels": {**PART_OF, CHECK_LABEL: benchmark_name(spec)},
+                    "labels": {**PART_OF, **benchmark_selector(spec)},
                     "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec), **script_files.hash_annotation(BENCHMARK_SCRIPTS)},
                 },
                 "spec": {

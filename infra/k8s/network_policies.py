@@ -76,7 +76,6 @@ from typing import Iterable, Mapping, Optional
 from infra.k8s import checks, exposure
 from infra.k8s.serving_spec import (
     API_PORT,
-    CHECK_LABEL,
     DASHBOARD_PORT,
     DNS_PORT,
     PART_OF,
@@ -169,14 +168,6 @@ def head_labels(spec: ServingSpec) -> dict[str, str]:
     return exposure.head_selector(spec)
 
 
-def benchmark_labels(spec: ServingSpec) -> dict[str, str]:
-    return {CHECK_LABEL: checks.benchmark_name(spec)}
-
-
-def efa_check_labels(spec: ServingSpec) -> dict[str, str]:
-    return {CHECK_LABEL: checks.efa_check_name(spec)}
-
-
 def ray_policy(spec: ServingSpec) -> dict:
     """The RayCluster's pods with each other, every port, both ways; nothing else."""
     peer = pods(cluster_labels(spec))
@@ -184,7 +175,7 @@ def ray_policy(spec: ServingSpec) -> dict:
 
 
 def api_peers(spec: ServingSpec) -> list[dict]:
-    peers = [pods(benchmark_labels(spec))] if spec.benchmark else []
+    peers = [pods(checks.benchmark_selector(spec))] if spec.benchmark else []
     peers += client_peers(spec.api_clients)
     if spec.service_type == "internal-lb" and spec.vpc_cidr:
         peers.append({"ipBlock": {"cidr": spec.vpc_cidr}})
@@ -203,16 +194,15 @@ def serving_policies(spec: ServingSpec) -> list[dict]:
     if peers := client_peers(spec.dashboard_clients):
         out.append(policy(f"{spec.name}-dashboard", spec.namespace, head_labels(spec), ingress=[{"from": peers, "ports": tcp(DASHBOARD_PORT)}]))
     if spec.efa_check:
-        peer = pods(efa_check_labels(spec))
-        out.append(
-            policy(checks.efa_check_name(spec), spec.namespace, efa_check_labels(spec), ingress=[{"from": [peer]}], egress=[{"to": [peer]}])
-        )
+        selector = checks.efa_check_selector(spec)
+        peer = pods(selector)
+        out.append(policy(checks.efa_check_name(spec), spec.namespace, selector, ingress=[{"from": [peer]}], egress=[{"to": [peer]}]))
     if spec.benchmark:
         out.append(
             policy(
                 checks.benchmark_name(spec),
                 spec.namespace,
-                benchmark_labels(spec),
+                checks.benchmark_selector(spec),
                 egress=[{"to": [pods(head_labels(spec))], "ports": tcp(API_PORT)}],
             )
         )
