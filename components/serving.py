@@ -192,9 +192,8 @@ class Serving(pulumi.ComponentResource):
             )
 
         self.service_name = self.service.metadata.apply(lambda m: m["name"])
-        self.endpoint = self.service_name.apply(
-            lambda svc: f"http://{svc}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}/v1"
-        )
+        # Known once the Service exists (its name is the spec's: exposure.service).
+        self.endpoint = self.service_name.apply(lambda _: spec.endpoint)
         self.served_model_name = pulumi.Output.from_input(spec.served_model_name)
         self.register_outputs(
             {

@@ -39,7 +39,6 @@ from infra.k8s.raycluster import (
     weights_volume,
 )
 from infra.k8s.serving_spec import (
-    API_PORT,
     BENCHMARK_SCRIPT,
     BENCHMARK_SCRIPTS,
     CHECK_LABEL,
@@ -175,7 +174,7 @@ def benchmark_argv(spec: ServingSpec) -> list[str]:
     return [
         "vllm", "bench", "serve",
         "--backend", "openai",
-        "--base-url", f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{API_PORT}",
+        "--base-url", spec.api_url,
         "--endpoint", "/v1/completions",
         "--model", spec.model_dir,
         "--served-model-name", spec.served_model_name,
@@ -196,9 +195,8 @@ def benchmark_argv(spec: ServingSpec) -> list[str]:
 
 def benchmark_args(spec: ServingSpec) -> list[str]:
     """benchmark.py's arguments: the endpoint to wait for, the thresholds, then the benchmark command."""
-    health = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{API_PORT}{PROBE_PATH}"
     return [
-        "--health-url", health,
+        "--health-url", f"{spec.api_url}{PROBE_PATH}",
         "--timeout-s", str(ready_timeout_s(spec)),
         "--result", f"{BENCHMARK_RESULT_DIR}/{BENCHMARK_RESULT_FILE}",
         "--ttft-p99-ms", str(float(spec.ttft_p99_ms)),

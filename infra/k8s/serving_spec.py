@@ -306,8 +306,14 @@ class ServingSpec:
         return f"{self.name}-scripts"
 
     @property
+    def api_url(self) -> str:
+        """The API Service's in-cluster base URL (no path)."""
+        return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}"
+
+    @property
     def endpoint(self) -> str:
-        return f"http://{self.service_name}.{self.namespace}.svc.cluster.local:{API_PORT}/v1"
+        """The OpenAI-compatible API's base URL inside the cluster."""
+        return f"{self.api_url}/v1"
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
