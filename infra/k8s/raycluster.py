@@ -306,18 +306,24 @@ def compile_cache_env() -> list[dict]:
     ]
 
 
-def compile_cache_container(spec: ServingSpec) -> dict:
-    """Init container: create the node's compile cache and keep it within its budget (compile_cache.sh)."""
+def _script_init_container(spec: ServingSpec, name: str, script: str, args: list[str], mount: dict) -> dict:
+    """A small init container of a serving pod that runs one POSIX sh script of the ConfigMap with `mount`."""
     return {
-        "name": "compile-cache",
+        "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["sh", script_files.path(COMPILE_CACHE_SCRIPT)],
-        "args": [COMPILE_CACHE_DIR, str(COMPILE_CACHE_BUDGET_BYTES)],
+        "command": ["sh", script_files.path(script)],
+        "args": args,
         "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
         "securityContext": pod_security.container_security_context(),
-        "volumeMounts": [compile_cache_mount(), script_files.volume_mount()],
+        "volumeMounts": [mount, script_files.volume_mount()],
     }
+
+
+def compile_cache_container(spec: ServingSpec) -> dict:
+    """Init container: create the node's compile cache and keep it within its budget (compile_cache.sh)."""
+    args = [COMPILE_CACHE_DIR, str(COMPILE_CACHE_BUDGET_BYTES)]
+    return _script_init_container(spec, "compile-cache", COMPILE_CACHE_SCRIPT, args, compile_cache_mount())
 
 
 def efa_security_context(spec: ServingSpec) -> dict:
@@ -402,16 +408,8 @@ def scripts_volume(spec: ServingSpec) -> dict:
 
 def wait_for_weights_container(spec: ServingSpec) -> dict:
     """Init container: wait (without a time limit, 0) until the staging Job marked the weights complete."""
-    return {
-        "name": "wait-for-weights",
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": ["sh", script_files.path(WAIT_SCRIPT)],
-        "args": [spec.marker, "0", str(WEIGHTS_POLL_S)],
-        "resources": {"requests": dict(WAIT_CONTAINER_RESOURCES), "limits": dict(WAIT_CONTAINER_RESOURCES)},
-        "securityContext": pod_security.container_security_context(),
-        "volumeMounts": [weights_mount(spec), script_files.volume_mount()],
-    }
+    args = [spec.marker, "0", str(WEIGHTS_POLL_S)]
+    return _script_init_container(spec, "wait-for-weights", WAIT_SCRIPT, args, weights_mount(spec))
 
 
 def _http_probe(port: Any, **settings: int) -> dict:
