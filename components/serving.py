@@ -98,22 +98,15 @@ class Serving(pulumi.ComponentResource):
         # is among the prerequisites).
         scripts = raycluster.scripts_config_map(spec)
         check_deps = list(args.depends_on if args.check_depends_on is None else args.check_depends_on)
+        before_pods = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps))
         self.scripts = k8s.core.v1.ConfigMap(
-            f"{name}-scripts",
-            metadata=scripts["metadata"],
-            data=scripts["data"],
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps)),
+            f"{name}-scripts", metadata=scripts["metadata"], data=scripts["data"], opts=before_pods
         )
         # Who may talk to whom, before any pod they select exists.
         self.network_policies = {}
         for np in network_policies.serving_policies(spec):
             np_name = np["metadata"]["name"]
-            self.network_policies[np_name] = self._typed(
-                k8s.networking.v1.NetworkPolicy,
-                f"{name}-np-{np_name}",
-                np,
-                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=check_deps)),
-            )
+            self.network_policies[np_name] = self._typed(k8s.networking.v1.NetworkPolicy, f"{name}-np-{np_name}", np, before_pods)
         policies = list(self.network_policies.values())
         prerequisites = [*args.depends_on, self.scripts, *policies]
 

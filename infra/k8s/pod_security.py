@@ -57,9 +57,7 @@ PSA_PREFIX = "pod-security.kubernetes.io/"
 LEVELS = ("privileged", "baseline", "restricted")  # weakest to strictest
 
 
-def container_security_context(
-    add: Iterable[str] = (), *, run_as_user: Optional[int] = None, read_only_root: bool = True
-) -> dict:
+def container_security_context(add: Iterable[str] = (), *, run_as_user: Optional[int] = None) -> dict:
     """No privilege escalation, every capability dropped but `add`, a read-only root file system.
 
     `run_as_user`: 0 for a container that must run as root when the pod runs as
@@ -68,7 +66,7 @@ def container_security_context(
     caps: dict = {"drop": ["ALL"]}
     if add:
         caps["add"] = sorted(set(add))
-    sc: dict = {"allowPrivilegeEscalation": False, "capabilities": caps, "readOnlyRootFilesystem": read_only_root}
+    sc: dict = {"allowPrivilegeEscalation": False, "capabilities": caps, "readOnlyRootFilesystem": True}
     if run_as_user is not None:
         sc["runAsUser"] = run_as_user
         sc["runAsNonRoot"] = run_as_user != 0

@@ -174,9 +174,6 @@ def staging_scripts_hash() -> str:
     return script_files.content_hash(STAGING_SCRIPTS)
 
 
-# ---- the serving pods' side ---------------------------------------------------------------
-
-
 # ---- the Job's manifest pieces ------------------------------------------------------------------
 
 
