@@ -90,7 +90,13 @@ def efa_check_service(spec: ServingSpec) -> dict:
 
 
 def efa_check_args(spec: ServingSpec) -> list[str]:
-    """efa_check.sh's arguments: the rendezvous (the Job's pod of index 0) and the verdict's figures."""
+    """efa_check.sh's arguments: the rendezvous (the Job's pod of index 0) and the verdict's figures.
+
+    An Indexed Job's pod is named `<job>-<index>` as its hostname and gets its index in
+    `JOB_COMPLETION_INDEX`; with `subdomain` set to a headless Service of that name it
+    resolves as `<hostname>.<subdomain>.<namespace>.svc.cluster.local` (Kubernetes docs,
+    "Jobs", completion mode Indexed; "DNS for Services and Pods").
+    """
     name = efa_check_name(spec)
     master = f"{name}-0.{name}.{spec.namespace}.svc.cluster.local"
     return [
@@ -131,8 +137,9 @@ def efa_check_job(spec: ServingSpec) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        # Pulumi creates it and moves on: the check waits for free GPU nodes, and a
-        # RayCluster update must never wait for it (components/serving.py).
+        # Pulumi creates it and moves on (pulumi-kubernetes provider/pkg/await/awaiters.go,
+        # SkipAwaitLogic): the check waits for free GPU nodes, and a RayCluster update must
+        # never wait for it (components/serving.py).
         "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF), "annotations": {"pulumi.com/skipAwait": "true"}},
         "spec": {
             "completionMode": "Indexed",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from infra.k8s.serving_spec import (
     API_PORT,
     API_PORT_NAME,
+    METRICS_PATH,
     PART_OF,
     RAY_CLUSTER_LABEL,
     RAY_METRICS_PORT_NAME,
@@ -21,7 +22,10 @@ from infra.k8s.serving_spec import (
 
 # Internal NLB. This stack installs no AWS Load Balancer Controller, so the
 # Service is handled by the cloud provider's legacy service controller on EKS,
-# which reads `aws-load-balancer-type: nlb` and `aws-load-balancer-internal`.
+# which reads `aws-load-balancer-type: nlb` and `aws-load-balancer-internal`
+# (kubernetes/cloud-provider-aws pkg/providers/v1/aws.go: ServiceAnnotationLoadBalancerType,
+# ServiceAnnotationLoadBalancerInternal; ServiceAnnotationLoadBalancerAdditionalTags takes
+# "Key1=Val1,Key2=Val2", which the AWS Load Balancer Controller reads too).
 # `aws-load-balancer-scheme: internal` is what the AWS Load Balancer Controller
 # reads (its NLB guide; it also defaults to internal since v2.2): with both, the
 # load balancer is internal whichever controller takes the Service. No
@@ -82,7 +86,12 @@ def pdb(spec: ServingSpec) -> dict:
 
 
 def pod_monitor(spec: ServingSpec) -> dict:
-    """A PodMonitor (Prometheus operator) for vLLM's /metrics on the head and Ray's on every pod."""
+    """A PodMonitor (Prometheus operator) for vLLM's /metrics on the head and Ray's on every pod.
+
+    Fields of the prometheus-operator's `monitoring.coreos.com/v1` PodMonitor
+    (pkg/apis/monitoring/v1/podmonitor_types.go: selector, namespaceSelector.matchNames,
+    podMetricsEndpoints[].port/path/interval; `port` names a container port).
+    """
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -91,8 +100,8 @@ def pod_monitor(spec: ServingSpec) -> dict:
             "selector": {"matchLabels": {RAY_CLUSTER_LABEL: spec.name}},
             "namespaceSelector": {"matchNames": [spec.namespace]},
             "podMetricsEndpoints": [
-                {"port": API_PORT_NAME, "path": "/metrics", "interval": "30s"},  # vLLM (head only)
-                {"port": RAY_METRICS_PORT_NAME, "path": "/metrics", "interval": "30s"},  # Ray (every pod)
+                {"port": API_PORT_NAME, "path": METRICS_PATH, "interval": "30s"},  # vLLM (head only)
+                {"port": RAY_METRICS_PORT_NAME, "path": METRICS_PATH, "interval": "30s"},  # Ray (every pod)
             ],
         },
     }

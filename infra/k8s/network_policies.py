@@ -49,7 +49,10 @@ exactly the rule's `podSelector` and the Service's port is the container's
 (amazon-network-policy-controller-k8s, `pkg/resolvers/endpoints.go`; EKS user
 guide, Considerations). Hence the benchmark's egress selects the head with the
 API Service's own selector (`exposure.head_selector`), and `allow-dns` CoreDNS
-with the kube-dns Service's (`k8s-app: kube-dns`). The workers reach the head
+with the kube-dns Service's (`k8s-app: kube-dns`). The controller also skips a
+Service whose named targetPort resolves to a container port the rule does not
+allow (`hasTargetPortBypass`): the API Service's `http` is the head's 8000,
+which the benchmark's rule allows. The workers reach the head
 through KubeRay's head Service, which KubeRay 1.7.0 makes headless
 (ray-operator/controllers/ray/common/service.go, `BuildServiceForHeadPod`,
 unless ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE is set): its name resolves to the head
@@ -86,7 +89,8 @@ from infra.k8s.serving_spec import (
 )
 
 API_VERSION = "networking.k8s.io/v1"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+# Set on every namespace by the API server (Kubernetes docs, "Well-Known Labels, Annotations and Taints").
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 DNS_NAMESPACE = "kube-system"
 DNS_POD_LABELS = {"k8s-app": "kube-dns"}  # CoreDNS on EKS (the coredns add-on keeps kube-dns's label)
 HTTPS_PORT = 443

@@ -50,6 +50,9 @@ NONROOT_UID = 65532
 SECCOMP = {"type": "RuntimeDefault"}
 EFA_CAPABILITIES = ("IPC_LOCK",)
 
+# The namespace labels `pod-security.kubernetes.io/<mode>` and `<mode>-version` (modes
+# enforce, warn, audit; a version `v1.<minor>` or `latest`): Kubernetes docs, "Pod
+# Security Admission" (k8s.io/pod-security-admission api/constants.go).
 PSA_ENFORCE = "privileged"
 PSA_WARN = "baseline"
 PSA_AUDIT = "restricted"

@@ -185,12 +185,16 @@ from infra.k8s.serving_spec import (
     API_PORT,
     API_PORT_NAME,
     CLIENT_PORT,
+    CLIENT_PORT_NAME,
     COMPILE_CACHE_SCRIPT,
     DASHBOARD_PORT,
+    DASHBOARD_PORT_NAME,
     GCS_PORT,
+    GCS_PORT_NAME,
     HEAD_CONTAINER,
     HEAD_SCRIPT,
     HEAD_SCRIPTS,
+    METRICS_PATH,
     OVERWRITE_CMD_ANNOTATION,
     PART_OF,
     PROBE_PATH,
@@ -296,7 +300,13 @@ def compile_cache_mount() -> dict:
 
 
 def compile_cache_env() -> list[dict]:
-    """Where vLLM, Triton, DeepGEMM, FlashInfer and the CUDA driver keep what they compile (module doc)."""
+    """Where vLLM, Triton, DeepGEMM, FlashInfer and the CUDA driver keep what they compile (module doc).
+
+    In vLLM 0.34.0: `VLLM_CACHE_ROOT` in vllm/envs.py; `TRITON_CACHE_DIR`, which
+    vllm/compilation/compiler_interface.py (`initialize_inductor_cache`) keeps when
+    the caller sets it; `DG_JIT_CACHE_DIR`, which vllm/utils/deep_gemm.py otherwise
+    sets to `<VLLM_CACHE_ROOT>/deep_gemm` (the same directory as here).
+    """
     return [
         {"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/vllm"},
         {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/triton"},
@@ -353,7 +363,11 @@ def weights_mount(spec: ServingSpec) -> dict:
 
 
 def nccl_env(spec: ServingSpec, info: bool = False) -> list[dict]:
-    """NCCL's settings: INFO on the transport outside production or when asked (the EFA check reads it), else WARN."""
+    """NCCL's settings: INFO on the transport outside production or when asked (the EFA check reads it), else WARN.
+
+    `NCCL_DEBUG` and `NCCL_DEBUG_SUBSYS`: NCCL's user guide, "Environment Variables";
+    `FI_EFA_USE_HUGE_PAGE`: aws-ofi-nccl's doc/efa-env-var.md (module doc).
+    """
     if info or not spec.production:
         env = [
             {"name": "NCCL_DEBUG", "value": "INFO"},
@@ -367,7 +381,10 @@ def nccl_env(spec: ServingSpec, info: bool = False) -> list[dict]:
 
 
 def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
-    """vLLM's start-up and per-step timeouts, from the plan's start-up calculation."""
+    """vLLM's start-up and per-step timeouts, from the plan's start-up calculation.
+
+    Both read by vLLM 0.34.0's vllm/envs.py (defaults 600 s and 300 s).
+    """
     startup = spec.deployment.startup
     return [
         {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(startup.engine_ready_timeout_s)},
@@ -376,7 +393,13 @@ def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
 
 
 def quiet_env() -> list[dict]:
-    """A writable HOME on the read-only root file system, and no usage reports (nothing may leave the cluster)."""
+    """A writable HOME on the read-only root file system, and no usage reports (nothing may leave the cluster).
+
+    `RAY_USAGE_STATS_ENABLED`: Ray's python/ray/_private/usage/usage_lib.py (vLLM 0.34.0's
+    Ray executor sets it to 0 itself when unset, vllm/v1/executor/ray_utils.py; this covers
+    `ray start` as well); `VLLM_NO_USAGE_STATS` and `DO_NOT_TRACK` (read as
+    `VLLM_DO_NOT_TRACK`'s fallback): vLLM 0.34.0 vllm/envs.py.
+    """
     return [
         {"name": "HOME", "value": TMP_DIR},
         {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
@@ -386,7 +409,11 @@ def quiet_env() -> list[dict]:
 
 
 def ray_env(spec: ServingSpec) -> list[dict]:
-    """The Ray containers' environment (see the module doc for each variable)."""
+    """The Ray containers' environment (see the module doc for each variable).
+
+    `VLLM_HOST_IP`: vLLM 0.34.0 vllm/envs.py; `HF_HUB_OFFLINE`: huggingface_hub's
+    constants.py, which vLLM reads for `local_files_only` (vllm/transformers_utils/config.py).
+    """
     return [
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -431,7 +458,9 @@ def head_probes(spec: ServingSpec) -> dict:
 
 
 def scrape_annotations(port: int) -> dict[str, str]:
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+    """The `prometheus.io/*` annotations: a convention of Prometheus's example Kubernetes scrape
+    configuration (prometheus documentation/examples/prometheus-kubernetes.yml), not a built-in."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": METRICS_PATH}
 
 
 # --- The head's command ------------------------------------------------------------
@@ -468,9 +497,9 @@ def _ray_ports(head: bool) -> list[dict]:
     ports = [{"name": RAY_METRICS_PORT_NAME, "containerPort": RAY_METRICS_PORT, "protocol": "TCP"}]
     if head:
         ports = [
-            {"name": "gcs-server", "containerPort": GCS_PORT, "protocol": "TCP"},
-            {"name": "dashboard", "containerPort": DASHBOARD_PORT, "protocol": "TCP"},
-            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": GCS_PORT_NAME, "containerPort": GCS_PORT, "protocol": "TCP"},
+            {"name": DASHBOARD_PORT_NAME, "containerPort": DASHBOARD_PORT, "protocol": "TCP"},
+            {"name": CLIENT_PORT_NAME, "containerPort": CLIENT_PORT, "protocol": "TCP"},
             {"name": API_PORT_NAME, "containerPort": API_PORT, "protocol": "TCP"},
             *ports,
         ]
@@ -585,9 +614,11 @@ def raycluster_metadata(spec: ServingSpec) -> dict:
         "name": spec.name,
         "namespace": spec.namespace,
         "labels": dict(PART_OF),
-        # pulumi-kubernetes waits for this condition (KubeRay sets HeadPodReady from
-        # the head pod's readiness, i.e. vLLM's /health): `pulumi up` ends when the
-        # endpoint serves, or fails after the resource's custom timeout.
+        # pulumi-kubernetes waits for this condition (its `condition=` form:
+        # provider/pkg/await/awaiters.go). KubeRay 1.7.0 sets HeadPodReady from the
+        # head pod's readiness, i.e. vLLM's /health (apis/ray/v1/raycluster_types.go;
+        # raycluster_controller.go): `pulumi up` ends when the endpoint serves, or
+        # fails after the resource's custom timeout.
         "annotations": {"pulumi.com/waitFor": "condition=HeadPodReady"},
     }
 

@@ -43,29 +43,45 @@ GiB = 2**30
 MiB = 2**20
 
 # --- Ports ---------------------------------------------------------------------
-API_PORT = 8000  # vLLM's default `--port` (vllm/entrypoints/openai/cli_args.py); the command leaves it at that
+# KubeRay's figures below: ray-operator/controllers/ray/utils/constant.go at KubeRay 1.7.0;
+# what it does with them: ray-operator/controllers/ray/common/pod.go.
+# vLLM's default `--port` (vLLM 0.34.0 vllm/entrypoints/common/cli_args.py, FrontendArgs.port);
+# the command leaves it at that.
+API_PORT = 8000
 API_PORT_NAME = "http"
-RAY_METRICS_PORT = 8080  # KubeRay DefaultMetricsPort: the `--metrics-export-port` it sets (utils/constant.go)
-RAY_METRICS_PORT_NAME = "metrics"  # KubeRay's MetricsPortName; it adds the port itself when it is missing
-GCS_PORT = 6379  # KubeRay DefaultRedisPort (the GCS)
+# KubeRay DefaultMetricsPort: the `--metrics-export-port` setMissingRayStartParams sets.
+RAY_METRICS_PORT = 8080
+# KubeRay MetricsPortName; DefaultHeadPodTemplate/DefaultWorkerPodTemplate add the port when it is missing.
+RAY_METRICS_PORT_NAME = "metrics"
+GCS_PORT = 6379  # KubeRay DefaultGcsServerPort (GetHeadPort's default: the GCS)
 DASHBOARD_PORT = 8265  # KubeRay DefaultDashboardPort
 CLIENT_PORT = 10001  # KubeRay DefaultClientPort (Ray client)
-RDZV_PORT = 29500  # torchrun's default master port (EFA check)
-DASHBOARD_AGENT_PORT = 52365  # KubeRay DefaultDashboardAgentListenPort: the workers' injected probes ask it (kubelet, from the node)
+# The head container's port names: KubeRay GcsServerPortName, DashboardPortName, ClientPortName.
+GCS_PORT_NAME = "gcs-server"
+DASHBOARD_PORT_NAME = "dashboard"
+CLIENT_PORT_NAME = "client"
+RDZV_PORT = 29500  # torchrun's default `--master-port` (torch/distributed/run.py); the EFA check passes it explicitly
+# KubeRay DefaultDashboardAgentListenPort, which setMissingRayStartParams passes as `--dashboard-agent-listen-port`:
+# the workers' injected probes ask it (initLivenessAndReadinessProbe; the kubelet, from the node).
+DASHBOARD_AGENT_PORT = 52365
 DNS_PORT = 53
 
 # Ray's token authentication (KubeRay `authOptions.mode: token`): KubeRay 1.7.0
 # refuses it below this Ray release (ray-operator/controllers/ray/utils/validation.go).
 RAY_TOKEN_AUTH_MIN_VERSION = (2, 52, 0)
-# Where the head's dashboard and job API listen: the pod's loopback only, unless
-# clients are configured (`ServingSpec.dashboard_clients`).
+# Where the head's dashboard and job API listen (`ray start --dashboard-host`, which
+# KubeRay's setMissingRayStartParams sets to 0.0.0.0 only when it is absent): the pod's
+# loopback only, unless clients are configured (`ServingSpec.dashboard_clients`).
 DASHBOARD_LOOPBACK = "127.0.0.1"
 DASHBOARD_ALL_ADDRESSES = "0.0.0.0"
 
 # --- KubeRay 1.7.0 names (ray-operator/controllers/ray/utils/constant.go) ------
-RAY_CLUSTER_LABEL = "ray.io/cluster"
-RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_CLUSTER_LABEL = "ray.io/cluster"  # RayClusterLabelKey
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"  # RayNodeTypeLabelKey
+# RayOverwriteContainerCmdAnnotationKey; BuildPod (common/pod.go) reads it from the pod template.
 OVERWRITE_CMD_ANNOTATION = "ray.io/overwrite-container-cmd"
+# The stack's own names. KubeRay takes the Ray container to be the first one
+# (utils.RayContainerIndex = 0), whatever its name.
 WORKER_GROUP = "gpu"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -74,7 +90,12 @@ WORKER_CONTAINER = "ray-worker"
 # The figures (startup probe period and budget, the head's Ray wait, Pulumi's
 # wait, vLLM's timeouts) come from the plan's one calculation,
 # `Deployment.startup` (infra/planning/startup.py).
-PROBE_PATH = "/health"  # vLLM's OpenAI server: 200 once the engine is up, an error when it is dead
+# vLLM's OpenAI server: 200 once the engine is up, 503 when it is dead (vLLM 0.34.0
+# vllm/entrypoints/serve/instrumentator/health.py).
+PROBE_PATH = "/health"
+# vLLM's Prometheus endpoint on the API port (vllm/entrypoints/serve/instrumentator/metrics.py), and
+# Ray's on its metrics export port.
+METRICS_PATH = "/metrics"
 
 # --- Labels -------------------------------------------------------------------
 PART_OF = {"app.kubernetes.io/part-of": "gpu-serving"}

@@ -228,6 +228,8 @@ def staging_pod_spec(
     is mounted (the program never calls the Kubernetes API; EKS Pod Identity,
     for an S3 source, injects its own token). `image` may be an Output.
     """
+    # HF_HOME and HF_HUB_DISABLE_TELEMETRY: huggingface_hub's constants.py (2.4.0, the
+    # image's pin); HF_TOKEN is read by the program itself (stage_weights.py, HfSource).
     env: list[dict[str, Any]] = [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},
