@@ -246,7 +246,12 @@ def node_selector(spec: ServingSpec) -> dict[str, str]:
 
 
 def gpu_pod_resources(spec: ServingSpec) -> dict:
-    """All of a node's GPUs and EFA interfaces, CPU and memory from the plan; requests = limits."""
+    """All of a node's GPUs and EFA interfaces, CPU and memory from the plan; requests = limits.
+
+    `nvidia.com/gpu` is what the GPU operator's device plugin advertises,
+    `vpc.amazonaws.com/efa` what the EFA device plugin does (EKS user guide, "Run
+    machine learning training on Amazon EKS with Elastic Fabric Adapter").
+    """
     pod = spec.deployment.pod
     amounts = {
         "cpu": str(pod.cpu),
