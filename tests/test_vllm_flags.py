@@ -21,11 +21,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.catalog import vllm as reference
 from infra.catalog.vllm import extract
-from infra.config import load_stack_file, read_stack_file
+from infra.config import load_stack_file
 from infra.k8s import raycluster
 from infra.planning.plan import make_plan
 
@@ -92,14 +91,6 @@ def test_what_the_release_accepts_is_accepted():
 STACKS = ["prod", "test"]
 
 
-def _variant(tmp_path: Path, model: str, instance: str) -> Path:
-    cfg = read_stack_file("prod", REPO)
-    cfg["gpu-serving:model"]["name"] = model
-    cfg["gpu-serving:gpu"]["instanceType"] = instance
-    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump({"config": cfg}))
-    return tmp_path
-
-
 def _head_argv(root: Path, stack: str) -> list[str]:
     from tests.test_rayspec import make_spec, plan_for, served
 
@@ -116,7 +107,9 @@ def test_every_stacks_vllm_serve_argv_passes(stack):
 
 @pytest.mark.parametrize("model, instance", [("kimi-k3", "p5e.48xlarge"), ("deepseek-v4-flash", "p5.48xlarge")])
 def test_model_variants_argv_passes(tmp_path, model, instance):
-    argv = _head_argv(_variant(tmp_path, model, instance), "prod")
+    from tests.test_rayspec import modified_config
+
+    argv = _head_argv(modified_config(tmp_path, model, instance), "prod")
     assert reference.check_serve_argv(argv, VERSION) == []
 
 

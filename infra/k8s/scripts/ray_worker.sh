@@ -1,5 +1,5 @@
 #!/bin/bash
-# A Ray worker's container (infra/k8s/raycluster.py, "The workers' command"):
+# A Ray worker's container (infra/k8s/raycluster.py, worker_command):
 # checks the locked-memory limit EFA needs (memlock_check.py), then execs
 # KubeRay's generated, blocking `ray start` unchanged.
 #
