@@ -128,7 +128,8 @@ class Serving(pulumi.ComponentResource):
                     pulumi.ResourceOptions(
                         # Not the RayCluster's prerequisite, nor awaited (module doc).
                         depends_on=[*check_deps, self.scripts, efa_svc, *policies],
-                        # Fixed name: a changed Job must go before its replacement comes.
+                        # Fixed name: a changed Job must go before its replacement comes (at once:
+                        # deleted in the background, checks.efa_check_job).
                         delete_before_replace=True,
                     ),
                 ),

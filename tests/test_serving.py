@@ -176,6 +176,9 @@ def test_the_efa_check_never_holds_up_the_raycluster():
     assert job.options["delete_before_replace"] is True
     # Pulumi creates it and moves on, and the RayCluster does not wait for it.
     assert job.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    # skipAwait skips a Job's deletion wait too, so the Job must be gone at once for its replacement
+    # of the same name: background propagation, which the pulumi-kubernetes provider otherwise makes foreground.
+    assert job.inputs["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == "background"
     rc = rec.one(RC)
     assert job.urn not in rc.options["depends_on"]
     assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts} | policy_urns(rec)

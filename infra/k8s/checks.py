@@ -54,6 +54,7 @@ from infra.k8s.serving_spec import (
 )
 
 EFA_CHECK_DEADLINE_S = 1800  # image pull, rendezvous and the run
+EFA_CHECK_AWAIT = {"pulumi.com/skipAwait": "true", "pulumi.com/deletionPropagationPolicy": "background"}  # efa_check_job
 
 BENCHMARK_RESULT_DIR = "/tmp/bench"
 BENCHMARK_RESULT_FILE = "result.json"
@@ -139,8 +140,13 @@ def efa_check_job(spec: ServingSpec) -> dict:
         "kind": "Job",
         # Pulumi creates it and moves on (pulumi-kubernetes provider/pkg/await/awaiters.go,
         # SkipAwaitLogic): the check waits for free GPU nodes, and a RayCluster update must
-        # never wait for it (components/serving.py).
-        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF), "annotations": {"pulumi.com/skipAwait": "true"}},
+        # never wait for it (components/serving.py). For a Job, skipAwait also skips the wait
+        # for its deletion (provider/pkg/metadata/overrides.go, allowsSkipAwaitWithDelete),
+        # and the provider deletes in the foreground unless told otherwise (DeletionPropagation):
+        # the old Job would still exist, waiting for its pods, when its replacement of the same
+        # name is created (delete_before_replace), and the create would fail with AlreadyExists.
+        # In the background the API server removes the Job at once and collects its pods after.
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(PART_OF), "annotations": dict(EFA_CHECK_AWAIT)},
         "spec": {
             "completionMode": "Indexed",
             "completions": EFA_CHECK_NODES,
