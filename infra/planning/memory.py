@@ -203,9 +203,12 @@ def _element_bytes(spec: CacheSpec, kv_bytes: int, model_bytes: int = 2) -> int:
     return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4, CacheDtype.MODEL: model_bytes}[spec.dtype]
 
 
-def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_bytes: int = 2) -> int:
-    """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank."""
+def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_bytes: int = 2, *, extra_rows: int = 0) -> int:
+    """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank;
+    `extra_rows` more rows of a convolution state (one per speculative token)."""
     elements = spec.elements_per_entry
+    if spec.conv_rows and extra_rows:
+        elements = elements * (spec.conv_rows + extra_rows) // spec.conv_rows
     if spec.sharded_heads:
         # KV heads are split over TP and replicated when TP exceeds their count.
         elements *= max(1, spec.sharded_heads // tp)
