@@ -28,8 +28,9 @@ import math
 from dataclasses import dataclass
 
 from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch
+from infra.catalog.quant import cdiv, round_up
 from infra.planning import memory
-from infra.planning.kv_cache import LayerKV, cdiv, round_up
+from infra.planning.kv_cache import LayerKV
 from infra.planning.vllm_release import Release
 
 # DeepSeek-V4's attention backends (models/deepseek_v4/sparse_mla.py, v1/attention/backends/mla/indexer.py)
