@@ -330,6 +330,19 @@ class RankBudget:
     max_sequences: float  # vLLM's max concurrency if this rank were the binding one
 
 
+def extensible_margin_bytes(activation: int) -> int:
+    """The margin 0.34's extensible KV cache keeps below free memory:
+    max(floor, fraction x transient peak) (extensible_kv_cache.py measure_kv_cache_bytes)."""
+    return max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+
+
+def extensible_withheld_bytes(*, visible: int, requested: int, activation: int, context: int) -> int:
+    """Memory free at start that gpu-memory-utilization keeps out of 0.34's extensible KV
+    cache: the `withheld` of extensible_kv_cache.py measure_kv_cache_blocks (the budget
+    at all free memory less the budget at the requested memory), negative when none is."""
+    return visible - context - extensible_margin_bytes(activation) - requested
+
+
 def kv_budget_bytes(
     *,
     release: "Release",
@@ -353,8 +366,7 @@ def kv_budget_bytes(
     """
     resident = weights + comm + NON_TORCH_BASE_BYTES
     if release.extensible_kv_cache:
-        margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
-        cap = min(requested, visible - context - margin)
+        cap = min(requested, visible - context - extensible_margin_bytes(activation))
         return cap - resident - cudagraph - activation
     return requested - resident - activation - cudagraph_estimate
 
