@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from infra.planning.vllm_release import PINNED
+
 Objective = Literal["max-kv", "min-cost"]
 
 # `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly
@@ -53,7 +55,7 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None  # default: vLLM's for the GPU
     max_num_seqs: int | None = None  # default: derived from KV capacity
     async_scheduling: bool | None = None  # default: vLLM's, unless turning it off admits markedly more
-    vllm_version: str = "0.34.0"  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
+    vllm_version: str = PINNED  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
     speculative_method: str | None = None  # "mtp": the model's MTP layers draft
     num_speculative_tokens: int | None = None  # tokens drafted per step (1 with a method and no count)
     kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit
