@@ -76,6 +76,8 @@ CHANGES: tuple[Change, ...] = (
            "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request, config/vllm.py max_in_flight_tokens"),
     Change("max concurrency = num_blocks / sum over groups of cdiv(reservation, page)", "0.27.0",
            "v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config"),
+    # Before 0.27: weights + torch peak + non-torch increase. The planner's lines are the same
+    # quantities either way (weights, activation peak, non-torch buffers), so no rule follows it.
     Change("non-KV memory = device free-memory drop (mem_get_info) + transient torch peak", "0.27.0",
            "utils/mem_utils.py memory_profiling"),
     Change("Model Runner V2 by default for every supported configuration", "0.29.0",
@@ -155,13 +157,6 @@ class Release:
         """0.34: on by default on CUDA (VllmConfig._resolve_extensible_kv_cache); the
         KV cache is sized after warm-up and the real CUDA-graph capture."""
         return self.at_least("0.34")
-
-    @property
-    def non_kv_from_free_memory(self) -> bool:
-        """0.27+: non-KV = total_consumed (mem_get_info) + transient peak; before:
-        weights + torch peak + non-torch increase. The planner's lines are the same
-        quantities either way (weights, activation peak, non-torch buffers)."""
-        return self.at_least("0.27")
 
     # --- Scheduling -------------------------------------------------------------
 
