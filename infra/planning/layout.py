@@ -332,14 +332,10 @@ def kv_layout(arch: ModelArch, *, release: Release, pp: int, tp: int, kv_bytes: 
             cache[gkey] = (kv_cache.kv_cache_groups(specs, release=release, block_outermost=outermost), plan)
         groups, plan = cache[gkey]
         stage_groups, per_block = [], []
-        n = len(arch.layers)
-        start = 0
-        counts = memory.split_layers(n, pp)
-        for i, count in enumerate(counts):
-            ids = set(range(start, start + count))
+        for i, layers in enumerate(memory.stage_layers(arch, pp)):
+            ids = {layer.index for layer in layers}
             if i == pp - 1:
                 ids |= {layer.index for layer in arch.mtp_layers}  # the drafter runs on the last stage
-            start += count
             projected = kv_cache.project(groups, ids)
             stage_groups.append(tuple(projected))
             per_block.append(kv_cache.bytes_per_block(projected, block_outermost=outermost))
