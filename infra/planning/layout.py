@@ -427,12 +427,20 @@ def weights_bound_errors(arch: ModelArch, itype: InstanceType, layout: Layout, k
     total = total_weight_bytes(arch)
     if total <= gpus * usable:
         return []
-    return [
-        f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total)} of weights at "
-        f"TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} "
-        f"as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * usable)} usable at "
-        f"gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
-    ]
+    return [_weights_do_not_fit(arch, itype, layout, util, usable)]
+
+
+def _weights_do_not_fit(arch: ModelArch, itype: InstanceType, layout: Layout, util: float, usable: int,
+                        fullest: int | None = None) -> str:
+    """The refusal when the weights do not fit, with the replica's memory (and the fullest GPU's weights)."""
+    gpu, gpus = itype.gpu, layout.tp * layout.pp
+    where = f", {_gb(fullest)} on the fullest GPU at" if fullest is not None else " at"
+    return (
+        f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of "
+        f"weights{where} TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold "
+        f"{_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), "
+        f"{_gb(gpus * usable)} usable at gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
+    )  # fmt: skip
 
 
 def _gb(n: float) -> str:
@@ -460,15 +468,7 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
         )
     worst = max(ev.stages, key=lambda s: s.weights_bytes)
     if worst.weights_bytes > worst.usable_bytes:
-        lay = ev.layout
-        gpus = lay.tp * lay.pp
-        errors.append(
-            f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of weights, "
-            f"{_gb(worst.weights_bytes)} on the fullest GPU at TP {lay.tp} x PP {lay.pp}; "
-            f"{gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it "
-            f"({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * worst.usable_bytes)} usable at "
-            f"gpu-memory-utilization {util:.2f} ({_gb(worst.usable_bytes)} each)"
-        )
+        errors.append(_weights_do_not_fit(arch, itype, ev.layout, util, worst.usable_bytes, fullest=worst.weights_bytes))
         return errors
     tight = ev.constrained
     need = ev.request_blocks
