@@ -168,11 +168,13 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
             "the stack runs multi-node replicas over EFA only; pick an EFA instance type or one node per replica"
         )
     errors.extend(fp8_block_moe_errors(arch, layout))
-    if arch.model_type == "deepseek_v4" and not itype.gpu.compute_capability.startswith("12") \
-            and layout.kv_cache_dtype not in DSV4_PACKED_KV_DTYPES:
-        # models/deepseek_v4/nvidia/model.py _select_dsv4_attn_cls: every CUDA GPU but SM12 runs
-        # the FlashMLA class, whose packed layout (attention.py _resolve_dsv4_kv_cache_dtype)
-        # takes auto or fp8 (both become fp8_ds_mla) and refuses any other KV dtype.
+    if arch.model_type == "deepseek_v4" and layout.kv_cache_dtype not in DSV4_PACKED_KV_DTYPES:
+        # models/deepseek_v4/nvidia/model.py _select_dsv4_attn_cls: without --attention-backend,
+        # SM12 runs DeepseekV4FlashInferSM120Attention (nvidia/flashinfer_sparse.py) and every
+        # other CUDA GPU DeepseekV4FlashMLAAttention (nvidia/flashmla.py); both keep
+        # use_fp8_ds_mla_layout = True, whose packed layout (attention.py
+        # _resolve_dsv4_kv_cache_dtype) turns auto and fp8* into fp8_ds_mla and refuses any
+        # other KV dtype. The planner takes the canonical spellings only.
         errors.append(
             f"--kv-cache-dtype {layout.kv_cache_dtype}: vLLM runs DeepSeek-V4 on {itype.gpu.name} with its packed "
             "FP8 KV layout, which refuses it; use auto or fp8 (both mean fp8_ds_mla)"
