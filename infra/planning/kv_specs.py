@@ -45,7 +45,7 @@ HYBRID_MLA_ALIGNMENT = 128
 HYBRID_BACKEND_ALIGNMENT = 16
 # models/kimi_k3/nvidia/kda.py resolve_kda_prefill_backend: FlashKDA (SM90, SM10x,
 # SM12x; bf16 input, bounded gate) exports prefill checkpoints every 16 tokens
-# (kda_checkpoint.py kda_prefill_checkpoint_alignment), which adds one Mamba
+# (model_executor/layers/mamba/kda_checkpoint.py kda_prefill_checkpoint_alignment), which adds one Mamba
 # block per request (KimiK3DeltaAttention.get_kv_cache_spec). ASSUMPTION: the
 # FlashKDA kernels are built into the serving image.
 FLASHKDA_CHECKPOINT_ALIGNMENT = 16
