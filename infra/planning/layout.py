@@ -352,7 +352,7 @@ def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
     key = ("mrv2", r.minor)
     if key not in cache:
         cache[key] = r.model_runner_v2(
-            arch.model_type, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
+            arch.architectures, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
             quantized=arch.weight_format not in ("", "bf16"),
         )  # fmt: skip
     mrv2 = cache[key]
