@@ -253,10 +253,21 @@ def test_replicas_that_span_nodes_need_efa():
 
 def test_deepseek_v4_refuses_a_kv_dtype_its_packed_layout_refuses():
     """vLLM 0.34 models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype raises for a
-    non-fp8 KV dtype on the FlashMLA path (every CUDA GPU but SM12)."""
+    non-fp8 KV dtype on the packed fp8_ds_mla layout, which both the FlashMLA class and
+    SM12's FlashInfer class (nvidia/flashinfer_sparse.py) use."""
+    from infra.catalog.instances import get_instance_type
+    from infra.catalog.models import load_model
     from infra.planning import PlanRequest, make_plan
+    from infra.planning.layout import Layout, layout_errors
 
     req = PlanRequest(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4)
     refused = make_plan(req.replace(kv_cache_dtype="bfloat16"))
     assert not refused.feasible and any("packed" in e for e in refused.errors)
     assert make_plan(req.replace(kv_cache_dtype="fp8")).feasible
+    # SM12 (RTX PRO 6000, g7e) too.
+    g7e = get_instance_type("g7e.48xlarge")
+    assert g7e.gpu.compute_capability.startswith("12")
+    arch = load_model("deepseek-v4-flash")
+    layout = Layout(tp=8, pp=1, dp=1, expert_parallel=False, kv_cache_dtype="bfloat16")
+    assert any("packed" in e for e in layout_errors(arch, g7e, 1, layout))
+    assert not any("packed" in e for e in layout_errors(arch, g7e, 1, Layout(8, 1, 1, False, "auto")))

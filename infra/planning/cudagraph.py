@@ -45,7 +45,8 @@ DEFAULT_GRAPHS = 102  # 51 PIECEWISE + 51 FULL at max-num-seqs 1024, max-num-bat
 
 # gpt-oss captures up to 1024 tokens whatever max-num-seqs says
 # (model_executor/models/config.py GptOssForCausalLMConfig: "Overriding max cuda graph
-# capture size to 1024 for performance", 0.11+).
+# capture size to 1024 for performance", 0.11+; 0.34 skips the override on SM100,
+# whose own defaults are wider, see capture_sizes).
 MODEL_CAPTURE_CEILING = {"gpt_oss": ("0.11", 1024)}
 
 
@@ -63,6 +64,16 @@ def capture_sizes(release: Release, *, max_num_seqs: int, max_num_batched_tokens
     by max-num-batched-tokens; 0.13+ multiplies max-num-seqs by the uniform
     decode query length (1 + speculative tokens); 0.28+ raises the ceiling to
     1024 on data-center Blackwell (SM100 family).
+
+    ASSUMPTION, 0.34 (config/vllm.py `_set_cudagraph_sizes`,
+    `_split_cudagraph_capture_sizes`), what this count leaves out: max-num-seqs
+    and max-num-batched-tokens are also captured when they fit under the
+    ceiling off the grid's steps (a graph or two); with speculative decoding
+    the token counts of uniform decode batches (request counts x query length)
+    are captured too; and on SM100 the defaults are other grids (prefill up to
+    8192 tokens, `config/compilation.py prefill_cudagraph_capture_grid`, 54
+    sizes at 8192; decode up to max-num-seqs, `decode_cudagraph_capture_grid`,
+    64 at 1024), where this count keeps the 0.28-0.33 grid.
     """
     seqs = max_num_seqs * (decode_query_len if release.at_least("0.13") else 1)
     if ceiling is None:

@@ -20,17 +20,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from infra.catalog.quant import cdiv, round_up
 from infra.planning.vllm_release import Release
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(x: int, multiple: int) -> int:
-    return cdiv(x, multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -69,8 +62,6 @@ class LayerKV:
         )  # fmt: skip
 
     def with_block_size(self, block_size: int, page_bytes: int) -> "LayerKV":
-        from dataclasses import replace
-
         return replace(self, block_size=block_size, page_bytes=page_bytes)
 
 

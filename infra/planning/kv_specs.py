@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch
-from infra.planning.kv_cache import LayerKV, cdiv, round_up
+from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch
+from infra.catalog.quant import cdiv, round_up
+from infra.planning import memory
+from infra.planning.kv_cache import LayerKV
 from infra.planning.vllm_release import Release
-
-MODEL_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSeek-V4's attention backends (models/deepseek_v4/sparse_mla.py, v1/attention/backends/mla/indexer.py)
 # take only 256-token blocks.
@@ -45,7 +45,7 @@ HYBRID_MLA_ALIGNMENT = 128
 HYBRID_BACKEND_ALIGNMENT = 16
 # models/kimi_k3/nvidia/kda.py resolve_kda_prefill_backend: FlashKDA (SM90, SM10x,
 # SM12x; bf16 input, bounded gate) exports prefill checkpoints every 16 tokens
-# (kda_checkpoint.py kda_prefill_checkpoint_alignment), which adds one Mamba
+# (model_executor/layers/mamba/kda_checkpoint.py kda_prefill_checkpoint_alignment), which adds one Mamba
 # block per request (KimiK3DeltaAttention.get_kv_cache_spec). ASSUMPTION: the
 # FlashKDA kernels are built into the serving image.
 FLASHKDA_CHECKPOINT_ALIGNMENT = 16
@@ -63,21 +63,12 @@ class KVSettings:
     num_speculative_tokens: int = 0  # > 0: the MTP layers are loaded and cache too
 
 
-def element_bytes(spec: CacheSpec, kv_bytes: int, model_dtype: str) -> int:
-    model = MODEL_DTYPE_BYTES.get(model_dtype, 2)
-    return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4, CacheDtype.MODEL: model}[spec.dtype]
-
-
-def entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_dtype: str, *, extra_rows: int = 0) -> int:
-    """Bytes of one stored entry (state) of a cache on one TP rank: heads split over
-    TP and replicated past their count (max_tp_shards); `extra_rows` more rows of a
-    convolution state (speculative tokens)."""
-    elements = spec.elements_per_entry
-    if spec.conv_rows and extra_rows:
-        elements = elements * (spec.conv_rows + extra_rows) // spec.conv_rows
-    if spec.sharded_heads:
-        elements *= max(1, spec.sharded_heads // tp)
-    return elements * element_bytes(spec, kv_bytes, model_dtype) + spec.extra_bytes_per_entry
+def entry_bytes(spec: CacheSpec, s: KVSettings, *, extra_rows: int = 0) -> int:
+    """Bytes of one stored entry (state) of a cache on one TP rank (`memory.cache_entry_bytes`:
+    heads split over TP and replicated past their count, max_tp_shards)."""
+    return memory.cache_entry_bytes(
+        spec, s.tp, s.kv_bytes, memory.MODEL_DTYPE_BYTES.get(s.model_dtype, 2), extra_rows=extra_rows
+    )
 
 
 def _has(arch: ModelArch, *kinds: str) -> bool:
@@ -101,13 +92,13 @@ def _attention_page_per_token(arch: ModelArch, s: KVSettings) -> int:
     for layer in arch.layers:
         for c in layer.caches:
             if c.spec_class in ("full", "mla"):
-                return entry_bytes(c, s.tp, s.kv_bytes, s.model_dtype)
+                return entry_bytes(c, s)
     return 0
 
 
 def _mamba_state_bytes(layer: LayerSpec, s: KVSettings) -> int:
     return sum(
-        entry_bytes(c, s.tp, s.kv_bytes, s.model_dtype, extra_rows=s.num_speculative_tokens)
+        entry_bytes(c, s, extra_rows=s.num_speculative_tokens)
         for c in layer.caches
         if c.spec_class == "mamba"
     )
@@ -159,7 +150,7 @@ def layer_specs(layer: LayerSpec, s: KVSettings, plan: BlockPlan, *, draft: bool
             continue
         block = c.block_size or plan.block_size
         tps = c.compress_ratio if c.spec_class in ("full", "mla") else 1
-        page = (block // tps) * entry_bytes(c, s.tp, s.kv_bytes, s.model_dtype)
+        page = (block // tps) * entry_bytes(c, s)
         if c.page_alignment:
             page = round_up(page, c.page_alignment)  # kv_cache_interface.py _apply_alignment_padding
         out.append(

@@ -168,11 +168,13 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
             "the stack runs multi-node replicas over EFA only; pick an EFA instance type or one node per replica"
         )
     errors.extend(fp8_block_moe_errors(arch, layout))
-    if arch.model_type == "deepseek_v4" and not itype.gpu.compute_capability.startswith("12") \
-            and layout.kv_cache_dtype not in DSV4_PACKED_KV_DTYPES:
-        # models/deepseek_v4/nvidia/model.py _select_dsv4_attn_cls: every CUDA GPU but SM12 runs
-        # the FlashMLA class, whose packed layout (attention.py _resolve_dsv4_kv_cache_dtype)
-        # takes auto or fp8 (both become fp8_ds_mla) and refuses any other KV dtype.
+    if arch.model_type == "deepseek_v4" and layout.kv_cache_dtype not in DSV4_PACKED_KV_DTYPES:
+        # models/deepseek_v4/nvidia/model.py _select_dsv4_attn_cls: without --attention-backend,
+        # SM12 runs DeepseekV4FlashInferSM120Attention (nvidia/flashinfer_sparse.py) and every
+        # other CUDA GPU DeepseekV4FlashMLAAttention (nvidia/flashmla.py); both keep
+        # use_fp8_ds_mla_layout = True, whose packed layout (attention.py
+        # _resolve_dsv4_kv_cache_dtype) turns auto and fp8* into fp8_ds_mla and refuses any
+        # other KV dtype. The planner takes the canonical spellings only.
         errors.append(
             f"--kv-cache-dtype {layout.kv_cache_dtype}: vLLM runs DeepSeek-V4 on {itype.gpu.name} with its packed "
             "FP8 KV layout, which refuses it; use auto or fp8 (both mean fp8_ds_mla)"
@@ -332,14 +334,10 @@ def kv_layout(arch: ModelArch, *, release: Release, pp: int, tp: int, kv_bytes: 
             cache[gkey] = (kv_cache.kv_cache_groups(specs, release=release, block_outermost=outermost), plan)
         groups, plan = cache[gkey]
         stage_groups, per_block = [], []
-        n = len(arch.layers)
-        start = 0
-        counts = memory.split_layers(n, pp)
-        for i, count in enumerate(counts):
-            ids = set(range(start, start + count))
+        for i, layers in enumerate(memory.stage_layers(arch, pp)):
+            ids = {layer.index for layer in layers}
             if i == pp - 1:
                 ids |= {layer.index for layer in arch.mtp_layers}  # the drafter runs on the last stage
-            start += count
             projected = kv_cache.project(groups, ids)
             stage_groups.append(tuple(projected))
             per_block.append(kv_cache.bytes_per_block(projected, block_outermost=outermost))
@@ -354,7 +352,7 @@ def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
     key = ("mrv2", r.minor)
     if key not in cache:
         cache[key] = r.model_runner_v2(
-            arch.model_type, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
+            arch.architectures, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
             quantized=arch.weight_format not in ("", "bf16"),
         )  # fmt: skip
     mrv2 = cache[key]
@@ -431,12 +429,20 @@ def weights_bound_errors(arch: ModelArch, itype: InstanceType, layout: Layout, k
     total = total_weight_bytes(arch)
     if total <= gpus * usable:
         return []
-    return [
-        f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total)} of weights at "
-        f"TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} "
-        f"as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * usable)} usable at "
-        f"gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
-    ]
+    return [_weights_do_not_fit(arch, itype, layout, util, usable)]
+
+
+def _weights_do_not_fit(arch: ModelArch, itype: InstanceType, layout: Layout, util: float, usable: int,
+                        fullest: int | None = None) -> str:
+    """The refusal when the weights do not fit, with the replica's memory (and the fullest GPU's weights)."""
+    gpu, gpus = itype.gpu, layout.tp * layout.pp
+    where = f", {_gb(fullest)} on the fullest GPU at" if fullest is not None else " at"
+    return (
+        f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of "
+        f"weights{where} TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold "
+        f"{_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), "
+        f"{_gb(gpus * usable)} usable at gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
+    )  # fmt: skip
 
 
 def _gb(n: float) -> str:
@@ -464,15 +470,7 @@ def memory_errors(arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluati
         )
     worst = max(ev.stages, key=lambda s: s.weights_bytes)
     if worst.weights_bytes > worst.usable_bytes:
-        lay = ev.layout
-        gpus = lay.tp * lay.pp
-        errors.append(
-            f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of weights, "
-            f"{_gb(worst.weights_bytes)} on the fullest GPU at TP {lay.tp} x PP {lay.pp}; "
-            f"{gpus} x {gpu.name} hold {_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it "
-            f"({_gb(gpu.visible_memory_bytes)} each), {_gb(gpus * worst.usable_bytes)} usable at "
-            f"gpu-memory-utilization {util:.2f} ({_gb(worst.usable_bytes)} each)"
-        )
+        errors.append(_weights_do_not_fit(arch, itype, ev.layout, util, worst.usable_bytes, fullest=worst.weights_bytes))
         return errors
     tight = ev.constrained
     need = ev.request_blocks

@@ -203,9 +203,12 @@ def _element_bytes(spec: CacheSpec, kv_bytes: int, model_bytes: int = 2) -> int:
     return {CacheDtype.KV: kv_bytes, CacheDtype.FP8: 1, CacheDtype.FP32: 4, CacheDtype.MODEL: model_bytes}[spec.dtype]
 
 
-def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_bytes: int = 2) -> int:
-    """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank."""
+def cache_entry_bytes(spec: CacheSpec, tp: int, kv_bytes: int, model_bytes: int = 2, *, extra_rows: int = 0) -> int:
+    """Bytes of one cache entry (or of the whole state, for per-sequence states) on one rank;
+    `extra_rows` more rows of a convolution state (one per speculative token)."""
     elements = spec.elements_per_entry
+    if spec.conv_rows and extra_rows:
+        elements = elements * (spec.conv_rows + extra_rows) // spec.conv_rows
     if spec.sharded_heads:
         # KV heads are split over TP and replicated when TP exceeds their count.
         elements *= max(1, spec.sharded_heads // tp)
@@ -327,6 +330,19 @@ class RankBudget:
     max_sequences: float  # vLLM's max concurrency if this rank were the binding one
 
 
+def extensible_margin_bytes(activation: int) -> int:
+    """The margin 0.34's extensible KV cache keeps below free memory:
+    max(floor, fraction x transient peak) (extensible_kv_cache.py measure_kv_cache_bytes)."""
+    return max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+
+
+def extensible_withheld_bytes(*, visible: int, requested: int, activation: int, context: int) -> int:
+    """Memory free at start that gpu-memory-utilization keeps out of 0.34's extensible KV
+    cache: the `withheld` of extensible_kv_cache.py measure_kv_cache_blocks (the budget
+    at all free memory less the budget at the requested memory), negative when none is."""
+    return visible - context - extensible_margin_bytes(activation) - requested
+
+
 def kv_budget_bytes(
     *,
     release: "Release",
@@ -350,8 +366,7 @@ def kv_budget_bytes(
     """
     resident = weights + comm + NON_TORCH_BASE_BYTES
     if release.extensible_kv_cache:
-        margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
-        cap = min(requested, visible - context - margin)
+        cap = min(requested, visible - context - extensible_margin_bytes(activation))
         return cap - resident - cudagraph - activation
     return requested - resident - activation - cudagraph_estimate
 

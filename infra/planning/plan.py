@@ -574,9 +574,10 @@ def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evalua
         if r.extensible_kv_cache and 0.7 < ev.knobs.gpu_memory_utilization < 1.0:
             # v1/worker/extensible_kv_cache.py measure_kv_cache_blocks warns the same way when
             # the utilisation withholds at least 1 GiB of memory free at start.
-            margin = max(memory.EXTENSIBLE_MARGIN_FLOOR_BYTES, int(tight.activation_bytes * memory.EXTENSIBLE_MARGIN_FRACTION))
-            context = memory.cuda_context_bytes(ev.layout.tp * ev.layout.pp > 1)
-            withheld = tight.gpu_visible_bytes - context - margin - tight.usable_bytes
+            withheld = memory.extensible_withheld_bytes(
+                visible=tight.gpu_visible_bytes, requested=tight.usable_bytes, activation=tight.activation_bytes,
+                context=memory.cuda_context_bytes(ev.layout.tp * ev.layout.pp > 1),
+            )  # fmt: skip
             if withheld >= GiB:
                 out.append(
                     f"vLLM {r.version} sizes the KV cache from the memory free after warm-up and CUDA-graph capture "

@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from infra.planning.vllm_release import PINNED
+
 Objective = Literal["max-kv", "min-cost"]
 
 # `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly
 # idle; above 0.98 nothing is left for the CUDA context and graphs vLLM does not count.
 GPU_MEMORY_UTILIZATION_RANGE = (0.5, 0.98)
-# vLLM's --kv-cache-dtype values (vllm/config/cache.py, CacheDType, v0.11).
+# vLLM's --kv-cache-dtype values the planner sizes (vllm/config/cache.py CacheDType in 0.11;
+# 0.34's CacheDType still has each of them, and more the planner does not size).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 WEIGHT_FORMAT_CHOICES = ("bf16", "fp8", "mxfp4", "nvfp4", "int4")
 # Speculative decoding the planner accounts for: the model's own multi-token-
@@ -49,11 +52,15 @@ class PlanRequest:
     expert_parallel: bool | None = None
     dp: int | None = None
     max_model_len: int | None = None  # default: min(model's max, 131072)
+    # ASSUMPTION: 0.90, passed explicitly. vLLM 0.34 leaves it unset by default and then
+    # requests 1.0 with the extensible KV cache (config/cache.py
+    # CacheConfig.resolved_gpu_memory_utilization; 0.92 without it); the plan warns what
+    # 0.90 keeps out of the cache.
     gpu_memory_utilization: float = 0.90
     max_num_batched_tokens: int | None = None  # default: vLLM's for the GPU
     max_num_seqs: int | None = None  # default: derived from KV capacity
     async_scheduling: bool | None = None  # default: vLLM's, unless turning it off admits markedly more
-    vllm_version: str = "0.34.0"  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
+    vllm_version: str = PINNED  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
     speculative_method: str | None = None  # "mtp": the model's MTP layers draft
     num_speculative_tokens: int | None = None  # tokens drafted per step (1 with a method and no count)
     kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit

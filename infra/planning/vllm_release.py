@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from infra.errors import UserError
 
@@ -76,6 +77,8 @@ CHANGES: tuple[Change, ...] = (
            "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request, config/vllm.py max_in_flight_tokens"),
     Change("max concurrency = num_blocks / sum over groups of cdiv(reservation, page)", "0.27.0",
            "v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config"),
+    # Before 0.27: weights + torch peak + non-torch increase. The planner's lines are the same
+    # quantities either way (weights, activation peak, non-torch buffers), so no rule follows it.
     Change("non-KV memory = device free-memory drop (mem_get_info) + transient torch peak", "0.27.0",
            "utils/mem_utils.py memory_profiling"),
     Change("Model Runner V2 by default for every supported configuration", "0.29.0",
@@ -105,14 +108,6 @@ _MRV2_ARCHITECTURES = {
     (0, 27): {"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM", "KimiK3ForConditionalGeneration"},
     (0, 28): {"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM", "Qwen2MoeForCausalLM",
               "KimiK3ForConditionalGeneration"},
-}
-# The HF architecture vLLM resolves for each catalog model_type (config.json "architectures").
-ARCHITECTURE = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
-    "gpt_oss": "GptOssForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "kimi_k2": "DeepseekV3ForCausalLM",
-    "deepseek_v32": "DeepseekV32ForCausalLM", "deepseek_v4": "DeepseekV4ForCausalLM",
-    "kimi_linear": "KimiK3ForConditionalGeneration",
 }
 
 # First release whose KV grouping the planner models for a model type; older
@@ -156,13 +151,6 @@ class Release:
         KV cache is sized after warm-up and the real CUDA-graph capture."""
         return self.at_least("0.34")
 
-    @property
-    def non_kv_from_free_memory(self) -> bool:
-        """0.27+: non-KV = total_consumed (mem_get_info) + transient peak; before:
-        weights + torch peak + non-torch increase. The planner's lines are the same
-        quantities either way (weights, activation peak, non-torch buffers)."""
-        return self.at_least("0.27")
-
     # --- Scheduling -------------------------------------------------------------
 
     def async_scheduling(self, *, ray: bool = True) -> bool:
@@ -173,19 +161,20 @@ class Release:
             return False
         return self.at_least("0.21") or not ray
 
-    def model_runner_v2(self, model_type: str, *, moe: bool, hybrid: bool, quantized: bool) -> bool:
-        """config/vllm.py VllmConfig.use_v2_model_runner (default, no env override)."""
+    def model_runner_v2(self, architectures: Sequence[str], *, moe: bool, hybrid: bool, quantized: bool) -> bool:
+        """config/vllm.py VllmConfig.use_v2_model_runner (default, no env override), for the
+        config's `architectures` (ModelArch.architectures, what the model config resolves)."""
         if self.at_least("0.29"):
             return True
         archs = _MRV2_ARCHITECTURES.get(self.minor)
         if archs is None:
             return False
-        arch = ARCHITECTURE.get(model_type, "")
+        listed = any(a in archs for a in architectures)
         if self.minor <= (0, 23):
-            return arch in archs and not moe and not quantized
+            return listed and not moe and not quantized
         if self.minor == (0, 24):
-            return arch in archs
-        return not hybrid and (arch in archs or not moe)
+            return listed
+        return not hybrid and (listed or not moe)
 
     def max_concurrent_batches(self, pp: int, *, async_scheduling: bool, mrv2: bool) -> int:
         """config/vllm.py VllmConfig.max_concurrent_batches."""

@@ -168,8 +168,9 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
 # Counted as 512 one-byte elements + 72 extra bytes (64 for the RoPE part's second
 # byte, 8 for scales and padding).
 V4_KV_EXTRA_BYTES = 72
-# fp8_ds_mla pages are rounded up to 576 B (sparse_swa.py DeepseekV4SWACache packed_page_alignment,
-# attention.py MLAAttentionSpec(alignment=576)); the SWA cache fixes its block at 64 tokens
+# fp8_ds_mla pages are rounded up to 576 B (vLLM 0.34 v1/attention/backends/mla/sparse_swa.py
+# DeepseekV4SWACache packed_page_alignment, models/deepseek_v4/attention.py
+# MLAAttentionSpec(alignment=576)); the SWA cache fixes its block at 64 tokens
 # (DeepseekV4SWACache block_size=64), the compressed and indexer caches take the engine's.
 V4_PAGE_ALIGNMENT = 576
 V4_SWA_BLOCK = 64
@@ -186,7 +187,7 @@ def _v4_compressor(hidden: int, head_dim: int, ratio: int) -> tuple[list[ParamGr
         group(Role.OTHER, Shard.REPLICATED, ratio * coff * head_dim, "fp32"),
         norms(head_dim),
     ]
-    # vLLM compressor.py CompressorStateCache: a SlidingWindowMLASpec of window coff x ratio,
+    # vLLM 0.34 models/deepseek_v4/compressor.py CompressorStateCache: a SlidingWindowMLASpec of window coff x ratio,
     # block 4 (ratio 4) or 8 (ratio 128) so it shares a page size with the KV blocks, page
     # rounded up to 576 B (fp8_ds_mla alignment).
     state = CacheSpec(
