@@ -1,4 +1,4 @@
-"""Resource options for what holds data worth keeping (audit logs, and the key that decrypts them).
+"""Resource options for what holds data worth keeping (audit logs, the model weights, and the key that decrypts them).
 
 In production such a resource is protected (`pulumi destroy` refuses until it is
 unprotected) and retained on delete (a delete, or a replacement, leaves the cloud
