@@ -61,7 +61,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.protection import kept
+from components.protection import encrypted_log_group, kms_key
 from infra.aws import access
 from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
 from infra.aws.tags import tag_specifications
@@ -343,19 +343,17 @@ class EksCluster(pulumi.ComponentResource):
         )
         log_group_name = control_plane_log_group(cluster_name)
         account_id = pulumi.Output.from_input(args.account_id)
-        self.kms_key = aws.kms.Key(
+        self.kms_key = kms_key(
             f"{name}-secrets",
             description=f"{cluster_name}: Kubernetes secrets, control-plane logs and model weights",
-            enable_key_rotation=True,
-            # The longest wait when the data matters, the shortest otherwise.
-            deletion_window_in_days=30 if args.protect else 7,
             # The role exists before the key: KMS refuses a policy naming a principal it cannot find (the
             # provider retries while IAM propagates: MalformedPolicyDocumentException).
             policy=pulumi.Output.all(account_id, self.cluster_role.arn).apply(
                 lambda v: key_policy(region, v[0], key_users=[v[1]], log_group_names=[log_group_name])
             ),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
+            opts=child,
+            production=args.protect,
         )
         aws.kms.Alias(
             f"{name}-secrets-alias",
@@ -369,14 +367,14 @@ class EksCluster(pulumi.ComponentResource):
             policy=self.kms_key.arn.apply(key_use_policy),
             opts=child,
         )
-        # CloudWatch Logs checks the key policy when the group is associated with the key: the group waits for it.
-        self.log_group = aws.cloudwatch.LogGroup(
+        self.log_group = encrypted_log_group(
             f"{name}-control-plane-logs",
             name=log_group_name,
+            key=self.kms_key,
             retention_in_days=args.log_retention_days,
-            kms_key_id=self.kms_key.arn,
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
+            opts=child,
+            production=args.protect,
         )
         log_group = self.log_group
 

@@ -59,7 +59,7 @@ from typing import Optional
 import pulumi
 import pulumi_aws as aws
 
-from components.protection import kept
+from components.protection import encrypted_log_group, kms_key
 from infra.errors import UserError
 from infra.aws.iam import flow_logs_publish_policy, flow_logs_trust_policy, key_policy
 from infra.aws.subnets import SubnetLayout, check_zones, region_of_zones, subnet_layout
@@ -330,23 +330,22 @@ class Network(pulumi.ComponentResource):
         """The VPC's flow log, its encrypted log group, the group's key and the delivery role (module docstring)."""
         region, group_name = args.aws_region, flow_log_group_name(name)
         account_id = pulumi.Output.from_input(args.account_id)
-        keep = pulumi.ResourceOptions.merge(child, kept(args.protect))
-        self.flow_log_key = aws.kms.Key(
+        self.flow_log_key = kms_key(
             f"{name}-flow-logs-key",
             description=f"{name}: VPC flow logs",
-            enable_key_rotation=True,
-            deletion_window_in_days=30 if args.protect else 7,
             policy=account_id.apply(lambda account: key_policy(region, account, log_group_names=[group_name])),
             tags=tags,
-            opts=keep,
+            opts=child,
+            production=args.protect,
         )
-        self.flow_log_group = aws.cloudwatch.LogGroup(
+        self.flow_log_group = encrypted_log_group(
             f"{name}-flow-logs",
             name=group_name,
+            key=self.flow_log_key,
             retention_in_days=args.log_retention_days,
-            kms_key_id=self.flow_log_key.arn,
             tags=tags,
-            opts=keep,
+            opts=child,
+            production=args.protect,
         )
         role = aws.iam.Role(
             f"{name}-flow-logs-role",
