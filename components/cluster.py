@@ -64,6 +64,7 @@ import pulumi_kubernetes as k8s
 from components.protection import encrypted_log_group, kms_key
 from infra.aws import access
 from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
+from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
 from infra.errors import UserError
@@ -298,7 +299,7 @@ def system_launch_template_args(name: str, instance_tags: Mapping[str, str]) -> 
     return {
         "description": "System nodes: IMDSv2, the stack's tags on instances, volumes and interfaces",
         "update_default_version": True,
-        "metadata_options": {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+        "metadata_options": metadata_options(),
         "tag_specifications": tag_specifications(instance_tags, name),
     }
 
@@ -455,7 +456,7 @@ class EksCluster(pulumi.ComponentResource):
             release_version=args.system_release_version,
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.system_launch_template.id,
-                version=self.system_launch_template.latest_version.apply(_template_version),
+                version=self.system_launch_template.latest_version.apply(template_version),
             ),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.system_node_count,
@@ -625,9 +626,7 @@ class EksCluster(pulumi.ComponentResource):
             instance_type=access.BASTION_INSTANCE_TYPE,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             vpc_security_group_ids=[group.id],
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**metadata_options()),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=access.BASTION_ROOT_DEVICE,
@@ -646,16 +645,14 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-bastion",
             subnet_id=args.bastion_subnet_id,
             associate_public_ip_address=False,
-            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
+            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(**metadata_options()),
             # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances"). On the
             # instance, not in its template: EC2 switches it on a running instance (MonitorInstances), while any
             # change to the template would be a new template version, which replaces the instance, and a new
             # bastion is a new kubeconfig for everything deployed through the Kubernetes provider.
             monitoring=True,
             launch_template=aws.ec2.InstanceLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(_template_version)
+                id=template.id, version=template.latest_version.apply(template_version)
             ),
             tags={**tags, "Name": f"{cluster_name}-bastion"},
             # The instance profile's role needs its SSM policy before the agent registers.
@@ -716,11 +713,6 @@ class EksCluster(pulumi.ComponentResource):
 def _renamed(opts: pulumi.ResourceOptions, old_name: str) -> pulumi.ResourceOptions:
     """`opts` plus an alias to the resource's former name (same type and parent): a rename, not a replacement."""
     return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)]))
-
-
-def _template_version(version: Any) -> Optional[str]:
-    # A launch template's latest version is an integer (a float under the mocks); EKS and EC2 want a string.
-    return None if version is None else str(int(version))
 
 
 def _oidc_issuer(identities: Any) -> Optional[str]:
