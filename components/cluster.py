@@ -45,7 +45,8 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
   that on destroy everything deployed through it goes while the way in remains.
 
 Resource options that matter are computed by the small functions below
-(`cluster_ignore_changes`, `ADDONS_BEFORE_NODES`, ...) and tested directly.
+(`cluster_ignore_changes`, ...) and data (`ADDONS_BEFORE_NODES`, with the
+add-on names in infra/catalog/eks.py), and tested directly.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, manage
 from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
+from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, FSX_CSI_ADDON, addon_names
 from infra.errors import UserError
 from infra.k8s.scheduling import system_labels
 
@@ -85,17 +87,6 @@ CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 # "Manage EFA devices on Amazon EKS": efa-only interfaces). The version itself is
 # pinned per Kubernetes version in infra/catalog/eks_versions.py.
 VPC_CNI_MIN_EFA_ONLY = (1, 18, 4)
-
-# Add-ons that must be running before a node can become Ready: without a CNI the
-# kubelet reports NetworkPluginNotReady and an EKS managed node group never
-# finishes creating. The pod identity agent is a DaemonSet that must be on each
-# node before a pod using Pod Identity starts. (terraform-aws-eks calls this
-# `before_compute`.)
-ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
-# Add-ons whose pods need a node to schedule on: creating them before any node
-# exists leaves them DEGRADED and the create times out.
-ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver")
-FSX_CSI_ADDON = "aws-fsx-csi-driver"
 
 # Add-on configuration values (the add-on's configuration schema, `aws eks describe-addon-configuration`).
 # vpc-cni: enforce Kubernetes NetworkPolicies with its node agent (EKS User Guide, "Restrict Pod network
@@ -247,11 +238,6 @@ def check_vpc_cni_version(version: str) -> None:
         raise UserError(f"vpc-cni {version} cannot drive efa-only interfaces; use v{minimum} or later")
     if parse_addon_version(version) < VPC_CNI_MIN_NETWORK_POLICY:  # below the EFA minimum today; kept for the pairing
         raise UserError(f"vpc-cni {version} cannot enforce network policies; use v1.14.0 or later")
-
-
-def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
-    """Every managed add-on the cluster gets, in creation order."""
-    return ADDONS_BEFORE_NODES + ADDONS_AFTER_NODES + ((FSX_CSI_ADDON,) if enable_fsx_csi else ())
 
 
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:

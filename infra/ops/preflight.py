@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
+from infra.catalog.eks import addon_names
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
 from infra.errors import UserError
@@ -189,7 +190,7 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
     plan = make_plan(cfg.plan_request())
     version = cfg.kubernetes_version(eks_versions.today())
     pinned = eks_versions.addon_versions(version)
-    installed = [a for a in eks_versions.PINNED_ADDONS if a != "aws-fsx-csi-driver" or cfg.cluster.fsx_csi]
+    installed = addon_names(cfg.cluster.fsx_csi)
     try:
         cold = plan.deployment().storage.estimated_cold_start_s
     except UserError:  # a plan that cannot be served: the other checks still answer, the window check has no cold start
@@ -559,7 +560,7 @@ def _standard_support_warning(version: str, std_end: Optional[dt.date], today: d
     """(warning, fix) when standard support of `version` ends within STANDARD_SUPPORT_WARNING of `today`."""
     if std_end is None or not (today <= std_end <= today + STANDARD_SUPPORT_WARNING):
         return "", ""
-    newer = [v for v in eks_versions.supported_versions() if _version_key(v) > _version_key(version)]
+    newer = [v for v in eks_versions.supported_versions() if eks_versions.version_key(v) > eks_versions.version_key(version)]
     return (
         f"standard support of {version} ends {std_end} (in {(std_end - today).days} days); after that EKS bills "
         "extended support per cluster hour",
@@ -568,17 +569,13 @@ def _standard_support_warning(version: str, std_end: Optional[dt.date], today: d
     )
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(map(int, version.split(".")))
-
-
 def _calendar_check(name: str, version: str, today: dt.date, why: str) -> Check:
-    newest = max(eks_versions.RELEASES, key=_version_key)
+    newest = max(eks_versions.RELEASES, key=eks_versions.version_key)
     entry = eks_versions.release(version)
     src = f"from the built-in calendar, {EKS_CALENDAR_SOURCE}; {why}"
     upgrade = f"set gpu-serving:cluster.kubernetesVersion to a supported version (newest known: {newest})"
     if entry is None:
-        if _version_key(version) > _version_key(newest):
+        if eks_versions.version_key(version) > eks_versions.version_key(newest):
             return Check(name, None, f"{version} is newer than the {src}",
                          "check `aws eks describe-cluster-versions` or the EKS release calendar")  # fmt: skip
         return Check(name, False, f"{version} is no longer offered by EKS ({src})", upgrade)
