@@ -629,24 +629,24 @@ def check_addon_versions(eks, t: Target) -> Check:
     name = "add-on versions offered"
     if not t.addon_versions:
         return Check(name, True, "no add-ons pinned")
-    missing: list[str] = []
-    offered_any: dict[str, list[str]] = {}
+    missing: list[tuple[str, str, list[str]]] = []  # (add-on, pinned version, the versions EKS offers)
     for addon, version in t.addon_versions:
         try:
             pages = eks.get_paginator("describe_addon_versions").paginate(addonName=addon, kubernetesVersion=t.kubernetes_version)
+            # botocore's eks model: DescribeAddonVersions returns addons[] (AddonInfo), each with addonVersions[].addonVersion.
             offered = [v["addonVersion"] for page in pages for a in page.get("addons", []) for v in a.get("addonVersions", [])]
         except Exception as exc:  # noqa: BLE001
             fix = "grant eks:DescribeAddonVersions" if aws.is_denied(exc) else "rerun; check the region and credentials"
             return Check(name, None, f"could not list the versions of {addon} for Kubernetes {t.kubernetes_version}: "
                                      f"{_error_text(exc)}", fix)  # fmt: skip
-        offered_any[addon] = offered
         if version not in offered:
-            missing.append(f"{addon} {version}")
+            missing.append((addon, version, offered))
     pins = ", ".join(f"{a} {v}" for a, v in t.addon_versions)
     if missing:
-        hints = "; ".join(f"{m.split()[0]}: e.g. {offered_any[m.split()[0]][0]}" for m in missing if offered_any[m.split()[0]])
+        hints = "; ".join(f"{a}: e.g. {offered[0]}" for a, _, offered in missing if offered)
+        not_offered = ", ".join(f"{a} {v}" for a, v, _ in missing)
         return Check(
-            name, False, f"EKS does not offer {', '.join(missing)} for Kubernetes {t.kubernetes_version} in {t.region}",
+            name, False, f"EKS does not offer {not_offered} for Kubernetes {t.kubernetes_version} in {t.region}",
             f"pin an offered version in infra/catalog/eks_versions.py ADDON_VERSIONS[{t.kubernetes_version!r}]"
             + (f" ({hints})" if hints else "") + f"; list them with `aws eks describe-addon-versions --kubernetes-version {t.kubernetes_version} --addon-name <name>`",
         )  # fmt: skip
