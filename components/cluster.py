@@ -333,8 +333,9 @@ class EksCluster(pulumi.ComponentResource):
         self.kms_key = kms_key(
             f"{name}-secrets",
             description=f"{cluster_name}: Kubernetes secrets, control-plane logs and model weights",
-            # The role exists before the key: KMS refuses a policy naming a principal it cannot find (the
-            # provider retries while IAM propagates: MalformedPolicyDocumentException).
+            # The role exists before the key: KMS refuses a policy naming a principal it cannot find (botocore's
+            # kms model, CreateKey Policy: "The principals in the key policy must exist and be visible to KMS";
+            # the provider retries while IAM propagates: MalformedPolicyDocumentException).
             policy=pulumi.Output.all(account_id, self.cluster_role.arn).apply(
                 lambda v: key_policy(region, v[0], key_users=[v[1]], log_group_names=[log_group_name])
             ),

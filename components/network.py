@@ -27,8 +27,13 @@ One `Network` component (`gpu-serving:network:Network`) creates, for a new VPC:
 - the VPC's default security group, adopted with no rules: nothing of the
   stack uses it, and anything launched without a group of its own then gets
   no traffic at all (Amazon VPC User Guide, "Default security groups for your
-  VPCs"; AWS Security Hub control EC2.2). Pulumi cannot delete a default group:
-  on destroy it leaves it, and the VPC's deletion takes it along;
+  VPCs"; AWS Security Hub control EC2.2). Adopting it removes every rule AWS
+  put in it and keeps only those declared (none); Pulumi cannot delete a
+  default group: on destroy it leaves it, and the VPC's deletion takes it along
+  (pulumi_aws ec2.DefaultSecurityGroup: "When the provider first begins
+  managing the default security group, it immediately removes all ingress and
+  egress rules", and removing the resource "will not destroy the Security
+  Group"; the same page: it is incompatible with separate rule resources);
 - VPC flow logs (`REJECT`ed connections, or `ALL`) to a CloudWatch log group
   of their own (`/aws/vpc/<name>/flow-logs`) with the config's retention,
   encrypted with a KMS key of the network's (its policy lets CloudWatch Logs
@@ -387,7 +392,7 @@ class Network(pulumi.ComponentResource):
         self.default_security_group = aws.ec2.DefaultSecurityGroup(
             f"{name}-default-sg",
             vpc_id=vpc.id,
-            # No ingress and no egress: adopting the group removes the rules AWS put in it.
+            # No ingress and no egress: adopting the group removes the rules AWS put in it (module docstring).
             tags={**tags, "Name": f"{name}-default"},
             opts=child,
         )

@@ -493,6 +493,7 @@ def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Chec
     else:
         problems.append(f"it cannot be used (state {state})")
         fixes.append(f"get a new {kind} and set gpu-serving:gpu.capacity.reservationId")
+    # botocore's ec2 model, CapacityReservation.PlacementGroupArn: the cluster placement group it was created in.
     group_arn = cr.get("PlacementGroupArn")
     group = str(group_arn).rsplit("placement-group/", 1)[-1] if group_arn else None
     if group:
