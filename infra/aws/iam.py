@@ -169,7 +169,8 @@ def flow_logs_publish_policy(region: str, account_id: str, log_group_name: str) 
     The VPC User Guide's list of permissions ("IAM role for publishing flow logs to CloudWatch Logs"),
     narrowed: the streams' actions only on the stack's log group, DescribeLogGroups on `*` (it takes no
     resource), and no CreateLogGroup: the stack creates the group (encrypted, with a retention), and a
-    deleted one is not silently made again without either.
+    deleted one is not silently made again without either. terraform-aws-modules/terraform-aws-vpc
+    (vpc-flow-logs.tf, the role for a log group it creates) grants the same four actions.
     """
     group = log_group_arn(region, account_id, log_group_name)
     return json.dumps(
