@@ -45,7 +45,8 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
   that on destroy everything deployed through it goes while the way in remains.
 
 Resource options that matter are computed by the small functions below
-(`cluster_ignore_changes`, `ADDONS_BEFORE_NODES`, ...) and tested directly.
+(`cluster_ignore_changes`, ...) and data (`ADDONS_BEFORE_NODES`, with the
+add-on names in infra/catalog/eks.py), and tested directly.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.protection import kept
+from components.protection import encrypted_log_group, kms_key
 from infra.aws import access
 from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
+from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
+from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, FSX_CSI_ADDON, addon_names
 from infra.errors import UserError
 from infra.k8s.scheduling import system_labels
 
@@ -84,17 +87,6 @@ CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 # "Manage EFA devices on Amazon EKS": efa-only interfaces). The version itself is
 # pinned per Kubernetes version in infra/catalog/eks_versions.py.
 VPC_CNI_MIN_EFA_ONLY = (1, 18, 4)
-
-# Add-ons that must be running before a node can become Ready: without a CNI the
-# kubelet reports NetworkPluginNotReady and an EKS managed node group never
-# finishes creating. The pod identity agent is a DaemonSet that must be on each
-# node before a pod using Pod Identity starts. (terraform-aws-eks calls this
-# `before_compute`.)
-ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
-# Add-ons whose pods need a node to schedule on: creating them before any node
-# exists leaves them DEGRADED and the create times out.
-ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver")
-FSX_CSI_ADDON = "aws-fsx-csi-driver"
 
 # Add-on configuration values (the add-on's configuration schema, `aws eks describe-addon-configuration`).
 # vpc-cni: enforce Kubernetes NetworkPolicies with its node agent (EKS User Guide, "Restrict Pod network
@@ -248,11 +240,6 @@ def check_vpc_cni_version(version: str) -> None:
         raise UserError(f"vpc-cni {version} cannot enforce network policies; use v1.14.0 or later")
 
 
-def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
-    """Every managed add-on the cluster gets, in creation order."""
-    return ADDONS_BEFORE_NODES + ADDONS_AFTER_NODES + ((FSX_CSI_ADDON,) if enable_fsx_csi else ())
-
-
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:
     return (EFS_CSI, FSX_CSI) if enable_fsx_csi else (EFS_CSI,)
 
@@ -298,7 +285,7 @@ def system_launch_template_args(name: str, instance_tags: Mapping[str, str]) -> 
     return {
         "description": "System nodes: IMDSv2, the stack's tags on instances, volumes and interfaces",
         "update_default_version": True,
-        "metadata_options": {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+        "metadata_options": metadata_options(),
         "tag_specifications": tag_specifications(instance_tags, name),
     }
 
@@ -343,19 +330,18 @@ class EksCluster(pulumi.ComponentResource):
         )
         log_group_name = control_plane_log_group(cluster_name)
         account_id = pulumi.Output.from_input(args.account_id)
-        self.kms_key = aws.kms.Key(
+        self.kms_key = kms_key(
             f"{name}-secrets",
             description=f"{cluster_name}: Kubernetes secrets, control-plane logs and model weights",
-            enable_key_rotation=True,
-            # The longest wait when the data matters, the shortest otherwise.
-            deletion_window_in_days=30 if args.protect else 7,
-            # The role exists before the key: KMS refuses a policy naming a principal it cannot find (the
-            # provider retries while IAM propagates: MalformedPolicyDocumentException).
+            # The role exists before the key: KMS refuses a policy naming a principal it cannot find (botocore's
+            # kms model, CreateKey Policy: "The principals in the key policy must exist and be visible to KMS";
+            # the provider retries while IAM propagates: MalformedPolicyDocumentException).
             policy=pulumi.Output.all(account_id, self.cluster_role.arn).apply(
                 lambda v: key_policy(region, v[0], key_users=[v[1]], log_group_names=[log_group_name])
             ),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
+            opts=child,
+            production=args.protect,
         )
         aws.kms.Alias(
             f"{name}-secrets-alias",
@@ -369,14 +355,14 @@ class EksCluster(pulumi.ComponentResource):
             policy=self.kms_key.arn.apply(key_use_policy),
             opts=child,
         )
-        # CloudWatch Logs checks the key policy when the group is associated with the key: the group waits for it.
-        self.log_group = aws.cloudwatch.LogGroup(
+        self.log_group = encrypted_log_group(
             f"{name}-control-plane-logs",
             name=log_group_name,
+            key=self.kms_key,
             retention_in_days=args.log_retention_days,
-            kms_key_id=self.kms_key.arn,
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, kept(args.protect)),
+            opts=child,
+            production=args.protect,
         )
         log_group = self.log_group
 
@@ -457,7 +443,7 @@ class EksCluster(pulumi.ComponentResource):
             release_version=args.system_release_version,
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.system_launch_template.id,
-                version=self.system_launch_template.latest_version.apply(_template_version),
+                version=self.system_launch_template.latest_version.apply(template_version),
             ),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.system_node_count,
@@ -627,9 +613,7 @@ class EksCluster(pulumi.ComponentResource):
             instance_type=access.BASTION_INSTANCE_TYPE,
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=profile.arn),
             vpc_security_group_ids=[group.id],
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**metadata_options()),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=access.BASTION_ROOT_DEVICE,
@@ -648,16 +632,14 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-bastion",
             subnet_id=args.bastion_subnet_id,
             associate_public_ip_address=False,
-            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
+            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(**metadata_options()),
             # Metrics every minute (EC2 User Guide, "Manage detailed monitoring for your EC2 instances"). On the
             # instance, not in its template: EC2 switches it on a running instance (MonitorInstances), while any
             # change to the template would be a new template version, which replaces the instance, and a new
             # bastion is a new kubeconfig for everything deployed through the Kubernetes provider.
             monitoring=True,
             launch_template=aws.ec2.InstanceLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(_template_version)
+                id=template.id, version=template.latest_version.apply(template_version)
             ),
             tags={**tags, "Name": f"{cluster_name}-bastion"},
             # The instance profile's role needs its SSM policy before the agent registers.
@@ -718,11 +700,6 @@ class EksCluster(pulumi.ComponentResource):
 def _renamed(opts: pulumi.ResourceOptions, old_name: str) -> pulumi.ResourceOptions:
     """`opts` plus an alias to the resource's former name (same type and parent): a rename, not a replacement."""
     return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)]))
-
-
-def _template_version(version: Any) -> Optional[str]:
-    # A launch template's latest version is an integer (a float under the mocks); EKS and EC2 want a string.
-    return None if version is None else str(int(version))
 
 
 def _oidc_issuer(identities: Any) -> Optional[str]:

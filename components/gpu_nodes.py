@@ -77,6 +77,7 @@ from infra.aws.gpu_nodes import (
     update_config,
     uses_instance_store,
 )
+from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.capacity import ON_DEMAND
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, GPU_AMI_TYPES
@@ -86,8 +87,6 @@ from infra.k8s.scheduling import gpu_labels, gpu_taints
 TYPE = "gpu-serving:gpu:GpuNodeGroup"
 
 ROOT_VOLUME_TYPE = "gp3"  # EC2 VolumeType
-IMDS_TOKENS = "required"  # EC2 LaunchTemplateHttpTokensState: IMDSv2 only
-IMDS_ENDPOINT = "enabled"
 
 
 @dataclass(frozen=True)
@@ -122,11 +121,6 @@ class GpuNodeGroupArgs:
     release_version: Optional[str] = None
     imds_hop_limit: int = 1
     tags: Optional[Mapping[str, str]] = None
-
-
-def _template_version(version) -> Optional[str]:
-    # The template's latest version is an integer (a float under the mocks); EKS wants a string.
-    return None if version is None else str(int(version))
 
 
 def node_group_options(capacity_kind: str) -> pulumi.ResourceOptions:
@@ -187,11 +181,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
                 for i in interfaces
             ],
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint=IMDS_ENDPOINT,
-                http_tokens=IMDS_TOKENS,
-                http_put_response_hop_limit=args.imds_hop_limit,
-            ),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**metadata_options(args.imds_hop_limit)),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=root_device_name(args.ami_type),
@@ -248,7 +238,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             release_version=args.release_version,
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.launch_template.id,
-                version=self.launch_template.latest_version.apply(_template_version),
+                version=self.launch_template.latest_version.apply(template_version),
             ),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.node_count,

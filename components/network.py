@@ -27,8 +27,13 @@ One `Network` component (`gpu-serving:network:Network`) creates, for a new VPC:
 - the VPC's default security group, adopted with no rules: nothing of the
   stack uses it, and anything launched without a group of its own then gets
   no traffic at all (Amazon VPC User Guide, "Default security groups for your
-  VPCs"; AWS Security Hub control EC2.2). Pulumi cannot delete a default group:
-  on destroy it leaves it, and the VPC's deletion takes it along;
+  VPCs"; AWS Security Hub control EC2.2). Adopting it removes every rule AWS
+  put in it and keeps only those declared (none); Pulumi cannot delete a
+  default group: on destroy it leaves it, and the VPC's deletion takes it along
+  (pulumi_aws ec2.DefaultSecurityGroup: "When the provider first begins
+  managing the default security group, it immediately removes all ingress and
+  egress rules", and removing the resource "will not destroy the Security
+  Group"; the same page: it is incompatible with separate rule resources);
 - VPC flow logs (`REJECT`ed connections, or `ALL`) to a CloudWatch log group
   of their own (`/aws/vpc/<name>/flow-logs`) with the config's retention,
   encrypted with a KMS key of the network's (its policy lets CloudWatch Logs
@@ -59,7 +64,7 @@ from typing import Optional
 import pulumi
 import pulumi_aws as aws
 
-from components.protection import kept
+from components.protection import encrypted_log_group, kms_key
 from infra.errors import UserError
 from infra.aws.iam import flow_logs_publish_policy, flow_logs_trust_policy, key_policy
 from infra.aws.subnets import SubnetLayout, check_zones, region_of_zones, subnet_layout
@@ -330,23 +335,22 @@ class Network(pulumi.ComponentResource):
         """The VPC's flow log, its encrypted log group, the group's key and the delivery role (module docstring)."""
         region, group_name = args.aws_region, flow_log_group_name(name)
         account_id = pulumi.Output.from_input(args.account_id)
-        keep = pulumi.ResourceOptions.merge(child, kept(args.protect))
-        self.flow_log_key = aws.kms.Key(
+        self.flow_log_key = kms_key(
             f"{name}-flow-logs-key",
             description=f"{name}: VPC flow logs",
-            enable_key_rotation=True,
-            deletion_window_in_days=30 if args.protect else 7,
             policy=account_id.apply(lambda account: key_policy(region, account, log_group_names=[group_name])),
             tags=tags,
-            opts=keep,
+            opts=child,
+            production=args.protect,
         )
-        self.flow_log_group = aws.cloudwatch.LogGroup(
+        self.flow_log_group = encrypted_log_group(
             f"{name}-flow-logs",
             name=group_name,
+            key=self.flow_log_key,
             retention_in_days=args.log_retention_days,
-            kms_key_id=self.flow_log_key.arn,
             tags=tags,
-            opts=keep,
+            opts=child,
+            production=args.protect,
         )
         role = aws.iam.Role(
             f"{name}-flow-logs-role",
@@ -388,7 +392,7 @@ class Network(pulumi.ComponentResource):
         self.default_security_group = aws.ec2.DefaultSecurityGroup(
             f"{name}-default-sg",
             vpc_id=vpc.id,
-            # No ingress and no egress: adopting the group removes the rules AWS put in it.
+            # No ingress and no egress: adopting the group removes the rules AWS put in it (module docstring).
             tags={**tags, "Name": f"{name}-default"},
             opts=child,
         )

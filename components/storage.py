@@ -68,6 +68,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.protection import kept
 from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
 from infra.k8s import network_policies, script_files
@@ -218,11 +219,6 @@ def staging_image_id(args: ModelStorageArgs) -> Optional[str]:
     return args.staging_image_id
 
 
-def protection(production: bool) -> pulumi.ResourceOptions:
-    """What holds the weights: protected and retained on delete in production, disposable otherwise."""
-    return pulumi.ResourceOptions(protect=production, retain_on_delete=production)
-
-
 def pv_name(namespace: str, pvc_name: str) -> str:
     """The PersistentVolume's (cluster-wide) name: unique per namespace and claim."""
     return f"{namespace}-{pvc_name}"[:253]
@@ -308,7 +304,7 @@ class ModelStorage(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         self.args = args
         child = pulumi.ResourceOptions(parent=self)
-        keep = pulumi.ResourceOptions.merge(child, protection(args.production))
+        keep = pulumi.ResourceOptions.merge(child, kept(args.production))  # what holds the weights
         tags = dict(args.tags)
         figures: Storage = args.storage
 

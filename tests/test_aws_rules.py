@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import botocore.session
 import pytest
 from pulumi_policy import (
     PolicyCustomTimeouts,
@@ -19,6 +20,7 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 import policies.__main__ as pack
 from infra.aws.iam import key_policy
+from infra.catalog.cloudwatch import LOG_RETENTION_DAYS
 from infra.preview.policy_check import check_document
 from infra.preview.synth import synthesize
 from policies import aws_rules as A
@@ -57,6 +59,14 @@ def test_the_aws_rules_are_registered_after_the_others_as_mandatory_rules():
 
 
 # --- EKS control-plane logs -----------------------------------------------------------------------------------
+
+
+def test_the_packs_aws_values_are_the_apis():
+    """The pack repeats these values (it imports nothing of the project): botocore's eks LogType, and a
+    retention CloudWatch Logs accepts (infra/catalog/cloudwatch.py, checked against botocore's logs model)."""
+    log_types = botocore.session.get_session().get_service_model("eks").shape_for("LogType").enum
+    assert sorted(A.CONTROL_PLANE_LOG_TYPES) == sorted(log_types)
+    assert A.PRODUCTION_MIN_RETENTION_DAYS in LOG_RETENTION_DAYS
 
 
 def test_eks_sends_every_control_plane_log_type():

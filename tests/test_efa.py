@@ -11,6 +11,7 @@ import pytest
 from moto.utilities.utils import load_resource
 
 from components import gpu_nodes
+from infra.aws import launch_template
 from infra.aws.tags import TAGGED_RESOURCE_TYPES
 from infra.aws import gpu_nodes as efa
 from infra.catalog import eks
@@ -224,8 +225,8 @@ def launch_template_member(*path: str):
 def test_ec2_enums() -> None:
     assert gpu_nodes.ROOT_VOLUME_TYPE in launch_template_member("BlockDeviceMappings", "[]", "Ebs", "VolumeType").enum
     assert efa.MARKET_CAPACITY_BLOCK in launch_template_member("InstanceMarketOptions", "MarketType").enum
-    assert gpu_nodes.IMDS_TOKENS in launch_template_member("MetadataOptions", "HttpTokens").enum
-    assert gpu_nodes.IMDS_ENDPOINT in launch_template_member("MetadataOptions", "HttpEndpoint").enum
+    assert launch_template.IMDS_TOKENS in launch_template_member("MetadataOptions", "HttpTokens").enum
+    assert launch_template.IMDS_ENDPOINT in launch_template_member("MetadataOptions", "HttpEndpoint").enum
     resource_types = launch_template_member("TagSpecifications", "[]", "ResourceType").enum
     assert set(TAGGED_RESOURCE_TYPES) <= set(resource_types)
     # The template's InterfaceType is a free string in the API; the enum of what a card accepts

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import email
+import re
 from typing import Any
 
 import botocore.session
@@ -101,6 +102,16 @@ def test_root_volume_takes_the_image_pull_otherwise():
     # 60 GiB in 240 s is 256 MiB/s, rounded up to 275; 275 MiB/s at 64 KiB a write is 4,400 IOPS.
     assert (perf.throughput_mibps, perf.iops) == (275, 4400)
     assert perf.throughput_mibps <= perf.iops * g.GP3_MIBPS_PER_IOPS
+
+
+def test_gp3_ranges_are_ec2s():
+    """gp3's IOPS and throughput ranges as EC2 CreateVolume documents them in botocore's ec2 model."""
+    members = botocore.session.get_session().get_service_model("ec2").operation_model("CreateVolume").input_shape.members
+    text = {k: " ".join(re.sub(r"<[^>]+>", " ", members[k].documentation).split()).replace(",", "") for k in ("Iops", "Throughput")}
+    iops = re.search(r"gp3: (\d+) \( default \) - (\d+) IOPS", text["Iops"])
+    mibps = re.search(r"Valid Range: (\d+) - (\d+) MiB/s", text["Throughput"])
+    assert iops and (int(iops[1]), int(iops[2])) == (g.GP3_BASE_IOPS, g.GP3_MAX_IOPS)
+    assert mibps and (int(mibps[1]), int(mibps[2])) == (g.GP3_BASE_MIBPS, g.GP3_MAX_MIBPS)
 
 
 @pytest.mark.parametrize("size", [8, 50, 200, 2000, 16384])

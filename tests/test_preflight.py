@@ -514,6 +514,7 @@ def test_addon_pins_checked_against_describe_addon_versions(aws):
     no = pf.check_addon_versions(clients(gaps).eks, t)
     assert no.ok is False and f"EKS does not offer coredns {pins['coredns'].version} for Kubernetes 1.35" in no.detail
     assert "ADDON_VERSIONS['1.35']" in no.fix
+    assert f"(coredns: e.g. {pins['coredns'].version.rsplit('.', 1)[0]}.99)" in no.fix  # what EKS does offer
     unknown = pf.check_addon_versions(clients().eks, t)  # moto itself: not routed
     assert unknown.ok is None and "could not list the versions of" in unknown.detail
 

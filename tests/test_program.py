@@ -177,6 +177,18 @@ def test_test_stack_keeps_nothing_after_destroy():
     assert {r.inputs["retentionInDays"] for r in rec.of_type("aws:cloudwatch/logGroup:LogGroup")} == {365}
 
 
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_the_serving_namespace_pins_pod_security_to_the_clusters_version(stack):
+    """The Pod Security labels name the version the cluster runs, also when the config leaves it to the default
+    (a version label is `latest` or a version such as `v1.35`: Kubernetes documentation, "Enforce Pod Security
+    Standards by Configuring the Built-in Admission Controller")."""
+    rec = _stack(stack)
+    version = rec.one("aws:eks/cluster:Cluster").inputs["version"]
+    (namespace,) = [r for r in rec.of_type("kubernetes:core/v1:Namespace") if r.name.endswith("-serving")]
+    labels = namespace.inputs["metadata"]["labels"]
+    assert {labels[f"pod-security.kubernetes.io/{m}-version"] for m in ("enforce", "warn", "audit")} == {f"v{version}"}
+
+
 def test_every_aws_resource_uses_the_tagging_provider():
     rec = _stack("prod")
     provider = rec.one("pulumi:providers:aws")

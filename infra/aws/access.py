@@ -54,7 +54,7 @@ TUNNEL_EXTENSION = "gpu-serving/api-tunnel"  # name of the kubeconfig extension 
 # instead of an AMI ID" in launch templates).
 BASTION_INSTANCE_TYPE = "t3.micro"
 BASTION_IMAGE = "resolve:ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
-BASTION_ROOT_DEVICE = "/dev/xvda"
+BASTION_ROOT_DEVICE = "/dev/xvda"  # the AL2023 AMIs' root_device_name (moto's EC2 data, ec2/resources/latest_amis)
 BASTION_ROOT_GIB = 8  # the AL2023 AMI's own root size
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
 

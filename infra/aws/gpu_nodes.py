@@ -237,10 +237,11 @@ def encode_user_data(text: Optional[str]) -> Optional[str]:
     return None if text is None else base64.b64encode(text.encode()).decode()
 
 
-# gp3 (EBS User Guide, "General Purpose SSD volumes"): 3,000 IOPS and 125 MiB/s included at any size; up to
-# 16,000 IOPS (500 per GiB) and 1,000 MiB/s (0.25 MiB/s per provisioned IOPS).
+# gp3 (EBS User Guide, "General Purpose SSD volumes"): 3,000 IOPS and 125 MiB/s included at any size; at most
+# 500 IOPS per GiB and 0.25 MiB/s per provisioned IOPS. The ranges: EC2 CreateVolume in botocore's ec2 model
+# (`Iops` "gp3: 3,000 (default) - 80,000 IOPS", `Throughput` "125 - 2000 MiB/s"; the tests read them).
 GP3_BASE_IOPS, GP3_BASE_MIBPS = 3_000, 125
-GP3_MAX_IOPS, GP3_MAX_MIBPS = 16_000, 1_000
+GP3_MAX_IOPS, GP3_MAX_MIBPS = 80_000, 2_000
 GP3_IOPS_PER_GIB = 500
 GP3_MIBPS_PER_IOPS = 0.25
 

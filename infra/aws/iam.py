@@ -51,11 +51,15 @@ def assume_role_policy(service: str, *, tag_session: bool = False, condition: Op
     return json.dumps({"Version": "2012-10-17", "Statement": [statement]}, sort_keys=True)
 
 
-# What the EKS cluster role does with the secrets key (terraform-aws-eks's ClusterEncryption policy; EKS
-# User Guide, "Encrypt Kubernetes secrets with KMS on existing clusters").
+# What the EKS cluster role does with the secrets key: terraform-aws-modules/terraform-aws-eks, main.tf,
+# aws_iam_policy.cluster_encryption (the ClusterEncryption policy it attaches to the cluster role); the EKS
+# User Guide, "Encrypt Kubernetes secrets with KMS on existing clusters", asks only for a symmetric key in the
+# cluster's region that the principal may use.
 KEY_USER_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey")
 # What CloudWatch Logs does with a log group's key (CloudWatch Logs User Guide, "Encrypt log data in
-# CloudWatch Logs using AWS Key Management Service", step 2: the key policy's statement for logs).
+# CloudWatch Logs using AWS Key Management Service", step 2: the key policy's statement for logs, principal
+# logs.<region>.amazonaws.com, these actions, and the encryption context key below with the log group's ARN;
+# https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html).
 LOGS_KEY_ACTIONS = ("kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*")
 LOGS_ENCRYPTION_CONTEXT = "kms:EncryptionContext:aws:logs:arn"
 
@@ -81,7 +85,8 @@ def log_group_arn(region: str, account_id: str, name: str) -> str:
 
 
 def logs_principal(region: str) -> str:
-    """The CloudWatch Logs service principal of a region (regional, unlike most service principals)."""
+    """The CloudWatch Logs service principal of a region (regional, unlike most service principals: the CloudWatch
+    Logs User Guide's key policy names `logs.<region>.amazonaws.com`)."""
     return f"logs.{region}.{dns_suffix(region)}"
 
 
@@ -98,6 +103,10 @@ def key_policy(
     - CloudWatch Logs (`logs.<region>.amazonaws.com`): the actions of `LOGS_KEY_ACTIONS`, only with the
       encryption context of one of the stack's log groups (`kms:EncryptionContext:aws:logs:arn`), so the
       key cannot encrypt any other log group.
+
+    No statement for EFS or FSx: they use the key on behalf of the principal that creates the file system
+    (EFS User Guide, "Managing access to encrypted file systems": IAM policies and the key policy decide
+    who may use the key), which the account statement lets IAM allow.
     """
     partition = partition_of(region)
     statements: list[dict[str, Any]] = [
@@ -160,7 +169,8 @@ def flow_logs_publish_policy(region: str, account_id: str, log_group_name: str) 
     The VPC User Guide's list of permissions ("IAM role for publishing flow logs to CloudWatch Logs"),
     narrowed: the streams' actions only on the stack's log group, DescribeLogGroups on `*` (it takes no
     resource), and no CreateLogGroup: the stack creates the group (encrypted, with a retention), and a
-    deleted one is not silently made again without either.
+    deleted one is not silently made again without either. terraform-aws-modules/terraform-aws-vpc
+    (vpc-flow-logs.tf, the role for a log group it creates) grants the same four actions.
     """
     group = log_group_arn(region, account_id, log_group_name)
     return json.dumps(

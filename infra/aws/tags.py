@@ -46,6 +46,7 @@ def tag_specifications(tags: Mapping[str, str], name: str) -> list[dict]:
 
 
 def cluster_name(project: str, stack: str) -> str:
-    """The EKS cluster of a stack: project and stack (EKS allows 100 characters). The leak sweeper reads the
-    stack back out of it, for what EKS creates in the cluster's name without the stack's tags."""
+    """The EKS cluster of a stack: project and stack (EKS allows 100 characters: botocore's eks model, shape
+    ClusterName). The leak sweeper reads the stack back out of it, for what EKS creates in the cluster's name
+    without the stack's tags."""
     return f"{project}-{stack.rsplit('/', 1)[-1]}"[:100]

@@ -3,7 +3,9 @@
 `LOG_RETENTION_DAYS`: what a log group's retention may be. CloudWatch Logs
 PutRetentionPolicy takes these day counts (botocore's logs model, shape `Days`,
 lists them; the tests read it); 0 is the Terraform provider's and Pulumi's
-"never expire" (it removes the retention policy, DeleteRetentionPolicy).
+"never expire" (it removes the retention policy, DeleteRetentionPolicy;
+pulumi_aws cloudwatch.LogGroup, `retention_in_days`: "If you select 0, the
+events in the log group are always retained and never expire").
 
 `FLOW_LOG_TRAFFIC_TYPES`: what a VPC flow log records (EC2 CreateFlowLogs
 TrafficType; botocore's ec2 model, shape `TrafficType`, also has ACCEPT, which

@@ -60,6 +60,25 @@ def ami_family(ami_type: str) -> str:
     return ami_type.split("_", 1)[0]
 
 
+# Managed add-ons the cluster installs, in creation order (names: EKS User Guide, "Amazon EKS add-ons";
+# the tests check them against the add-on list). Versions: pinned per Kubernetes version in eks_versions.py.
+# Add-ons that must be running before a node can become Ready: without a CNI the
+# kubelet reports NetworkPluginNotReady and an EKS managed node group never
+# finishes creating. The pod identity agent is a DaemonSet that must be on each
+# node before a pod using Pod Identity starts. (terraform-aws-eks calls this
+# `before_compute`.)
+ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+# Add-ons whose pods need a node to schedule on: creating them before any node
+# exists leaves them DEGRADED and the create times out.
+ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver")
+FSX_CSI_ADDON = "aws-fsx-csi-driver"  # only when the stack asks for FSx for Lustre
+
+
+def addon_names(enable_fsx_csi: bool) -> tuple[str, ...]:
+    """Every managed add-on the cluster gets, in creation order."""
+    return ADDONS_BEFORE_NODES + ADDONS_AFTER_NODES + ((FSX_CSI_ADDON,) if enable_fsx_csi else ())
+
+
 # How the deployer reaches the cluster API (`gpu-serving:cluster.endpointAccess`), after the EKS
 # User Guide's "Cluster API server endpoint": public access limited to CIDRs, or private access
 # only, reached from inside the VPC (through an SSM-managed bastion, or from a runner in the VPC).

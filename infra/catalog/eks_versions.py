@@ -64,6 +64,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from infra.catalog.eks import addon_names
+
 CALENDAR_SOURCE = (
     "Amazon EKS User Guide, Kubernetes release calendar "
     "(https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html), read 2026-12-03"
@@ -165,8 +167,8 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
     },
 }
 
-# The add-ons every row must pin (the cluster installs these; FSx CSI on request).
-PINNED_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-efs-csi-driver", "aws-fsx-csi-driver")
+# The add-ons every row must pin: every one the cluster may install (FSx CSI on request).
+PINNED_ADDONS = addon_names(enable_fsx_csi=True)
 
 AMI_RELEASE_SOURCE = "awslabs/amazon-eks-ami CHANGELOG.md, AMI Release v20260714 (commit 158225113dac)"
 # EKS-optimised AL2023 AMI release version per Kubernetes version (all AL2023 AMI types).
@@ -178,14 +180,15 @@ AL2023_RELEASES: dict[str, str] = {
 }
 
 
-def _key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
+    """`1.35` -> (1, 35), for ordering Kubernetes versions."""
     return tuple(int(p) for p in version.split("."))
 
 
 def supported_versions() -> tuple[str, ...]:
     """Kubernetes versions the stack can deploy: in the calendar, every add-on pinned, an AL2023 release known."""
     ok = [v for v in RELEASES if v in ADDON_VERSIONS and v in AL2023_RELEASES and set(PINNED_ADDONS) <= set(ADDON_VERSIONS[v])]
-    return tuple(sorted(ok, key=_key))
+    return tuple(sorted(ok, key=version_key))
 
 
 def release(version: str) -> Optional[EksRelease]:
@@ -201,7 +204,7 @@ def default_version(day: dt.date) -> str:
     """
     versions = supported_versions()
     current = [v for v in versions if RELEASES[v].in_standard_support(day)]
-    return max(current or versions, key=_key)
+    return max(current or versions, key=version_key)
 
 
 def addon_versions(version: str) -> Mapping[str, str]:

@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
+from infra.catalog.eks import addon_names
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
 from infra.errors import UserError
@@ -189,7 +190,7 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
     plan = make_plan(cfg.plan_request())
     version = cfg.kubernetes_version(eks_versions.today())
     pinned = eks_versions.addon_versions(version)
-    installed = [a for a in eks_versions.PINNED_ADDONS if a != "aws-fsx-csi-driver" or cfg.cluster.fsx_csi]
+    installed = addon_names(cfg.cluster.fsx_csi)
     try:
         cold = plan.deployment().storage.estimated_cold_start_s
     except UserError:  # a plan that cannot be served: the other checks still answer, the window check has no cold start
@@ -492,6 +493,7 @@ def check_reservation(ec2, t: Target, now: Optional[dt.datetime] = None) -> Chec
     else:
         problems.append(f"it cannot be used (state {state})")
         fixes.append(f"get a new {kind} and set gpu-serving:gpu.capacity.reservationId")
+    # botocore's ec2 model, CapacityReservation.PlacementGroupArn: the cluster placement group it was created in.
     group_arn = cr.get("PlacementGroupArn")
     group = str(group_arn).rsplit("placement-group/", 1)[-1] if group_arn else None
     if group:
@@ -559,7 +561,7 @@ def _standard_support_warning(version: str, std_end: Optional[dt.date], today: d
     """(warning, fix) when standard support of `version` ends within STANDARD_SUPPORT_WARNING of `today`."""
     if std_end is None or not (today <= std_end <= today + STANDARD_SUPPORT_WARNING):
         return "", ""
-    newer = [v for v in eks_versions.supported_versions() if _version_key(v) > _version_key(version)]
+    newer = [v for v in eks_versions.supported_versions() if eks_versions.version_key(v) > eks_versions.version_key(version)]
     return (
         f"standard support of {version} ends {std_end} (in {(std_end - today).days} days); after that EKS bills "
         "extended support per cluster hour",
@@ -568,17 +570,13 @@ def _standard_support_warning(version: str, std_end: Optional[dt.date], today: d
     )
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(map(int, version.split(".")))
-
-
 def _calendar_check(name: str, version: str, today: dt.date, why: str) -> Check:
-    newest = max(eks_versions.RELEASES, key=_version_key)
+    newest = max(eks_versions.RELEASES, key=eks_versions.version_key)
     entry = eks_versions.release(version)
     src = f"from the built-in calendar, {EKS_CALENDAR_SOURCE}; {why}"
     upgrade = f"set gpu-serving:cluster.kubernetesVersion to a supported version (newest known: {newest})"
     if entry is None:
-        if _version_key(version) > _version_key(newest):
+        if eks_versions.version_key(version) > eks_versions.version_key(newest):
             return Check(name, None, f"{version} is newer than the {src}",
                          "check `aws eks describe-cluster-versions` or the EKS release calendar")  # fmt: skip
         return Check(name, False, f"{version} is no longer offered by EKS ({src})", upgrade)
@@ -632,24 +630,24 @@ def check_addon_versions(eks, t: Target) -> Check:
     name = "add-on versions offered"
     if not t.addon_versions:
         return Check(name, True, "no add-ons pinned")
-    missing: list[str] = []
-    offered_any: dict[str, list[str]] = {}
+    missing: list[tuple[str, str, list[str]]] = []  # (add-on, pinned version, the versions EKS offers)
     for addon, version in t.addon_versions:
         try:
             pages = eks.get_paginator("describe_addon_versions").paginate(addonName=addon, kubernetesVersion=t.kubernetes_version)
+            # botocore's eks model: DescribeAddonVersions returns addons[] (AddonInfo), each with addonVersions[].addonVersion.
             offered = [v["addonVersion"] for page in pages for a in page.get("addons", []) for v in a.get("addonVersions", [])]
         except Exception as exc:  # noqa: BLE001
             fix = "grant eks:DescribeAddonVersions" if aws.is_denied(exc) else "rerun; check the region and credentials"
             return Check(name, None, f"could not list the versions of {addon} for Kubernetes {t.kubernetes_version}: "
                                      f"{_error_text(exc)}", fix)  # fmt: skip
-        offered_any[addon] = offered
         if version not in offered:
-            missing.append(f"{addon} {version}")
+            missing.append((addon, version, offered))
     pins = ", ".join(f"{a} {v}" for a, v in t.addon_versions)
     if missing:
-        hints = "; ".join(f"{m.split()[0]}: e.g. {offered_any[m.split()[0]][0]}" for m in missing if offered_any[m.split()[0]])
+        hints = "; ".join(f"{a}: e.g. {offered[0]}" for a, _, offered in missing if offered)
+        not_offered = ", ".join(f"{a} {v}" for a, v, _ in missing)
         return Check(
-            name, False, f"EKS does not offer {', '.join(missing)} for Kubernetes {t.kubernetes_version} in {t.region}",
+            name, False, f"EKS does not offer {not_offered} for Kubernetes {t.kubernetes_version} in {t.region}",
             f"pin an offered version in infra/catalog/eks_versions.py ADDON_VERSIONS[{t.kubernetes_version!r}]"
             + (f" ({hints})" if hints else "") + f"; list them with `aws eks describe-addon-versions --kubernetes-version {t.kubernetes_version} --addon-name <name>`",
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Deleting, kind by kind, in `ORDER`: dependents before what they depend on.
+"""Deleting, kind by kind, in `ORDER` (the order of `STEPS`): dependents before what they depend on.
 
     EKS Fargate profiles, node groups (wait) -> EKS clusters (wait)
     -> Auto Scaling groups, with their instances (wait)
@@ -29,36 +29,6 @@ from typing import Any, Callable, Iterable, Optional
 from infra.ops import aws
 from infra.ops.sweep.clients import Clients
 from infra.ops.sweep.records import Resource
-
-ORDER: tuple[str, ...] = (
-    "eks:fargate-profile",
-    "eks:nodegroup",
-    "eks:cluster",
-    "autoscaling:group",
-    "elbv2:load-balancer",
-    "elbv2:target-group",
-    "ec2:instance",
-    "efs:mount-target",
-    "efs:file-system",
-    "fsx:file-system",
-    "ec2:nat-gateway",
-    "ec2:elastic-ip",
-    "ec2:vpc-endpoint",
-    "ec2:network-interface",
-    "ec2:volume",
-    "ec2:launch-template",
-    "ec2:placement-group",
-    "ec2:security-group",
-    "ec2:subnet",
-    "ec2:route-table",
-    "ec2:internet-gateway",
-    "ec2:vpc",
-    "ecr:repository",
-    "kms:key",
-    "logs:log-group",
-    "iam:role",
-    "iam:instance-profile",
-)
 
 KMS_PENDING_DAYS = 7  # the shortest deletion window KMS allows
 
@@ -417,4 +387,4 @@ STEPS: dict[str, Step] = {
         Step("iam:instance-profile", _del_instance_profile),
     )
 }
-assert tuple(STEPS) == ORDER, "every kind has a step, in ORDER"
+ORDER: tuple[str, ...] = tuple(STEPS)  # the kinds, in the order they are deleted

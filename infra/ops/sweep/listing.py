@@ -125,6 +125,17 @@ def _name(tags: Mapping[str, str], default: str = "") -> str:
 # EC2, one lister per kind.
 
 
+def _ec2_by_name_tag(kind: str, op: str, key: str, id_field: str) -> Callable[[Clients], Iterator[Resource]]:
+    """The lister of an EC2 kind that needs nothing but its id and tags (named by its Name tag)."""
+
+    def lister(c: Clients) -> Iterator[Resource]:
+        for item in aws.pages(c.ec2, op, key, Filters=_project_filter()):
+            t = aws.tag_dict(item.get("Tags"))
+            yield Resource(kind, item[id_field], c.region, t, _name(t))
+
+    return lister
+
+
 def _ec2_instances(c: Clients) -> Iterator[Resource]:
     for res in aws.pages(c.ec2, "describe_instances", "Reservations", Filters=_project_filter()):
         for i in res.get("Instances", []):
@@ -132,12 +143,6 @@ def _ec2_instances(c: Clients) -> Iterator[Resource]:
                 continue
             t = aws.tag_dict(i.get("Tags"))
             yield Resource("ec2:instance", i["InstanceId"], c.region, t, _name(t))
-
-
-def _ec2_volumes(c: Clients) -> Iterator[Resource]:
-    for v in aws.pages(c.ec2, "describe_volumes", "Volumes", Filters=_project_filter()):
-        t = aws.tag_dict(v.get("Tags"))
-        yield Resource("ec2:volume", v["VolumeId"], c.region, t, _name(t))
 
 
 def _ec2_network_interfaces(c: Clients) -> Iterator[Resource]:
@@ -192,29 +197,11 @@ def _ec2_security_groups(c: Clients) -> Iterator[Resource]:
                        data={"default": g.get("GroupName") == "default"})  # fmt: skip
 
 
-def _ec2_subnets(c: Clients) -> Iterator[Resource]:
-    for s in aws.pages(c.ec2, "describe_subnets", "Subnets", Filters=_project_filter()):
-        t = aws.tag_dict(s.get("Tags"))
-        yield Resource("ec2:subnet", s["SubnetId"], c.region, t, _name(t))
-
-
 def _ec2_route_tables(c: Clients) -> Iterator[Resource]:
     for rt in aws.pages(c.ec2, "describe_route_tables", "RouteTables", Filters=_project_filter()):
         t = aws.tag_dict(rt.get("Tags"))
         main = any(a.get("Main") for a in rt.get("Associations", []))
         yield Resource("ec2:route-table", rt["RouteTableId"], c.region, t, _name(t), data={"main": main})
-
-
-def _ec2_internet_gateways(c: Clients) -> Iterator[Resource]:
-    for igw in aws.pages(c.ec2, "describe_internet_gateways", "InternetGateways", Filters=_project_filter()):
-        t = aws.tag_dict(igw.get("Tags"))
-        yield Resource("ec2:internet-gateway", igw["InternetGatewayId"], c.region, t, _name(t))
-
-
-def _ec2_vpcs(c: Clients) -> Iterator[Resource]:
-    for vpc in aws.pages(c.ec2, "describe_vpcs", "Vpcs", Filters=_project_filter()):
-        t = aws.tag_dict(vpc.get("Tags"))
-        yield Resource("ec2:vpc", vpc["VpcId"], c.region, t, _name(t))
 
 
 def _list_efs(c: Clients, now: dt.datetime) -> Iterator[Resource]:
@@ -263,11 +250,16 @@ def _list_kms(c: Clients, now: dt.datetime) -> Iterator[Resource]:
         yield Resource("kms:key", key["KeyId"], c.region, t, meta.get("Description", ""))
 
 
+def _log_group_arn(group: Mapping) -> str:
+    """A DescribeLogGroups entry's ARN as ListTagsForResource takes it: `logGroupArn`, or `arn` without its
+    `:*` (botocore's logs model, shape LogGroup)."""
+    return group.get("logGroupArn") or str(group.get("arn", "")).removesuffix(":*")
+
+
 def _list_logs(c: Clients, now: dt.datetime) -> Iterator[Resource]:
     for g in aws.pages(c.logs, "describe_log_groups", "logGroups"):
-        arn = g.get("logGroupArn") or str(g.get("arn", "")).removesuffix(":*")
         try:
-            t = dict(c.logs.list_tags_for_resource(resourceArn=arn).get("tags") or {})
+            t = dict(c.logs.list_tags_for_resource(resourceArn=_log_group_arn(g)).get("tags") or {})
         except Exception as exc:  # noqa: BLE001
             if not aws.is_gone(exc):
                 c.unreadable(f"the tags of log group {g['logGroupName']}", exc)
@@ -361,8 +353,7 @@ def _recreated_log_group_parts(c: Clients, now: dt.datetime, ctx: Swept) -> Iter
         m = EKS_LOG_GROUP.match(g["logGroupName"])
         if not m:
             continue
-        arn = g.get("logGroupArn") or str(g.get("arn", "")).removesuffix(":*")
-        t = dict(c.logs.list_tags_for_resource(resourceArn=arn).get("tags") or {})
+        t = dict(c.logs.list_tags_for_resource(resourceArn=_log_group_arn(g)).get("tags") or {})
         if PROJECT_TAG in t:
             continue  # ours as the stack created it: judged by its own tags in the first pass
         cluster = m.group("cluster")
@@ -403,7 +394,7 @@ REGIONAL_LISTERS: tuple[tuple[str, Lister], ...] = (
     ("eks clusters, node groups, Fargate profiles", _list_eks),
     ("elbv2 load balancers, target groups", _list_elbv2),
     ("ec2 instances", _ec2(_ec2_instances)),
-    ("ec2 volumes", _ec2(_ec2_volumes)),
+    ("ec2 volumes", _ec2(_ec2_by_name_tag("ec2:volume", "describe_volumes", "Volumes", "VolumeId"))),
     ("ec2 network interfaces", _ec2(_ec2_network_interfaces)),
     ("ec2 launch templates", _ec2(_ec2_launch_templates)),
     ("ec2 placement groups", _ec2(_ec2_placement_groups)),
@@ -411,10 +402,10 @@ REGIONAL_LISTERS: tuple[tuple[str, Lister], ...] = (
     ("ec2 elastic IPs", _ec2(_ec2_elastic_ips)),
     ("ec2 VPC endpoints", _ec2(_ec2_vpc_endpoints)),
     ("ec2 security groups", _ec2(_ec2_security_groups)),
-    ("ec2 subnets", _ec2(_ec2_subnets)),
+    ("ec2 subnets", _ec2(_ec2_by_name_tag("ec2:subnet", "describe_subnets", "Subnets", "SubnetId"))),
     ("ec2 route tables", _ec2(_ec2_route_tables)),
-    ("ec2 internet gateways", _ec2(_ec2_internet_gateways)),
-    ("ec2 VPCs", _ec2(_ec2_vpcs)),
+    ("ec2 internet gateways", _ec2(_ec2_by_name_tag("ec2:internet-gateway", "describe_internet_gateways", "InternetGateways", "InternetGatewayId"))),
+    ("ec2 VPCs", _ec2(_ec2_by_name_tag("ec2:vpc", "describe_vpcs", "Vpcs", "VpcId"))),
     ("efs file systems, mount targets", _list_efs),
     ("fsx file systems", _list_fsx),
     ("ecr repositories", _list_ecr),
