@@ -192,7 +192,7 @@ def _set(area: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
 BAD = {
     "utilization above range": (
         _set("serving", "gpuMemoryUtilization", 1.2),
-        ["gpu-serving:serving.gpuMemoryUtilization", "1.2", "0.5 to 0.98"],
+        ["gpu-serving:serving.gpuMemoryUtilization", "1.2", "0.5 to 1"],
     ),
     "zero nodes": (
         _set("gpu", "nodes", 0),

@@ -137,6 +137,20 @@ def test_extensible_kv_cache_keeps_a_margin_below_free_memory():
     assert low.stages[0].headroom_bytes > margin  # below the cap the utilisation binds
 
 
+
+def test_utilisation_one_is_0_34s_default_and_older_releases_are_told_it_leaves_no_headroom():
+    # 0.34 takes 1.0 when --gpu-memory-utilization is unset (config/cache.py
+    # resolved_gpu_memory_utilization): its margin, not the utilisation, bounds the cache.
+    def at(u: float, version: str):
+        return make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1,
+                                     gpu_memory_utilization=u, vllm_version=version))  # fmt: skip
+
+    full, capped = at(1.0, "0.34.0"), at(0.98, "0.34.0")
+    assert full.feasible and full.stages[0].kv_cache_bytes == capped.stages[0].kv_cache_bytes > 0
+    assert not [w for w in full.warnings if "headroom" in w or "gpu-memory-utilization" in w]
+    old = at(1.0, "0.21.0")  # no extensible cache: nothing is left for the CUDA context
+    assert old.stages[0].headroom_bytes < 0 and any("lower the utilization" in w for w in old.warnings)
+
 # --- Grouping on small cases (v1/core/kv_cache_planning.py) ----------------------------------
 
 

@@ -14,9 +14,12 @@ from infra.planning.vllm_release import PINNED
 
 Objective = Literal["max-kv", "min-cost"]
 
-# `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly
-# idle; above 0.98 nothing is left for the CUDA context and graphs vLLM does not count.
-GPU_MEMORY_UTILIZATION_RANGE = (0.5, 0.98)
+# `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly idle.
+# Up to 1.0, vLLM's own bound (config/cache.py, CacheConfig.gpu_memory_utilization le=1) and
+# 0.34's default with the extensible KV cache, which keeps its own margin below it; for a
+# release without that cache the plan's headroom warning says when too little is left for
+# the CUDA context and what vLLM does not count.
+GPU_MEMORY_UTILIZATION_RANGE = (0.5, 1.0)
 # vLLM's --kv-cache-dtype values the planner sizes (vllm/config/cache.py CacheDType in 0.11;
 # 0.34's CacheDType still has each of them, and more the planner does not size).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
