@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 if __package__:  # imported as policies.kubernetes_rules
     from . import network_policy as netpol
     from . import pod_security as pss
+    from .values import has_unknown
     from .workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource
 else:  # run by the policy analyzer from the pack's directory
     import network_policy as netpol  # type: ignore[no-redef]
     import pod_security as pss  # type: ignore[no-redef]
+    from values import has_unknown  # type: ignore[no-redef]
     from workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -175,21 +176,11 @@ def _policies_by_namespace(resources: Sequence[Mapping]) -> tuple[dict[str, list
         props = _map(r.get("inputs"))
         ns = _namespace(props)
         spec = props.get("spec")
-        if is_unknown(spec) or _has_unknown(spec):
+        if has_unknown(spec):
             unknown.add(ns)
             continue
         out.setdefault(ns, []).append({"metadata": {"namespace": ns}, "spec": spec})
     return out, unknown
-
-
-def _has_unknown(value: Any) -> bool:
-    if is_unknown(value):
-        return True
-    if isinstance(value, Mapping):
-        return any(_has_unknown(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_unknown(v) for v in value)
-    return False
 
 
 def _block_addresses(policies: Sequence[Mapping]) -> list[str]:
@@ -246,7 +237,7 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
         if spec is None or is_unknown(_map(r.get("inputs")).get("spec")) or ns in unknown:
             continue
         groups = [_map(spec.get("headGroupSpec")), *(_map(g) for g in _list(spec.get("workerGroupSpecs")))]
-        if any(_has_unknown(g.get("rayStartParams")) or _has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):
+        if any(has_unknown(g.get("rayStartParams")) or has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):
             continue
         nps = policies.get(ns, [])
         head, workers, ports = _ray_endpoints(r, spec)

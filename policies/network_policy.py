@@ -37,6 +37,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+if __package__:  # imported as policies.network_policy
+    from .values import _list, _map
+else:  # run by the policy analyzer from the pack's directory
+    from values import _list, _map  # type: ignore[no-redef]
+
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 INGRESS, EGRESS = "Ingress", "Egress"
 
@@ -71,14 +76,6 @@ def pod(namespace: str, labels: Optional[Mapping[str, str]] = None, **kw: Any) -
 
 def address(ip: str) -> Endpoint:
     return Endpoint(ip=ip)
-
-
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
 
 
 def selects(selector: Optional[Mapping], labels: Mapping[str, str]) -> bool:

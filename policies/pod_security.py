@@ -46,12 +46,17 @@ unjudgeable (`level` returns None).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Optional
+
+if __package__:  # imported as policies.pod_security
+    from .values import _list, _map, has_unknown
+    from .workloads import CONTAINER_KEYS, containers
+else:  # run by the policy analyzer from the pack's directory
+    from values import _list, _map, has_unknown  # type: ignore[no-redef]
+    from workloads import CONTAINER_KEYS, containers  # type: ignore[no-redef]
 
 PRIVILEGED, BASELINE, RESTRICTED = "privileged", "baseline", "restricted"
 LEVELS = (PRIVILEGED, BASELINE, RESTRICTED)  # weakest to strictest
-UNKNOWN = "<computed>"
-CONTAINER_KEYS = ("containers", "initContainers", "ephemeralContainers")
 
 BASELINE_CAPABILITIES = frozenset(
     {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
@@ -73,26 +78,9 @@ SECCOMP_POD_ANNOTATION = "seccomp.security.alpha.kubernetes.io/pod"
 SECCOMP_CONTAINER_ANNOTATION = "container.seccomp.security.alpha.kubernetes.io/"
 
 
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
-
-
 def _containers(pod: Mapping) -> list[tuple[str, Mapping]]:
-    return [(f"{key[:-1]} {_map(c).get('name', '?')}", _map(c)) for key in CONTAINER_KEYS for c in _list(pod.get(key))]
-
-
-def _unknown(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == UNKNOWN
-    if isinstance(value, Mapping):
-        return any(_unknown(v) for v in value.values())
-    if isinstance(value, Sequence) and not isinstance(value, bytes):
-        return any(_unknown(v) for v in value)
-    return False
+    """(`container app`, `initContainer init`, ...: how a message names it, container) for every container of the pod."""
+    return [(f"{key[:-1]} {c.get('name', '?')}", c) for key, c in containers(pod)]
 
 
 def judgeable(pod: Mapping, metadata: Optional[Mapping] = None) -> bool:
@@ -101,7 +89,7 @@ def judgeable(pod: Mapping, metadata: Optional[Mapping] = None) -> bool:
     for _, c in _containers(pod):
         fields += [c.get("securityContext"), c.get("ports")]
     fields.append(_map(metadata).get("annotations"))
-    return not any(_unknown(f) for f in fields) and not any(_unknown(pod.get(k)) for k in CONTAINER_KEYS)
+    return not any(has_unknown(f) for f in fields) and not any(has_unknown(pod.get(k)) for k in CONTAINER_KEYS)
 
 
 def _caps(sc: Mapping, key: str) -> set[str]:
