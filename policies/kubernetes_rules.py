@@ -12,7 +12,8 @@ Standard library only. Three rules:
   non-root user).
 - `check_namespace_pod_security` (stack rule): a namespace the stack creates
   and runs pods in enforces Pod Security admission at exactly the strictest
-  level all of them pass (`policies/pod_security.py`): a weaker level wastes
+  level all of them pass (`policies/pod_security.py`, at the version its
+  `enforce-version` label pins): a weaker level wastes
   the admission controller, a stricter one refuses the pods; its `warn` and
   `audit` levels, if set, are no weaker than `enforce`.
 - `check_network_policies` (stack rule): every namespace the stack runs pods in
@@ -137,7 +138,9 @@ def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping)
         name, labels = metadata.get("name") or ns.get("name"), metadata.get("labels")
         if name not in pods or name in unseen or is_unknown(labels) or any(is_unknown(v) for v in _map(labels).values()):
             continue
-        levels = [(r, where, pss.level(spec, md), spec, md) for r, where, md, spec in pods[name]]
+        # Admission judges the pods at the version the namespace pins (none: the cluster's own).
+        version = pss.policy_version(_map(labels).get(f"{PSA_PREFIX}enforce-version"))
+        levels = [(r, where, pss.level(spec, md, version), spec, md) for r, where, md, spec in pods[name]]
         if any(lv is None for _, _, lv, _, _ in levels):
             continue
         strictest = pss.weakest([lv for _, _, lv, _, _ in levels])
@@ -149,7 +152,7 @@ def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping)
             continue
         for r, where, lv, spec, md in levels:
             if not pss.stricter_or_equal(lv, enforce):
-                why = "; ".join(pss.violations(spec, enforce, md))
+                why = "; ".join(pss.violations(spec, enforce, md, version))
                 out.append((r.get("urn", ""), f"{r.get('name')} ({where}) passes Pod Security {lv} only, but namespace {name} "
                                               f"enforces {enforce}: admission would refuse its pods ({why})"))
         if pss.stricter_or_equal(strictest, enforce) and strictest != enforce:
