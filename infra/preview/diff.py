@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import UserError
+from infra.preview.markers import parse_placeholder
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
@@ -309,17 +310,14 @@ def _canon(value: Any, is_set: bool) -> Any:
     return value
 
 
-_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")  # the recording engine's `<id:NAME>`, `<arn:NAME>`, ...
-
-
 def _follow_renames(b: Any, h: Any, renames: set[tuple[str, str]]) -> Any:
     """`b` with each placeholder of a renamed resource (`<id:OLD>` where head has `<id:NEW>` at the same
     path, and OLD moved to NEW through an alias) written as head writes it: the same cloud value."""
     if not renames:
         return b
     if isinstance(b, str) and isinstance(h, str):
-        pb, ph = _PLACEHOLDER.match(b), _PLACEHOLDER.match(h)
-        return h if pb and ph and pb[1] == ph[1] and (pb[2], ph[2]) in renames else b
+        pb, ph = parse_placeholder(b), parse_placeholder(h)
+        return h if pb and ph and pb[0] == ph[0] and (pb[1], ph[1]) in renames else b
     if isinstance(b, dict) and isinstance(h, dict):
         return {k: _follow_renames(v, h[k], renames) if k in h else v for k, v in b.items()}
     if isinstance(b, list) and isinstance(h, list):

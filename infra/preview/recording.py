@@ -39,6 +39,8 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_project, get_root_resource, get_stack
 from pulumi.runtime.stack import Stack, massage
 
+from infra.preview.markers import placeholder
+
 STACK_TYPE = "pulumi:pulumi:Stack"
 
 # Outputs that providers compute and programs read, by resource type. Only what
@@ -123,10 +125,6 @@ def _resource_class(typ: str):
 
 
 _OUTPUTS: dict[str, dict[str, bool]] = {}
-
-
-def placeholder(kind: str, name: str) -> str:
-    return f"<{kind}:{name}>"
 
 
 def _computed(typ: str, name: str, inputs: dict) -> dict:

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from infra.preview.convert import Gap
+from infra.preview.markers import SECRET_KEY, is_secret
 
-SECRET_KEY = "<secret>"
 # pulumi-kubernetes resources that are rendered from something else: no manifest offline.
 NOT_RENDERED = ("kubernetes:helm.sh/", "kubernetes:yaml", "kubernetes:kustomize")
 NOT_RENDERED_REASONS = {
@@ -86,7 +86,7 @@ def api_version_and_kind(token: str) -> tuple[str, str]:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
-        if value.get(SECRET_KEY) is True and len(value) == 1:
+        if is_secret(value):
             return SECRET_KEY
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):

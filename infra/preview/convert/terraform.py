@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from infra.preview.convert import Gap
+from infra.preview.markers import COMPUTED, is_secret, parse_placeholder
 
 PROVIDER = "registry.terraform.io/hashicorp/aws"
 PROVIDER_TYPE = "pulumi:providers:aws"
@@ -62,9 +63,6 @@ PROVIDER_TYPE = "pulumi:providers:aws"
 TERRAFORM_VERSION = "1.9.8"
 FORMAT_VERSION = "1.2"
 
-COMPUTED = "<computed>"
-SECRET_KEY = "<secret>"
-_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")
 
 
 @dataclass(frozen=True)
@@ -163,19 +161,6 @@ def address_name(name: str) -> str:
     return out if re.match(r"[A-Za-z_]", out) else f"_{out}"
 
 
-def placeholder(value: Any) -> tuple[str, str] | None:
-    """(kind, resource name) of a recording-engine placeholder (`<id:NAME>`), or None."""
-    if isinstance(value, str):
-        m = _PLACEHOLDER.match(value)
-        if m:
-            return m.group(1), m.group(2)
-    return None
-
-
-def _is_secret(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(SECRET_KEY) is True and len(value) == 1
-
-
 class _Unknown:
     """A value Terraform does not know at plan time: left out of `planned_values`."""
 
@@ -221,7 +206,7 @@ class _Converter:
         self.current = ("", "")
 
     def reference(self, value: str) -> list[str] | None:
-        found = placeholder(value)
+        found = parse_placeholder(value)
         if found is None:
             return None
         kind, name = found
@@ -254,13 +239,13 @@ class _Converter:
             if refs is None:
                 return v, None
             return UNKNOWN, ({"references": refs} if refs else None)
-        if _is_secret(v):
+        if is_secret(v):
             return UNKNOWN, None
         if isinstance(v, dict):
             values, exprs = self.block(v, path, spec)
             return [values], ([exprs] if exprs else None)
         if isinstance(v, list):
-            if any(isinstance(x, dict) and not _is_secret(x) for x in v):
+            if any(isinstance(x, dict) and not is_secret(x) for x in v):
                 pairs = [self.block(x, path, spec) if isinstance(x, dict) else (x, {}) for x in v]
                 exprs = [e for _, e in pairs]
                 return [p for p, _ in pairs], (exprs if any(exprs) else None)
@@ -284,7 +269,7 @@ class _Converter:
             name = spec.renames.get(p) or snake(key)
             if key in ("tags", "tagsAll") or p in spec.maps:
                 if isinstance(v, dict):
-                    values[name] = {str(k): x for k, x in v.items() if not _is_secret(x) and x != COMPUTED}
+                    values[name] = {str(k): x for k, x in v.items() if not is_secret(x) and x != COMPUTED}
                 continue
             if p in spec.lists and not isinstance(v, list):
                 v = [v]
