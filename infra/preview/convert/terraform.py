@@ -26,8 +26,11 @@ that reads Terraform plans (checkov's `terraform_plan` framework) sees the stack
   configuration's `expressions` (`"vpc_id": {"references": ["aws_vpc.X.id",
   "aws_vpc.X"]}`); so does `plan`, and checkov's graph checks connect the two
   resources through it (a flow log to its VPC, a security group to the network
-  interfaces that use it). `<computed>` values and secrets are left out, with
-  no reference.
+  interfaces that use it): checkov pairs each planned resource with the
+  configuration resource of the same type and name and sets an attribute the
+  plan's `values` lack to its first reference (checkov/terraform/plan_parser.py,
+  `parse_tf_plan` and `_add_references`). `<computed>` values and secrets are
+  left out, with no reference.
 
 - instances launched from a launch template: EC2 takes what the RunInstances
   request leaves out from the template (EC2 User Guide, "Launch an instance
@@ -59,8 +62,10 @@ from infra.preview.markers import COMPUTED, is_secret, parse_placeholder
 
 PROVIDER = "registry.terraform.io/hashicorp/aws"
 PROVIDER_TYPE = "pulumi:providers:aws"
-# checkov reads a JSON file as a plan only when it has `terraform_version` and `planned_values`.
+# checkov reads a JSON file as a plan only when it has `terraform_version` and `planned_values`
+# (checkov 3.3.30: checkov/terraform/plan_utils.py, checkov/terraform/context_parsers/tf_plan/__init__.py).
 TERRAFORM_VERSION = "1.9.8"
+# Terraform's plan JSON format version (hashicorp/terraform, internal/command/jsonplan/plan.go, FormatVersion).
 FORMAT_VERSION = "1.2"
 
 
@@ -299,7 +304,12 @@ def default_tags(provider: dict[str, Any] | None) -> dict[str, str]:
 # instances": /dev/xvda on Amazon Linux, /dev/sda1 on most others). A launch template's mapping of one of
 # them sets the root volume; the AMI's own root device name is not known offline.
 ROOT_DEVICE_NAMES = ("/dev/xvda", "/dev/sda1")
-# The `aws_instance` attributes `_launched_from_templates` may take from the instance's launch template.
+# The `aws_instance` attributes `_launched_from_templates` may take from the instance's launch template: what
+# checkov's instance checks read (checkov/terraform/checks/resource/aws/: EC2EBSOptimized.py, CKV_AWS_135,
+# `ebs_optimized`; EC2DetailedMonitoringEnabled.py, CKV_AWS_126, `monitoring`; LaunchConfigurationEBSEncryption.py,
+# CKV_AWS_8, `root_block_device` and `ebs_block_device`; checkov/terraform/checks/graph_checks/aws/:
+# EC2InstanceHasIAMRoleAttached.json, CKV2_AWS_41, `iam_instance_profile`; SGAttachedToResource.json, CKV2_AWS_5,
+# `vpc_security_group_ids`), and the instance type.
 TEMPLATE_ATTRIBUTES = (
     "instance_type", "vpc_security_group_ids", "ebs_optimized", "monitoring", "iam_instance_profile",
     "root_block_device", "ebs_block_device",
