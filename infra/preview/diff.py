@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import UserError
-from infra.preview.markers import parse_placeholder
+from infra.preview.markers import parse_placeholder, placeholder
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
@@ -528,7 +528,7 @@ def _reservation_of(group: dict, doc: dict) -> Any:
     """The capacity reservation the group's launch template targets (found through `launchTemplate.id`), or None."""
     lt_id = _lookup(group.get("inputs") or {}, "launchTemplate.id")
     for r in doc["resources"]:
-        if r["type"] == LAUNCH_TEMPLATE and lt_id in (f"<id:{r.get('name')}>", r["urn"]):
+        if r["type"] == LAUNCH_TEMPLATE and lt_id in (placeholder("id", r.get("name")), r["urn"]):
             value = _lookup(r.get("inputs") or {}, "capacityReservationSpecification.capacityReservationTarget.capacityReservationId")
             return None if value is MISSING else value
     return None
