@@ -51,8 +51,11 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   availability_zone_name, creation_token, encrypted, kms_key_id and
   performance_mode; `internal/service/fsx/lustre_file_system.go`: ForceNew on
   deployment_type, file_system_type_version, kms_key_id, security_group_ids,
-  storage_type and subnet_ids (among others the stack does not set). Either is
-  the model weights: a replacement stages them again.
+  storage_type and subnet_ids (among others the stack does not set), and by
+  CustomizeDiff (`resourceLustreFileSystemStorageCapacityCustomizeDiff`) on
+  storage_capacity when it shrinks, or changes at all on SCRATCH_1 (the
+  default deployment type). Either is the model weights: a replacement stages
+  them again.
 - `internal/service/ec2/ec2_launch_template.go`, `ResourceLaunchTemplate()`:
   ForceNew only on name and name_prefix; any other change to the launch data
   creates a new template version (`latest_version` becomes unknown), which node
@@ -70,7 +73,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from infra.errors import UserError
 from infra.preview.markers import parse_placeholder, placeholder
@@ -112,6 +115,26 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
     EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
     FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
+}
+
+def _lustre_capacity_replaces(b: dict, h: dict) -> bool:
+    old, new = _lookup(b, "storageCapacity"), _lookup(h, "storageCapacity")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, new)) or old == new:
+        return False
+    return new < old or _lookup(h, "deploymentType") in (MISSING, None, "SCRATCH_1")
+
+
+# Replacements the provider decides in CustomizeDiff rather than by ForceNew (module docstring):
+# (input path, whether the change from base inputs to head inputs replaces the resource), by type.
+FORCE_NEW_IF: dict[str, tuple[tuple[str, Callable[[dict, dict], bool]], ...]] = {
+    CLUSTER: (
+        # Removing envelope encryption (ForceNewIfChange: it cannot be disabled once enabled).
+        ("encryptionConfig", lambda b, h: "encryptionConfig" in b and "encryptionConfig" not in h),
+        # compute_config.node_role_arn changed from a non-empty value.
+        ("computeConfig.nodeRoleArn", lambda b, h: _lookup(b, "computeConfig.nodeRoleArn") not in (MISSING, None, "")
+         and _lookup(b, "computeConfig.nodeRoleArn") != _lookup(h, "computeConfig.nodeRoleArn")),
+    ),
+    FSX_LUSTRE: (("storageCapacity", _lustre_capacity_replaces),),
 }
 
 # Terraform sets (TypeSet): their order means nothing, so a reordering replaces nothing.
@@ -343,13 +366,9 @@ def _compare(b: dict, h: dict, renames: set[tuple[str, str]] = frozenset(), move
             continue
         if _canon(_lookup(b_in, f), f in sets) != _canon(_lookup(h_in, f), f in sets):
             reasons.append(f)
-    if typ == CLUSTER:
-        if "encryptionConfig" in b_in and "encryptionConfig" not in h_in and not _under("encryptionConfig", ignore):
-            reasons.append("encryptionConfig")  # removing envelope encryption: CustomizeDiff ForceNewIfChange
-        old_role = _lookup(b_in, "computeConfig.nodeRoleArn")
-        if old_role not in (MISSING, None, "") and old_role != _lookup(h_in, "computeConfig.nodeRoleArn"):
-            if not _under("computeConfig.nodeRoleArn", ignore):
-                reasons.append("computeConfig.nodeRoleArn")
+    for f, replaces in FORCE_NEW_IF.get(typ, ()):
+        if not _under(f, ignore) and replaces(b_in, h_in):
+            reasons.append(f)
     force_patterns = [_path_pattern(f) for f in reasons]
 
     fields: list[FieldChange] = []
