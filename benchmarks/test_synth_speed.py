@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.preview.recording import sdk_class_path
 from infra.preview.synth import synthesize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,22 +41,18 @@ PACKAGES = {"aws": "pulumi_aws", "kubernetes": "pulumi_kubernetes"}
 
 
 def classes_used(doc: dict) -> list[str]:
-    """The SDK classes behind the document's resource types: `aws:ec2/vpc:Vpc` -> `pulumi_aws.ec2.Vpc`."""
+    """The SDK classes behind the document's resource types: `aws:ec2/vpc:Vpc` -> `pulumi_aws.ec2.Vpc`.
+
+    The class each package registers for the token (`sdk_class_path`, as the recording engine finds it);
+    a custom resource (ray.io/v1) has none of its own: the generic class.
+    """
     found = set()
     for r in doc["resources"]:
         pkg, module, name = r["type"].split(":", 2)
         if pkg == "pulumi" and module == "providers" and name in PACKAGES:
             found.add(f"{PACKAGES[name]}.Provider")
-        elif pkg == "kubernetes":
-            group, _, version = module.partition("/")
-            group = {"helm.sh": "helm"}.get(group, group)
-            if group.replace("_", "").isalnum():  # a built-in API group (core/v1, batch/v1, helm.sh/v3)
-                found.add(f"pulumi_kubernetes.{group}.{version}.{name}")
-            else:  # a custom resource (ray.io/v1): the generic class
-                found.add("pulumi_kubernetes.apiextensions.CustomResource")
         elif pkg in PACKAGES:
-            mod = module.split("/", 1)[0]
-            found.add(f"{PACKAGES[pkg]}.{name}" if mod == "index" else f"{PACKAGES[pkg]}.{mod}.{name}")
+            found.add(sdk_class_path(r["type"]) or "pulumi_kubernetes.apiextensions.CustomResource")
     return sorted(found)
 
 

@@ -20,7 +20,11 @@ resolved inputs during `pulumi up`, before anything is created).
 
 The Pulumi CLI runs this file as the pack's program (`python -m pulumi.policy`
 runs the directory with `__name__ == "__main__"`, the directory first on
-`sys.path`); tests and `infra/preview/policy_check.py` import it as `policies.__main__`.
+`sys.path`: the pulumi SDK's pulumi/policy/__main__.py, `runpy.run_path(program,
+run_name="__main__")`); tests and `infra/preview/policy_check.py` import it as
+`policies.__main__`. The argument objects are pulumi-policy 1.21's
+(pulumi_policy/policy.py: `ResourceValidationArgs`, `StackValidationArgs`,
+`PolicyResource`, `PolicyResourceOptions`; `report_violation(message, urn=None)`).
 """
 
 from __future__ import annotations

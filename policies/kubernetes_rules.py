@@ -12,7 +12,8 @@ Standard library only. Three rules:
   non-root user).
 - `check_namespace_pod_security` (stack rule): a namespace the stack creates
   and runs pods in enforces Pod Security admission at exactly the strictest
-  level all of them pass (`policies/pod_security.py`): a weaker level wastes
+  level all of them pass (`policies/pod_security.py`, at the version its
+  `enforce-version` label pins): a weaker level wastes
   the admission controller, a stricter one refuses the pods; its `warn` and
   `audit` levels, if set, are no weaker than `enforce`.
 - `check_network_policies` (stack rule): every namespace the stack runs pods in
@@ -30,15 +31,16 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 if __package__:  # imported as policies.kubernetes_rules
     from . import network_policy as netpol
     from . import pod_security as pss
+    from .values import has_unknown
     from .workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource
 else:  # run by the policy analyzer from the pack's directory
     import network_policy as netpol  # type: ignore[no-redef]
     import pod_security as pss  # type: ignore[no-redef]
+    from values import has_unknown  # type: ignore[no-redef]
     from workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
@@ -136,7 +138,9 @@ def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping)
         name, labels = metadata.get("name") or ns.get("name"), metadata.get("labels")
         if name not in pods or name in unseen or is_unknown(labels) or any(is_unknown(v) for v in _map(labels).values()):
             continue
-        levels = [(r, where, pss.level(spec, md), spec, md) for r, where, md, spec in pods[name]]
+        # Admission judges the pods at the version the namespace pins (none: the cluster's own).
+        version = pss.policy_version(_map(labels).get(f"{PSA_PREFIX}enforce-version"))
+        levels = [(r, where, pss.level(spec, md, version), spec, md) for r, where, md, spec in pods[name]]
         if any(lv is None for _, _, lv, _, _ in levels):
             continue
         strictest = pss.weakest([lv for _, _, lv, _, _ in levels])
@@ -148,7 +152,7 @@ def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping)
             continue
         for r, where, lv, spec, md in levels:
             if not pss.stricter_or_equal(lv, enforce):
-                why = "; ".join(pss.violations(spec, enforce, md))
+                why = "; ".join(pss.violations(spec, enforce, md, version))
                 out.append((r.get("urn", ""), f"{r.get('name')} ({where}) passes Pod Security {lv} only, but namespace {name} "
                                               f"enforces {enforce}: admission would refuse its pods ({why})"))
         if pss.stricter_or_equal(strictest, enforce) and strictest != enforce:
@@ -175,21 +179,11 @@ def _policies_by_namespace(resources: Sequence[Mapping]) -> tuple[dict[str, list
         props = _map(r.get("inputs"))
         ns = _namespace(props)
         spec = props.get("spec")
-        if is_unknown(spec) or _has_unknown(spec):
+        if has_unknown(spec):
             unknown.add(ns)
             continue
         out.setdefault(ns, []).append({"metadata": {"namespace": ns}, "spec": spec})
     return out, unknown
-
-
-def _has_unknown(value: Any) -> bool:
-    if is_unknown(value):
-        return True
-    if isinstance(value, Mapping):
-        return any(_has_unknown(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_unknown(v) for v in value)
-    return False
 
 
 def _block_addresses(policies: Sequence[Mapping]) -> list[str]:
@@ -246,7 +240,7 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
         if spec is None or is_unknown(_map(r.get("inputs")).get("spec")) or ns in unknown:
             continue
         groups = [_map(spec.get("headGroupSpec")), *(_map(g) for g in _list(spec.get("workerGroupSpecs")))]
-        if any(_has_unknown(g.get("rayStartParams")) or _has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):
+        if any(has_unknown(g.get("rayStartParams")) or has_unknown(_map(_map(g.get("template")).get("metadata")).get("labels")) for g in groups):
             continue
         nps = policies.get(ns, [])
         head, workers, ports = _ray_endpoints(r, spec)

@@ -1,13 +1,20 @@
 """Kubernetes NetworkPolicy semantics as a pure function: may this endpoint open that port of that one?
 
 Standard library only. `allowed(policies, src, dst, port, protocol)` follows the
-`networking.k8s.io/v1` API (Kubernetes docs, "Network Policies", and the
-NetworkPolicySpec reference):
+`networking.k8s.io/v1` API: the Kubernetes docs, "Network Policies"
+(https://kubernetes.io/docs/concepts/services-networking/network-policies/), and
+the field descriptions of NetworkPolicySpec, NetworkPolicyPeer,
+NetworkPolicyPort and IPBlock in the API reference (the schemas
+kubernetes-validate ships, `kubernetes-json-schema/v1.35.0-local-strict/`):
 
 - A policy applies to the pods of its own namespace that its `podSelector`
-  selects (`{}`: all of them).
+  selects (`{}`, or no selector: all of them).
 - Its `policyTypes` say which directions it isolates; left out, they are
-  `Ingress`, plus `Egress` when the policy has egress rules.
+  `Ingress`, plus `Egress` when the policy has egress rules: the API server's
+  defaulting, `SetDefaults_NetworkPolicy` in kubernetes
+  `pkg/apis/networking/v1/defaults.go`, adds Egress for a non-empty `egress`
+  only (`len(Spec.Egress) != 0`), so `egress: []` without `policyTypes`
+  isolates nothing outgoing.
 - A pod selected by no policy of a direction is not isolated in that
   direction: everything is allowed. A pod selected by some is allowed only
   what at least one of their rules allows (the rules are a union; there is no
@@ -17,11 +24,12 @@ NetworkPolicySpec reference):
   Its peers are ORed; within one peer `namespaceSelector` and `podSelector`
   are ANDed; a peer with a `podSelector` alone means pods of the policy's own
   namespace; a `namespaceSelector` alone, every pod of the matching
-  namespaces; an `ipBlock` matches an address in its CIDR and in none of its
-  `except` ranges (implementations disagree on pod addresses; the AWS VPC CNI
-  matches pod addresses too, so this evaluator does).
+  namespaces; an `ipBlock` (which a peer holds alone) matches an address in
+  its CIDR and in none of its `except` ranges (implementations disagree on pod
+  addresses; the AWS VPC CNI matches pod addresses too, so this evaluator does).
 - A port is a number or a name (the destination pod's container port of that
-  name), with an optional `endPort`; the protocol defaults to TCP.
+  name), with an optional `endPort` (inclusive, numeric ports only); the
+  protocol defaults to TCP (`SetDefaults_NetworkPolicyPort`, same file).
 - A connection needs both: the source's egress and the destination's ingress.
   An endpoint that is not a pod (a client outside the cluster) is subject to
   no policy of its own.
@@ -36,6 +44,11 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+if __package__:  # imported as policies.network_policy
+    from .values import _list, _map
+else:  # run by the policy analyzer from the pack's directory
+    from values import _list, _map  # type: ignore[no-redef]
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 INGRESS, EGRESS = "Ingress", "Egress"
@@ -73,14 +86,6 @@ def address(ip: str) -> Endpoint:
     return Endpoint(ip=ip)
 
 
-def _map(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> Sequence:
-    return value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else []
-
-
 def selects(selector: Optional[Mapping], labels: Mapping[str, str]) -> bool:
     """A LabelSelector against labels: matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist) all hold."""
     selector = _map(selector)
@@ -108,7 +113,7 @@ def policy_types(policy: Mapping) -> list[str]:
     given = _list(spec.get("policyTypes"))
     if given:
         return list(given)
-    return [INGRESS] + ([EGRESS] if "egress" in spec else [])
+    return [INGRESS] + ([EGRESS] if _list(spec.get("egress")) else [])  # SetDefaults_NetworkPolicy (module doc)
 
 
 def applies(policy: Mapping, endpoint: Endpoint) -> bool:

@@ -49,43 +49,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 if __package__:  # imported as policies.rules
-    from .kubernetes_rules import check_namespace_pod_security, check_network_policies, check_pods_least_privilege
-    from .workloads import (
-        ALLOWED_CAPABILITIES,
-        ALLOWED_HOST_PATH_PREFIX,
-        GPU,
-        UNKNOWN,
-        WORKLOAD_KINDS,
-        _kind,
-        _list,
-        _map,
-        _truthy,
-        check_serving_pods,
-        is_unknown,
-        pod_gpus,
-        ray_pod_templates,
-        raycluster_spec,
-        workload_pod_templates,
-    )
-else:  # run by the policy analyzer from the pack's directory
-    from kubernetes_rules import check_namespace_pod_security, check_network_policies, check_pods_least_privilege  # type: ignore[no-redef]
-    from workloads import (  # type: ignore[no-redef]
-        ALLOWED_CAPABILITIES,
-        ALLOWED_HOST_PATH_PREFIX,
-        GPU,
-        UNKNOWN,
-        WORKLOAD_KINDS,
-        _kind,
-        _list,
-        _map,
-        _truthy,
-        check_serving_pods,
-        is_unknown,
-        pod_gpus,
-        ray_pod_templates,
-        raycluster_spec,
-        workload_pod_templates,
-    )
+    from . import aws_rules, kubernetes_rules, workloads
+else:  # run by the policy analyzer from the pack's directory: its modules are top-level there
+    import aws_rules  # type: ignore[no-redef]
+    import kubernetes_rules  # type: ignore[no-redef]
+    import workloads  # type: ignore[no-redef]
+
+# What the rules below read from the shared modules, and the rules that live there (RULES wires them in;
+# callers reach every rule through this module).
+GPU, UNKNOWN, ALLOWED_CAPABILITIES, ALLOWED_HOST_PATH_PREFIX = workloads.GPU, workloads.UNKNOWN, workloads.ALLOWED_CAPABILITIES, workloads.ALLOWED_HOST_PATH_PREFIX
+_list, _map, _truthy, is_unknown = workloads._list, workloads._map, workloads._truthy, workloads.is_unknown
+pod_gpus, ray_pod_templates, raycluster_spec = workloads.pod_gpus, workloads.ray_pod_templates, workloads.raycluster_spec
+check_serving_pods = workloads.check_serving_pods
+check_pods_least_privilege = kubernetes_rules.check_pods_least_privilege
+check_namespace_pod_security = kubernetes_rules.check_namespace_pod_security
+check_network_policies = kubernetes_rules.check_network_policies
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -594,10 +572,6 @@ class Rule:
             raise ValueError(f"rule {self.name}: enforcement must be {MANDATORY!r} or {ADVISORY!r}")
 
 
-if __package__:  # imported as policies.rules
-    from . import aws_rules
-else:  # run by the policy analyzer from the pack's directory
-    import aws_rules  # type: ignore[no-redef]
 RULES: tuple[Rule, ...] = (
     Rule(
         "tp-within-node",

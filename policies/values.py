@@ -16,6 +16,15 @@ def is_unknown(value: Any) -> bool:
     return isinstance(value, str) and value == UNKNOWN
 
 
+def has_unknown(value: Any) -> bool:
+    """Whether `value` is UNKNOWN or holds an UNKNOWN anywhere in its maps and lists."""
+    if isinstance(value, Mapping):
+        return any(has_unknown(v) for v in value.values())
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return any(has_unknown(v) for v in value)
+    return is_unknown(value)
+
+
 def _map(value: Any) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 

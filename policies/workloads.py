@@ -9,7 +9,7 @@ ReplicaSet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Optional
 
 if __package__:  # imported as policies.workloads

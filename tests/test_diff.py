@@ -307,6 +307,27 @@ def test_a_new_key_on_the_weights_file_system_is_called_out_as_its_replacement(r
         assert {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", f).lower() for f in fields} <= args, token
 
 
+def test_a_smaller_lustre_file_system_is_its_replacement(synth) -> None:
+    """FSx for Lustre replaces the file system when storage_capacity shrinks (or changes on SCRATCH_1): CustomizeDiff."""
+
+    def with_lustre(capacity: int, deployment: str = "PERSISTENT_2") -> dict:
+        doc = synth()
+        doc["resources"].append({
+            "urn": f"urn:pulumi:test::demo::{FSX_LUSTRE}::weights", "type": FSX_LUSTRE, "name": "weights", "custom": True,
+            "inputs": {"deploymentType": deployment, "storageCapacity": capacity, "subnetIds": "subnet-1"}, "options": {},
+        })  # fmt: skip
+        return doc
+
+    def replaced_by(base: dict, head: dict) -> list[str]:
+        (change,) = [c for c in diff(base, head).changed if c.name == "weights"]
+        return change.replaced_by
+
+    assert replaced_by(with_lustre(4800), with_lustre(2400)) == ["storageCapacity"]
+    assert replaced_by(with_lustre(2400), with_lustre(4800)) == []  # growing is an update in place
+    assert replaced_by(with_lustre(1200, "SCRATCH_1"), with_lustre(2400, "SCRATCH_1")) == ["storageCapacity"]
+    assert "**Replaces FSx for Lustre file system `weights`**" in render_markdown(diff(with_lustre(4800), with_lustre(2400)))
+
+
 def test_removing_the_cluster_is_called_out(synth) -> None:
     d = diff(synth(), synth(cluster=False))
     assert [r["type"] for r in d.removed] == [CLUSTER]

@@ -75,6 +75,11 @@ def test_policy_types_default_to_ingress_and_egress_when_it_has_egress_rules():
     assert NP.policy_types(with_egress) == ["Ingress", "Egress"]
     assert NP.allowed([with_egress], A, B, 80) is False  # B's ingress is isolated with no rule
     assert not NP.egress_allowed([with_egress], A, OTHER, 80) and NP.egress_allowed([with_egress], A, B, 80)
+    # The API server adds Egress for a non-empty egress list only: an empty one isolates nothing outgoing.
+    empty_egress = netpol("empty", ingress=[], egress=[])
+    assert NP.policy_types(empty_egress) == ["Ingress"]
+    assert NP.egress_allowed([empty_egress], B, OTHER, 80)
+    assert NP.policy_types(netpol("deny-out", types=["Egress"], egress=[])) == ["Egress"]
 
 
 def test_within_a_peer_selectors_are_anded_across_peers_ored():

@@ -116,6 +116,67 @@ def test_baseline_allows_what_restricted_does_not():
     assert not pss.baseline_violations(pod, {"annotations": {"container.apparmor.security.beta.kubernetes.io/app": "localhost/p"}})
 
 
+def test_values_are_compared_as_admission_writes_them():
+    """check_capabilities_*.go compare the names as written: no CAP_ prefix removed, no case folded."""
+    assert pss.baseline_violations(broken("containers.0.securityContext.capabilities", {"drop": ["ALL"], "add": ["CAP_CHOWN"]}))
+    found = pss.restricted_violations(broken("containers.0.securityContext.capabilities", {"drop": ["all"]}))
+    assert any("does not drop ALL" in v for v in found), found
+
+
+def test_a_pod_that_sets_run_as_non_root_false_fails_whatever_its_containers_say():
+    pod = broken("securityContext.runAsNonRoot", False)
+    pod["containers"][0]["securityContext"]["runAsNonRoot"] = True
+    assert any("the pod sets runAsNonRoot false" in v for v in pss.restricted_violations(pod))
+    assert pss.level(pod) == pss.BASELINE
+
+
+def test_the_seccomp_annotations_no_longer_count():
+    """Before 1.19 only (check_seccompProfile_baseline.go); the stack deploys 1.33 and later."""
+    pod = restricted_pod()
+    assert pss.baseline_violations(pod, {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}) == []
+
+
+def test_controls_follow_the_version_the_namespace_pins():
+    assert [pss.policy_version(v) for v in ("v1.33", "latest", "v1.033", "1.33", None)] == [33, None, None, None, None]
+    # Sysctls: tcp_rmem is safe from 1.32 on.
+    rmem = broken("securityContext.sysctls", [{"name": "net.ipv4.tcp_rmem", "value": "4096 87380 6291456"}])
+    assert pss.level(rmem) == pss.RESTRICTED and pss.level(rmem, version=32) == pss.RESTRICTED
+    assert pss.level(rmem, version=31) == pss.PRIVILEGED
+    # SELinux: container_engine_t from 1.31.
+    engine = broken("securityContext.seLinuxOptions", {"type": "container_engine_t"})
+    assert pss.level(engine, version=31) == pss.RESTRICTED and pss.level(engine, version=30) == pss.PRIVILEGED
+    # A probe or lifecycle handler sent to a host: baseline refuses it from 1.34.
+    probe = broken("containers.0.livenessProbe", {"httpGet": {"host": "169.254.169.254", "path": "/", "port": 80}})
+    found = pss.baseline_violations(probe)
+    assert len(found) == 1 and "host probes and lifecycle hooks" in found[0] and "169.254.169.254" in found[0]
+    assert pss.level(probe, version=34) == pss.PRIVILEGED and pss.level(probe, version=33) == pss.RESTRICTED
+    hook = broken("containers.0.lifecycle", {"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 9}}})
+    assert pss.level(hook) == pss.PRIVILEGED
+    assert pss.level(broken("containers.0.livenessProbe", {"httpGet": {"host": "", "port": 80}})) == pss.RESTRICTED
+
+
+def test_a_pod_in_its_own_user_namespace_from_1_35():
+    """relaxPolicyForUserNamespacePod: root and an unmasked /proc pass baseline; restricted still wants /proc masked."""
+    root = broken("securityContext.runAsUser", 0)
+    root["securityContext"]["runAsNonRoot"] = False
+    root["hostUsers"] = False
+    assert pss.level(root) == pss.RESTRICTED and pss.level(root, version=34) == pss.BASELINE
+    unmasked = broken("containers.0.securityContext.procMount", "Unmasked")
+    unmasked["hostUsers"] = False
+    assert pss.level(unmasked) == pss.BASELINE and pss.level(unmasked, version=34) == pss.PRIVILEGED
+
+
+def test_restricted_allows_image_volumes_and_exempts_windows_pods_where_admission_does():
+    assert pss.level(broken("volumes.1", {"name": "model", "image": {"reference": "registry/model:1"}})) == pss.RESTRICTED
+    windows = restricted_pod()
+    windows["os"] = {"name": "windows"}
+    windows["securityContext"].pop("seccompProfile")
+    windows["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
+    assert pss.level(windows) == pss.RESTRICTED
+    windows.pop("os")
+    assert pss.level(windows) == pss.BASELINE
+
+
 def test_a_container_overrides_the_pods_run_as_non_root_and_init_containers_count():
     pod = restricted_pod()
     pod["initContainers"] = [copy.deepcopy(pod["containers"][0]) | {"name": "init"}]

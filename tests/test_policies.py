@@ -421,6 +421,16 @@ def test_the_namespace_rule_judges_the_namespaces_the_stack_creates():
     one([m for _, m in R.check_namespace_pod_security([job, lax_warn], CTX)], "warn=baseline is weaker than enforce=restricted")
     unknown = _namespace_resource(labels=R.UNKNOWN)
     assert R.check_namespace_pod_security([job, unknown], CTX) == []
+    # The pods are judged at the version the namespace pins: a probe sent to a host is outside baseline from 1.34.
+    probing = _job(containers=[{**job["inputs"]["spec"]["template"]["spec"]["containers"][0],
+                                "livenessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}}}])  # fmt: skip
+    pinned = {"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.33"}
+    assert [m for _, m in R.check_namespace_pod_security([probing, _namespace_resource(labels=pinned)], CTX)] == [
+        "namespace ns enforces Pod Security baseline, but every pod the stack runs there passes restricted: enforce restricted"
+    ]
+    pinned["pod-security.kubernetes.io/enforce-version"] = "v1.34"
+    one([m for _, m in R.check_namespace_pod_security([probing, _namespace_resource(labels=pinned)], CTX)],
+        "passes Pod Security privileged only", "host probes and lifecycle hooks")  # fmt: skip
 
 
 def test_a_preview_with_the_pod_specs_unknown_reports_nothing(prod_doc):

@@ -231,11 +231,8 @@ _FAKE_PYTHON = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("script", "installs", "runs"), [
-    ("bin/plan", TOOLS, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
-    ("bin/test", DEV, ["-m pytest -q"]),
-])  # fmt: skip
-def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
+def _repo_with_a_fake_venv(tmp_path: Path) -> Path:
+    """bin/ and the requirement files copied to `tmp_path`, with the fake venv/bin/python; the log it writes to."""
     shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
     for name in (PROGRAM, TOOLS, DEV):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
@@ -243,7 +240,15 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
     fake.parent.mkdir(parents=True)
     fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
     fake.chmod(0o755)
-    log = tmp_path / "log"
+    return tmp_path / "log"
+
+
+@pytest.mark.parametrize(("script", "installs", "runs"), [
+    ("bin/plan", TOOLS, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
+    ("bin/test", DEV, ["-m pytest -q"]),
+])  # fmt: skip
+def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
+    log = _repo_with_a_fake_venv(tmp_path)
     env = {**os.environ, "FAKE_LOG": str(log)}
 
     def run() -> list[str]:
@@ -266,14 +271,7 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
 
 def test_bin_plan_with_arguments_plans_only(tmp_path):
     """Arguments change the plan, not the stack's config: bin/plan then neither synthesises nor checks."""
-    shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
-    for name in (PROGRAM, TOOLS):
-        shutil.copy(REPO_ROOT / name, tmp_path / name)
-    fake = tmp_path / "venv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
-    fake.chmod(0o755)
-    log = tmp_path / "log"
+    log = _repo_with_a_fake_venv(tmp_path)
     env = {**os.environ, "FAKE_LOG": str(log), "STACK": "test"}
     proc = subprocess.run([str(tmp_path / "bin/plan"), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -211,6 +211,24 @@ def test_declared_outputs_are_answered(tmp_path: Path) -> None:
     assert seen == {"owner": "<ownerId:g>", "vpc": "vpc-1"}  # a string output: a placeholder; an input: itself
 
 
+def test_the_sdk_class_of_a_type_token_is_the_one_its_package_registers() -> None:
+    import pulumi_aws  # noqa: F401 - importing a package registers its modules
+    import pulumi_kubernetes  # noqa: F401
+
+    from infra.preview.recording import _output_properties, sdk_class_path
+
+    assert sdk_class_path("aws:ec2/eip:Eip") == "pulumi_aws.ec2.Eip"
+    assert sdk_class_path("kubernetes:core/v1:Namespace") == "pulumi_kubernetes.core.v1.Namespace"
+    # API groups whose Python module is not their name: networking.k8s.io is `networking`, helm.sh is `helm`.
+    assert sdk_class_path("kubernetes:networking.k8s.io/v1:NetworkPolicy") == "pulumi_kubernetes.networking.v1.NetworkPolicy"
+    assert sdk_class_path("kubernetes:helm.sh/v3:Release") == "pulumi_kubernetes.helm.v3.Release"
+    assert sdk_class_path("kubernetes:ray.io/v1:RayCluster") is None  # a custom resource: no class of its own
+    assert sdk_class_path("gpu-serving:network:Network") is None  # a component
+    # So their declared outputs are answered too.
+    assert "status" in _output_properties("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+    assert "status" in _output_properties("kubernetes:helm.sh/v3:Release")
+
+
 def test_runtime_state_is_reset_after_a_run(repo_root: Path) -> None:
     synthesize("test", repo_root)
     assert settings.get_root_resource() is None

@@ -28,14 +28,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 NAMES = ("pull-request.yml", "ephemeral.yml", "nightly-sweep.yml")
 
-# Inputs of pulumi/actions (its README, v6/v7: the input schema is the same).
+# Inputs of pulumi/actions v7.0.0 (its action.yml, `inputs:`; v6.6.1 has the same ones).
 PULUMI_ACTION_INPUTS = {
-    "command", "stack-name", "work-dir", "cloud-url", "comment-on-pr", "comment-on-summary", "github-token",
-    "refresh", "secrets-provider", "color", "log-verbosity", "log-flow", "debug", "config-map", "diff",
-    "comment-on-pr-number", "edit-pr-comment", "expect-no-changes", "message", "parallel", "policyPacks",
-    "policyPackConfigs", "pulumi-version", "pulumi-version-file", "remove", "replace", "target",
-    "target-dependents", "upsert", "exclude-protected", "suppress-outputs", "suppress-progress", "omit-stdout",
-    "plan", "always-include-summary", "continue-on-error",
+    "always-include-summary", "cloud-url", "color", "command", "comment-on-pr", "comment-on-pr-number",
+    "comment-on-summary", "config-map", "continue-on-error", "debug", "diff", "edit-pr-comment", "exclude",
+    "exclude-dependents", "exclude-protected", "expect-no-changes", "github-token", "log-flow", "log-verbosity",
+    "message", "parallel", "plan", "policyPackConfigs", "policyPacks", "pulumi-version", "pulumi-version-file",
+    "refresh", "remove", "replace", "secrets-provider", "stack-name", "suppress-outputs", "suppress-progress",
+    "target", "target-dependents", "upsert", "work-dir",
 }  # fmt: skip
 ALLOWED_PERMISSIONS = {("contents", "read"), ("pull-requests", "write"), ("id-token", "write")}
 CREDENTIALS_ACTION = "aws-actions/configure-aws-credentials"

@@ -346,6 +346,17 @@ def check(
         raise typer.Exit(1)
 
 
+def _findings_table(title: str, last: str, rows: list[tuple[str, str, str]]) -> Table:
+    """checkov findings: check, resource and `last` (the check's title, or why it is accepted)."""
+    t = Table(title=title, title_justify="left", title_style="bold")
+    t.add_column("check", no_wrap=True)
+    t.add_column("resource", overflow="fold")
+    t.add_column(last, overflow="fold", ratio=1)
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))
+    return t
+
+
 @app.command(no_args_is_help=True)
 def scan(
     stack: str = typer.Option(..., help="Scan the stack of Pulumi.<stack>.yaml."),
@@ -380,28 +391,15 @@ def scan(
         console = Console()
         t = _table(f"checkov {result.checkov_version}: stack {escape(stack)}", "framework", "resources", "passed", "failed", "accepted", "not accepted")
         for fw in FRAMEWORKS:
-            c = result.counts[fw]
-            acc = sum(1 for f, _ in result.accepted if f.framework == fw)
+            c, acc = result.counts[fw], result.accepted_in(fw)
             t.add_row(FRAMEWORK_TITLES[fw], str(c.resources), str(c.passed), str(c.failed), str(acc), str(c.failed - acc))
         console.print(t)
         for e in result.errors:
             console.print(f"[red]error:[/red] {escape(e)}", soft_wrap=True)
         if result.not_accepted:
-            t = Table(title="Findings not accepted", title_justify="left", title_style="bold")
-            t.add_column("check", no_wrap=True)
-            t.add_column("resource", overflow="fold")
-            t.add_column("title", overflow="fold", ratio=1)
-            for f in result.not_accepted:
-                t.add_row(escape(f.check), escape(f.resource), escape(f.name))
-            console.print(t)
+            console.print(_findings_table("Findings not accepted", "title", [(f.check, f.resource, f.name) for f in result.not_accepted]))
         if result.accepted:
-            t = Table(title="Accepted", title_justify="left", title_style="bold")
-            t.add_column("check", no_wrap=True)
-            t.add_column("resource", overflow="fold")
-            t.add_column("reason", overflow="fold", ratio=1)
-            for f, r in result.accepted:
-                t.add_row(escape(f.check), escape(f.resource), escape(r.reason))
-            console.print(t)
+            console.print(_findings_table("Accepted", "reason", [(f.check, f.resource, r.reason) for f, r in result.accepted]))
         for r in result.stale:
             console.print(f"[yellow]stale:[/yellow] {escape(r.check)} on {escape(r.resource)} matches no finding of stack {escape(stack)}: remove it from the accepted risks unless another stack needs it", soft_wrap=True)
         for g in result.gaps:

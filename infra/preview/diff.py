@@ -51,8 +51,11 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   availability_zone_name, creation_token, encrypted, kms_key_id and
   performance_mode; `internal/service/fsx/lustre_file_system.go`: ForceNew on
   deployment_type, file_system_type_version, kms_key_id, security_group_ids,
-  storage_type and subnet_ids (among others the stack does not set). Either is
-  the model weights: a replacement stages them again.
+  storage_type and subnet_ids (among others the stack does not set), and by
+  CustomizeDiff (`resourceLustreFileSystemStorageCapacityCustomizeDiff`) on
+  storage_capacity when it shrinks, or changes at all on SCRATCH_1 (the
+  default deployment type). Either is the model weights: a replacement stages
+  them again.
 - `internal/service/ec2/ec2_launch_template.go`, `ResourceLaunchTemplate()`:
   ForceNew only on name and name_prefix; any other change to the launch data
   creates a new template version (`latest_version` becomes unknown), which node
@@ -70,9 +73,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from infra.errors import UserError
+from infra.preview.markers import parse_placeholder, placeholder
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
@@ -111,6 +115,26 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
     EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
     FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
+}
+
+def _lustre_capacity_replaces(b: dict, h: dict) -> bool:
+    old, new = _lookup(b, "storageCapacity"), _lookup(h, "storageCapacity")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, new)) or old == new:
+        return False
+    return new < old or _lookup(h, "deploymentType") in (MISSING, None, "SCRATCH_1")
+
+
+# Replacements the provider decides in CustomizeDiff rather than by ForceNew (module docstring):
+# (input path, whether the change from base inputs to head inputs replaces the resource), by type.
+FORCE_NEW_IF: dict[str, tuple[tuple[str, Callable[[dict, dict], bool]], ...]] = {
+    CLUSTER: (
+        # Removing envelope encryption (ForceNewIfChange: it cannot be disabled once enabled).
+        ("encryptionConfig", lambda b, h: "encryptionConfig" in b and "encryptionConfig" not in h),
+        # compute_config.node_role_arn changed from a non-empty value.
+        ("computeConfig.nodeRoleArn", lambda b, h: _lookup(b, "computeConfig.nodeRoleArn") not in (MISSING, None, "")
+         and _lookup(b, "computeConfig.nodeRoleArn") != _lookup(h, "computeConfig.nodeRoleArn")),
+    ),
+    FSX_LUSTRE: (("storageCapacity", _lustre_capacity_replaces),),
 }
 
 # Terraform sets (TypeSet): their order means nothing, so a reordering replaces nothing.
@@ -309,17 +333,14 @@ def _canon(value: Any, is_set: bool) -> Any:
     return value
 
 
-_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")  # the recording engine's `<id:NAME>`, `<arn:NAME>`, ...
-
-
 def _follow_renames(b: Any, h: Any, renames: set[tuple[str, str]]) -> Any:
     """`b` with each placeholder of a renamed resource (`<id:OLD>` where head has `<id:NEW>` at the same
     path, and OLD moved to NEW through an alias) written as head writes it: the same cloud value."""
     if not renames:
         return b
     if isinstance(b, str) and isinstance(h, str):
-        pb, ph = _PLACEHOLDER.match(b), _PLACEHOLDER.match(h)
-        return h if pb and ph and pb[1] == ph[1] and (pb[2], ph[2]) in renames else b
+        pb, ph = parse_placeholder(b), parse_placeholder(h)
+        return h if pb and ph and pb[0] == ph[0] and (pb[1], ph[1]) in renames else b
     if isinstance(b, dict) and isinstance(h, dict):
         return {k: _follow_renames(v, h[k], renames) if k in h else v for k, v in b.items()}
     if isinstance(b, list) and isinstance(h, list):
@@ -345,13 +366,9 @@ def _compare(b: dict, h: dict, renames: set[tuple[str, str]] = frozenset(), move
             continue
         if _canon(_lookup(b_in, f), f in sets) != _canon(_lookup(h_in, f), f in sets):
             reasons.append(f)
-    if typ == CLUSTER:
-        if "encryptionConfig" in b_in and "encryptionConfig" not in h_in and not _under("encryptionConfig", ignore):
-            reasons.append("encryptionConfig")  # removing envelope encryption: CustomizeDiff ForceNewIfChange
-        old_role = _lookup(b_in, "computeConfig.nodeRoleArn")
-        if old_role not in (MISSING, None, "") and old_role != _lookup(h_in, "computeConfig.nodeRoleArn"):
-            if not _under("computeConfig.nodeRoleArn", ignore):
-                reasons.append("computeConfig.nodeRoleArn")
+    for f, replaces in FORCE_NEW_IF.get(typ, ()):
+        if not _under(f, ignore) and replaces(b_in, h_in):
+            reasons.append(f)
     force_patterns = [_path_pattern(f) for f in reasons]
 
     fields: list[FieldChange] = []
@@ -530,7 +547,7 @@ def _reservation_of(group: dict, doc: dict) -> Any:
     """The capacity reservation the group's launch template targets (found through `launchTemplate.id`), or None."""
     lt_id = _lookup(group.get("inputs") or {}, "launchTemplate.id")
     for r in doc["resources"]:
-        if r["type"] == LAUNCH_TEMPLATE and lt_id in (f"<id:{r.get('name')}>", r["urn"]):
+        if r["type"] == LAUNCH_TEMPLATE and lt_id in (placeholder("id", r.get("name")), r["urn"]):
             value = _lookup(r.get("inputs") or {}, "capacityReservationSpecification.capacityReservationTarget.capacityReservationId")
             return None if value is MISSING else value
     return None

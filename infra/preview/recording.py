@@ -13,7 +13,7 @@ placeholders derived from the resource's name, so two runs of the same program
 record the same document. Every output a resource class declares is answered,
 as a real engine would: the ones `COMPUTED_OUTPUTS` names with the value given
 there, every other string output the inputs lack with a placeholder named after
-the property (`<allocationId:nat-eip>`), and any other output the inputs lack
+the property (`<publicIp:nat-eip>`), and any other output the inputs lack
 as unknown, so that an input built from it shows as `<computed>` in a synth
 instead of silently missing (`Recording.unknown_outputs` lists them).
 
@@ -31,13 +31,15 @@ import asyncio
 import importlib
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pulumi
 from pulumi.runtime import rpc
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_project, get_root_resource, get_stack
 from pulumi.runtime.stack import Stack, massage
+
+from infra.preview.markers import placeholder
 
 STACK_TYPE = "pulumi:pulumi:Stack"
 
@@ -97,28 +99,32 @@ def _output_properties(typ: str) -> dict[str, bool]:
     return found
 
 
+def sdk_class_path(typ: str) -> Optional[str]:
+    """The SDK class of a resource type token, as the SDK itself finds it: `aws:ec2/eip:Eip` ->
+    `pulumi_aws.ec2.Eip`, `kubernetes:networking.k8s.io/v1:NetworkPolicy` -> `pulumi_kubernetes.networking.v1.NetworkPolicy`.
+
+    A generated Pulumi package registers its modules when it is imported (its
+    `_utilities.register`: each module's Python name and the class of each type
+    token in it), and the SDK looks them up to rebuild a resource from a
+    reference (`pulumi.runtime.rpc.get_resource_module`). None for a token no
+    imported package registers: a component, a custom resource (`kubernetes:ray.io/v1:RayCluster`).
+    """
+    pkg, _, rest = typ.partition(":")
+    module = rpc.get_resource_module(pkg, rest.rpartition(":")[0], "")
+    info = getattr(module, "mod_info", None) or {}
+    name = (info.get("classes") or {}).get(typ)
+    return f"{info['fqn']}.{name}" if name else None
+
+
 def _resource_class(typ: str):
-    """`aws:ec2/eip:Eip` -> pulumi_aws.ec2.Eip, `kubernetes:core/v1:Namespace` -> pulumi_kubernetes.core.v1.Namespace."""
-    try:
-        pkg, module, cls = typ.split(":")
-    except ValueError:
+    path = sdk_class_path(typ)
+    if path is None:
         return None
-    parts = [p.replace("-", "_") for p in module.split("/")]
-    for n in range(len(parts), 0, -1):
-        try:
-            mod = importlib.import_module(f"pulumi_{pkg.replace('-', '_')}." + ".".join(parts[:n]))
-        except ImportError:
-            continue
-        if hasattr(mod, cls):
-            return getattr(mod, cls)
-    return None
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 _OUTPUTS: dict[str, dict[str, bool]] = {}
-
-
-def placeholder(kind: str, name: str) -> str:
-    return f"<{kind}:{name}>"
 
 
 def _computed(typ: str, name: str, inputs: dict) -> dict:

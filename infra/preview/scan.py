@@ -123,6 +123,10 @@ class ScanResult:
     def passed(self) -> bool:
         return not self.not_accepted and not self.errors
 
+    def accepted_in(self, framework: str) -> int:
+        """How many of `framework`'s failed checks the accepted risks accept."""
+        return sum(1 for f, _ in self.accepted if f.framework == framework)
+
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "stack": self.stack,
@@ -400,8 +404,7 @@ def render_markdown(result: ScanResult) -> str:
     lines = [f"### checkov {result.checkov_version}: stack `{result.stack}` {verdict}", ""]
     lines += ["| framework | resources | passed | failed | accepted | not accepted |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for fw in FRAMEWORKS:
-        c = result.counts.get(fw, Counts())
-        acc = sum(1 for f, _ in result.accepted if f.framework == fw)
+        c, acc = result.counts.get(fw, Counts()), result.accepted_in(fw)
         lines.append(f"| {FRAMEWORK_TITLES[fw]} | {c.resources} | {c.passed} | {c.failed} | {acc} | {c.failed - acc} |")
     lines.append("")
     for e in result.errors:

@@ -63,9 +63,8 @@ import yaml
 
 from infra.config import REPO_ROOT, engine_config
 from infra.errors import UserError
+from infra.preview.markers import COMPUTED, SECRET
 
-COMPUTED = "<computed>"
-SECRET = {"<secret>": True}
 
 
 def project_name(root: Path) -> str:

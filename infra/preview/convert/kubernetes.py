@@ -10,6 +10,11 @@ as they are, with:
   would add a random suffix to it; a scanner only needs a stable name);
 - secrets (`{"<secret>": true}` in the synth) as the string `<secret>`.
 
+checkov (3.3.30) reads a manifest with `apiVersion` and `kind`
+(checkov/kubernetes/parser/k8_yaml.py) and names it `<kind>.<namespace>.<name>`,
+the namespace `default` when there is none (checkov/kubernetes/kubernetes_utils.py,
+`get_resource_id`): the resource ids of `policies/accepted-risks.yaml`.
+
 A custom resource that holds pod templates runs Pods that no manifest of the
 stack shows; a scanner of workloads would never see them. For each template,
 `manifests` adds the Pod its operator creates, in the custom resource's
@@ -19,8 +24,10 @@ namespace, named after it: for a `ray.io` RayCluster `<cluster>-head` (its
 `spec.containers` under its `spec`, named `<name>-<path to it>`. A Pod is its
 template as written: what the operator adds when it creates the pod (KubeRay's
 labels, environment, log volume, and the worker probes it injects) is not in
-it. Jobs and other built-in workloads are scanned as they are (scanners read
-their pod templates).
+it. Jobs and other built-in workloads are scanned as they are: checkov reads
+their pod templates (checkov/kubernetes/graph_builder/local_graph.py, for the
+kinds of `SUPPORTED_POD_CONTAINERS_TYPES` in kubernetes_utils.py; its container
+checks also read a CronJob's `jobTemplate`), not a custom resource's.
 
 Gaps (`Manifests.gaps`): Helm releases and charts (`kubernetes:helm.sh/*`) and
 other resources that only a cluster-side render would expand (`yaml`,
@@ -37,8 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from infra.preview.convert import Gap
+from infra.preview.markers import SECRET_KEY, is_secret
 
-SECRET_KEY = "<secret>"
 # pulumi-kubernetes resources that are rendered from something else: no manifest offline.
 NOT_RENDERED = ("kubernetes:helm.sh/", "kubernetes:yaml", "kubernetes:kustomize")
 NOT_RENDERED_REASONS = {
@@ -86,7 +93,7 @@ def api_version_and_kind(token: str) -> tuple[str, str]:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
-        if value.get(SECRET_KEY) is True and len(value) == 1:
+        if is_secret(value):
             return SECRET_KEY
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):

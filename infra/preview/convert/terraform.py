@@ -26,8 +26,11 @@ that reads Terraform plans (checkov's `terraform_plan` framework) sees the stack
   configuration's `expressions` (`"vpc_id": {"references": ["aws_vpc.X.id",
   "aws_vpc.X"]}`); so does `plan`, and checkov's graph checks connect the two
   resources through it (a flow log to its VPC, a security group to the network
-  interfaces that use it). `<computed>` values and secrets are left out, with
-  no reference.
+  interfaces that use it): checkov pairs each planned resource with the
+  configuration resource of the same type and name and sets an attribute the
+  plan's `values` lack to its first reference (checkov/terraform/plan_parser.py,
+  `parse_tf_plan` and `_add_references`). `<computed>` values and secrets are
+  left out, with no reference.
 
 - instances launched from a launch template: EC2 takes what the RunInstances
   request leaves out from the template (EC2 User Guide, "Launch an instance
@@ -55,16 +58,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from infra.preview.convert import Gap
+from infra.preview.markers import COMPUTED, is_secret, parse_placeholder
 
 PROVIDER = "registry.terraform.io/hashicorp/aws"
 PROVIDER_TYPE = "pulumi:providers:aws"
-# checkov reads a JSON file as a plan only when it has `terraform_version` and `planned_values`.
+# checkov reads a JSON file as a plan only when it has `terraform_version` and `planned_values`
+# (checkov 3.3.30: checkov/terraform/plan_utils.py, checkov/terraform/context_parsers/tf_plan/__init__.py).
 TERRAFORM_VERSION = "1.9.8"
+# Terraform's plan JSON format version (hashicorp/terraform, internal/command/jsonplan/plan.go, FormatVersion).
 FORMAT_VERSION = "1.2"
 
-COMPUTED = "<computed>"
-SECRET_KEY = "<secret>"
-_PLACEHOLDER = re.compile(r"^<([a-z][a-z-]*):(.+)>$")
 
 
 @dataclass(frozen=True)
@@ -163,19 +166,6 @@ def address_name(name: str) -> str:
     return out if re.match(r"[A-Za-z_]", out) else f"_{out}"
 
 
-def placeholder(value: Any) -> tuple[str, str] | None:
-    """(kind, resource name) of a recording-engine placeholder (`<id:NAME>`), or None."""
-    if isinstance(value, str):
-        m = _PLACEHOLDER.match(value)
-        if m:
-            return m.group(1), m.group(2)
-    return None
-
-
-def _is_secret(value: Any) -> bool:
-    return isinstance(value, dict) and value.get(SECRET_KEY) is True and len(value) == 1
-
-
 class _Unknown:
     """A value Terraform does not know at plan time: left out of `planned_values`."""
 
@@ -221,7 +211,7 @@ class _Converter:
         self.current = ("", "")
 
     def reference(self, value: str) -> list[str] | None:
-        found = placeholder(value)
+        found = parse_placeholder(value)
         if found is None:
             return None
         kind, name = found
@@ -254,13 +244,13 @@ class _Converter:
             if refs is None:
                 return v, None
             return UNKNOWN, ({"references": refs} if refs else None)
-        if _is_secret(v):
+        if is_secret(v):
             return UNKNOWN, None
         if isinstance(v, dict):
             values, exprs = self.block(v, path, spec)
             return [values], ([exprs] if exprs else None)
         if isinstance(v, list):
-            if any(isinstance(x, dict) and not _is_secret(x) for x in v):
+            if any(isinstance(x, dict) and not is_secret(x) for x in v):
                 pairs = [self.block(x, path, spec) if isinstance(x, dict) else (x, {}) for x in v]
                 exprs = [e for _, e in pairs]
                 return [p for p, _ in pairs], (exprs if any(exprs) else None)
@@ -284,7 +274,7 @@ class _Converter:
             name = spec.renames.get(p) or snake(key)
             if key in ("tags", "tagsAll") or p in spec.maps:
                 if isinstance(v, dict):
-                    values[name] = {str(k): x for k, x in v.items() if not _is_secret(x) and x != COMPUTED}
+                    values[name] = {str(k): x for k, x in v.items() if not is_secret(x) and x != COMPUTED}
                 continue
             if p in spec.lists and not isinstance(v, list):
                 v = [v]
@@ -314,7 +304,12 @@ def default_tags(provider: dict[str, Any] | None) -> dict[str, str]:
 # instances": /dev/xvda on Amazon Linux, /dev/sda1 on most others). A launch template's mapping of one of
 # them sets the root volume; the AMI's own root device name is not known offline.
 ROOT_DEVICE_NAMES = ("/dev/xvda", "/dev/sda1")
-# The `aws_instance` attributes `_launched_from_templates` may take from the instance's launch template.
+# The `aws_instance` attributes `_launched_from_templates` may take from the instance's launch template: what
+# checkov's instance checks read (checkov/terraform/checks/resource/aws/: EC2EBSOptimized.py, CKV_AWS_135,
+# `ebs_optimized`; EC2DetailedMonitoringEnabled.py, CKV_AWS_126, `monitoring`; LaunchConfigurationEBSEncryption.py,
+# CKV_AWS_8, `root_block_device` and `ebs_block_device`; checkov/terraform/checks/graph_checks/aws/:
+# EC2InstanceHasIAMRoleAttached.json, CKV2_AWS_41, `iam_instance_profile`; SGAttachedToResource.json, CKV2_AWS_5,
+# `vpc_security_group_ids`), and the instance type.
 TEMPLATE_ATTRIBUTES = (
     "instance_type", "vpc_security_group_ids", "ebs_optimized", "monitoring", "iam_instance_profile",
     "root_block_device", "ebs_block_device",
