@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 if __package__:  # imported as policies.aws_rules
-    from .values import UNKNOWN, _list, _map, is_unknown
+    from .values import UNKNOWN, _list, _map, is_unknown, same_resource
 else:  # run by the policy analyzer from the pack's directory
-    from values import UNKNOWN, _list, _map, is_unknown  # type: ignore[no-redef]
+    from values import UNKNOWN, _list, _map, is_unknown, same_resource  # type: ignore[no-redef]
 
 MANDATORY = "mandatory"  # rules.MANDATORY
 
@@ -57,16 +57,6 @@ _ACCOUNT_ROOT = re.compile(r"^(arn:aws[a-z-]*:iam::\d{12}:root|\d{12})$")
 
 def _as_list(value: Any) -> list:
     return list(_list(value)) if _list(value) else ([] if value is None else [value])
-
-
-def _same_resource(holder: Mapping, prop: str, value: Any, target: Mapping) -> bool:
-    """Whether `holder`'s `prop` (value `value`) refers to `target`'s id: by the synth placeholder
-    `<id:NAME>`, the deployed id, or the engine's property dependencies (CrossGuard, in a preview)."""
-    if isinstance(value, str) and not is_unknown(value):
-        target_id = _map(target.get("inputs")).get("id")
-        if value == f"<id:{target.get('name')}>" or (isinstance(target_id, str) and not is_unknown(target_id) and value == target_id):
-            return True
-    return target.get("urn") in _list(_map(holder.get("property_dependencies")).get(prop))
 
 
 # --- EKS control-plane logs ------------------------------------------------------------------
@@ -169,7 +159,7 @@ def check_vpc_flow_logs(resources: Sequence[Mapping], context: Mapping) -> list[
     flow_logs = _of_type(resources, FLOW_LOG)
     out = []
     for vpc in _of_type(resources, VPC):
-        if not any(_same_resource(f, "vpcId", _map(f.get("inputs")).get("vpcId"), vpc) for f in flow_logs):
+        if not any(same_resource(f, "vpcId", _map(f.get("inputs")).get("vpcId"), vpc) for f in flow_logs):
             out.append((vpc.get("urn", ""), f"VPC {vpc.get('name')} has no flow log: refused and accepted connections leave no record"))
     return out
 
@@ -180,7 +170,7 @@ def check_default_security_groups(resources: Sequence[Mapping], context: Mapping
     rule_resources = _of_type(resources, *SG_RULE_TYPES)
     out = []
     for vpc in _of_type(resources, VPC):
-        adopted = [d for d in defaults if _same_resource(d, "vpcId", _map(d.get("inputs")).get("vpcId"), vpc)]
+        adopted = [d for d in defaults if same_resource(d, "vpcId", _map(d.get("inputs")).get("vpcId"), vpc)]
         if not adopted:
             out.append((vpc.get("urn", ""), f"VPC {vpc.get('name')}: its default security group is not adopted (DefaultSecurityGroup with no rules), so it keeps AWS's allow-within-group rules"))
     for d in defaults:
@@ -188,7 +178,7 @@ def check_default_security_groups(resources: Sequence[Mapping], context: Mapping
         if any(_list(inputs.get(k)) for k in ("ingress", "egress")):
             out.append((d.get("urn", ""), f"default security group {d.get('name')} has rules: anything launched without a group of its own would get them"))
         for r in rule_resources:
-            if _same_resource(r, "securityGroupId", _map(r.get("inputs")).get("securityGroupId"), d):
+            if same_resource(r, "securityGroupId", _map(r.get("inputs")).get("securityGroupId"), d):
                 out.append((r.get("urn", ""), f"{r.get('name')} adds a rule to the default security group {d.get('name')}, which should have none"))
     return out
 

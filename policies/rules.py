@@ -49,16 +49,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 if __package__:  # imported as policies.rules
-    from . import aws_rules, kubernetes_rules, workloads
+    from . import aws_rules, kubernetes_rules, values, workloads
 else:  # run by the policy analyzer from the pack's directory: its modules are top-level there
     import aws_rules  # type: ignore[no-redef]
     import kubernetes_rules  # type: ignore[no-redef]
+    import values  # type: ignore[no-redef]
     import workloads  # type: ignore[no-redef]
 
 # What the rules below read from the shared modules, and the rules that live there (RULES wires them in;
 # callers reach every rule through this module).
 GPU, UNKNOWN, ALLOWED_CAPABILITIES, ALLOWED_HOST_PATH_PREFIX = workloads.GPU, workloads.UNKNOWN, workloads.ALLOWED_CAPABILITIES, workloads.ALLOWED_HOST_PATH_PREFIX
 _list, _map, _truthy, is_unknown = workloads._list, workloads._map, workloads._truthy, workloads.is_unknown
+same_resource = values.same_resource
 pod_gpus, ray_pod_templates, raycluster_spec = workloads.pod_gpus, workloads.ray_pod_templates, workloads.raycluster_spec
 check_serving_pods = workloads.check_serving_pods
 check_pods_least_privilege = kubernetes_rules.check_pods_least_privilege
@@ -145,20 +147,6 @@ def stack_context(
 def config_context(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     """Context keys from a policy's config (`allowInternetFacing`, ...)."""
     return {CONFIG_KEYS[k]: v for k, v in _map(config).items() if k in CONFIG_KEYS and v is not None}
-
-
-def _same_resource(holder: Mapping, prop: str, value: Any, target: Mapping) -> bool:
-    """Whether `holder`'s property `prop` (value `value`) refers to `target`'s id.
-
-    By value: the target's id (once deployed) or the synth placeholder
-    `<id:NAME>`; or by the engine's property dependencies (CrossGuard), which is
-    all there is while a preview does not know the id yet.
-    """
-    if isinstance(value, str) and not is_unknown(value):
-        target_id = _map(target.get("inputs")).get("id")
-        if value == f"<id:{target.get('name')}>" or (isinstance(target_id, str) and not is_unknown(target_id) and value == target_id):
-            return True
-    return target.get("urn") in _list(_map(holder.get("property_dependencies")).get(prop))
 
 
 # --- 1. TP never spans nodes ---------------------------------------------------------------
@@ -269,7 +257,7 @@ def _template_security_groups(template: Mapping, groups: Sequence[Mapping]) -> l
     efa_nics = [n for n in nics if n.get("interfaceType") in EFA_INTERFACE_TYPES]
     for sg in groups:
         refs = [ref for n in efa_nics for ref in ([n["securityGroups"]] if is_unknown(n.get("securityGroups")) else _list(n.get("securityGroups")))]
-        if any(_same_resource(template, "networkInterfaces", ref, sg) for ref in refs):
+        if any(same_resource(template, "networkInterfaces", ref, sg) for ref in refs):
             found.append(sg)
     return found
 
@@ -295,17 +283,17 @@ def self_referencing_directions(sg: Mapping, resources: Sequence[Mapping]) -> se
             direction = "ingress" if typ == SG_INGRESS else "egress"
             if (
                 _all_protocols(props.get("ipProtocol"))
-                and _same_resource(r, "securityGroupId", props.get("securityGroupId"), sg)
-                and _same_resource(r, "referencedSecurityGroupId", props.get("referencedSecurityGroupId"), sg)
+                and same_resource(r, "securityGroupId", props.get("securityGroupId"), sg)
+                and same_resource(r, "referencedSecurityGroupId", props.get("referencedSecurityGroupId"), sg)
             ):
                 found.add(direction)
         elif typ == SG_RULE:
             direction = str(props.get("type", ""))
             if direction not in ("ingress", "egress") or not _all_protocols(props.get("protocol")):
                 continue
-            if not _same_resource(r, "securityGroupId", props.get("securityGroupId"), sg):
+            if not same_resource(r, "securityGroupId", props.get("securityGroupId"), sg):
                 continue
-            if _truthy(props.get("self")) or _same_resource(r, "sourceSecurityGroupId", props.get("sourceSecurityGroupId"), sg):
+            if _truthy(props.get("self")) or same_resource(r, "sourceSecurityGroupId", props.get("sourceSecurityGroupId"), sg):
                 found.add(direction)
     return found
 
