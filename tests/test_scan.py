@@ -382,6 +382,16 @@ def test_accepted_risks_match_by_check_and_glob_and_stale_ones_are_reported():
     assert not scan.AcceptedRisk("CKV_K8S_23", "pod.*", "r").matches(findings[0])  # case-sensitive
 
 
+def test_an_accepted_risk_may_name_several_globs_and_is_stale_only_when_none_matches():
+    (risk,) = scan.parse_accepted([{"check": "CKV_K8S_23", "resource": ["Pod.ns.vllm-*", "Job.ns.vllm-efa-check"], "reason": "root"}])
+    assert risk.matches(finding("CKV_K8S_23", "Job.ns.vllm-efa-check")) and risk.matches(finding("CKV_K8S_23", "Pod.ns.vllm-head"))
+    assert not risk.matches(finding("CKV_K8S_23", "Job.ns.vllm-benchmark"))
+    _, _, stale = scan.match([finding("CKV_K8S_23", "Pod.ns.vllm-head")], [risk])
+    assert stale == []
+    _, _, stale = scan.match([finding("CKV_K8S_23", "Job.ns.other")], [risk])
+    assert stale == [risk] and risk.resource == "Pod.ns.vllm-*, Job.ns.vllm-efa-check"
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
@@ -393,6 +403,9 @@ def test_accepted_risks_match_by_check_and_glob_and_stale_ones_are_reported():
         ({"check": "CKV_K8S_23"}, "expected a list"),
         (["CKV_K8S_23"], "expected a mapping"),
         ([{"check": "C", "resource": "R", "reason": "a"}, {"check": "C", "resource": "R", "reason": "b"}], "accepted twice"),
+        ([{"check": "C", "resource": [], "reason": "a"}], "no resource"),
+        ([{"check": "C", "resource": ["Pod.*", 3], "reason": "a"}], "no resource"),
+        ([{"check": "C", "resource": "R", "reason": "a"}, {"check": "C", "resource": ["S", "R"], "reason": "b"}], "accepted twice"),
     ],
 )
 def test_an_accepted_risk_needs_a_check_a_resource_and_a_reason(data, message):
@@ -585,6 +598,23 @@ def test_prod_scan_counts_findings_and_no_accepted_risk_is_stale(checkov):
     assert [(f.check, f.resource) for f in result.not_accepted if f.framework == "kubernetes"] == []
     assert not {f.check for f, _ in result.accepted} & TO_FIX
 
+
+
+def test_the_optional_checks_leave_no_finding_unaccepted(checkov, tmp_path):
+    """gpu-serving:checks turns on the EFA check and the benchmark Jobs: a stack that does must still scan clean."""
+    for f in REPO_ROOT.iterdir():
+        if f.name not in ("venv", "venv-scan", ".git") and not f.name.startswith("Pulumi.prod"):
+            (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "Pulumi.prod.yaml").write_text((REPO_ROOT / "Pulumi.prod.yaml").read_text() + "  gpu-serving:checks:\n    efa: true\n    benchmark: true\n")
+    doc = synthesize("prod", tmp_path)
+    jobs = {r["name"] for r in doc["resources"] if r["type"] == "kubernetes:batch/v1:Job"}
+    assert {"gpu-serving-prod-serving-efa-check", "gpu-serving-prod-serving-benchmark"} <= jobs, jobs
+    result = scan.scan_document(doc, scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov)
+    assert not result.errors
+    assert [(f.check, f.resource) for f in result.not_accepted] == []
+    accepted = {(f.check, f.resource) for f, _ in result.accepted}
+    assert {("CKV_K8S_23", "Job.gpu-serving.vllm-efa-check"), ("CKV_K8S_43", "Job.gpu-serving.vllm-benchmark")} <= accepted
+    assert not [r for r in result.stale if "efa-check" in r.resource or "benchmark" in r.resource]
 
 _GUARD = textwrap.dedent(
     """\

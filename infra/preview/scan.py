@@ -101,11 +101,20 @@ class Counts:
 @dataclass(frozen=True)
 class AcceptedRisk:
     check: str
-    resource: str  # glob over checkov's resource id
+    resources: tuple[str, ...]  # globs over checkov's resource id (one string: a single glob)
     reason: str
 
+    def __post_init__(self) -> None:
+        if isinstance(self.resources, str):
+            object.__setattr__(self, "resources", (self.resources,))
+
+    @property
+    def resource(self) -> str:
+        """The globs as the scan prints them."""
+        return ", ".join(self.resources)
+
     def matches(self, finding: Finding) -> bool:
-        return finding.check == self.check and fnmatch.fnmatchcase(finding.resource, self.resource)
+        return finding.check == self.check and any(fnmatch.fnmatchcase(finding.resource, glob) for glob in self.resources)
 
 
 @dataclass
@@ -163,16 +172,18 @@ def parse_accepted(data: Any, origin: str = "accepted risks") -> list[AcceptedRi
         check, resource, reason = (entry.get(k) for k in ("check", "resource", "reason"))
         if not isinstance(check, str) or not check.strip():
             raise UserError(f"{where}: no check (a checkov id such as CKV_K8S_23)")
-        if not isinstance(resource, str) or not resource.strip():
-            raise UserError(f"{where} ({check}): no resource (a glob over checkov's resource id)")
+        globs = [resource] if isinstance(resource, str) else resource
+        if not isinstance(globs, list) or not globs or not all(isinstance(g, str) and g.strip() for g in globs):
+            raise UserError(f"{where} ({check}): no resource (a glob over checkov's resource id, or a list of them)")
         if not isinstance(reason, str) or not reason.strip():
-            raise UserError(f"{where} ({check} on {resource}): no reason; an accepted risk needs one")
-        out.append(AcceptedRisk(check.strip(), resource.strip(), " ".join(reason.split())))
+            raise UserError(f"{where} ({check} on {', '.join(globs)}): no reason; an accepted risk needs one")
+        out.append(AcceptedRisk(check.strip(), tuple(g.strip() for g in globs), " ".join(reason.split())))
     seen = set()
     for r in out:
-        if (r.check, r.resource) in seen:
-            raise UserError(f"{origin}: {r.check} on {r.resource} is accepted twice")
-        seen.add((r.check, r.resource))
+        for glob in r.resources:
+            if (r.check, glob) in seen:
+                raise UserError(f"{origin}: {r.check} on {glob} is accepted twice")
+            seen.add((r.check, glob))
     return out
 
 
