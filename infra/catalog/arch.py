@@ -155,12 +155,47 @@ CACHE_LABEL = {"gqa": "full", "mla": "full", "sliding": "sliding_window"}
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """What one layer's attention computes per query token, for the performance model
+    (infra/planning/perf): the memory it reads is in the layer's `caches`.
+
+    `heads` query heads are split over TP (never fewer than one per rank). Per head,
+    a query meets each attended cache entry with a `qk_dim` dot product and takes a
+    `v_dim` weighted sum: 2 x (qk_dim + v_dim) FLOPs per head and entry. MLA decodes
+    in the absorbed form (qk = latent + RoPE, v = latent, one shared latent "head")
+    and prefills un-absorbed (`prefill_qk_dim` / `prefill_v_dim`, per-head K and V
+    expanded from the latent by kv_b_proj: `prefill_expand_flops` per context token
+    and rank). Which entries a query attends: the last `window` tokens; with
+    `compress_ratio` > 1 one entry per that many tokens, of which a sparse indexer
+    keeps the `topk` best (DeepSeek V3.2 / V4 CSA, `indexer_*` its own scoring cost).
+    `recurrent_dim` > 0: linear attention (KDA) with a d x d state per head, updated
+    and read once per token instead of attending over entries.
+    """
+
+    heads: int
+    qk_dim: int
+    v_dim: int
+    prefill_qk_dim: int = 0  # 0: as qk_dim
+    prefill_v_dim: int = 0  # 0: as v_dim
+    prefill_expand_flops: int = 0  # per context token and layer (whole model: split over TP)
+    window: int | None = None
+    compress_ratio: int = 1
+    topk: int | None = None
+    indexer_heads: int = 0  # sparse indexer: heads x dim scored against each compressed entry (replicated)
+    indexer_dim: int = 0
+    recurrent_dim: int = 0
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     index: int
     attention: str  # human label: "gqa", "mla", "sliding", "csa-4", "hca-128", "kda", ...
     params: tuple[ParamGroup, ...]
     caches: tuple[CacheSpec, ...]
     moe: bool = False
+    # Attention compute per query token (performance model); None: not described.
+    attn: AttentionShape | None = None
 
 
 @dataclass(frozen=True)

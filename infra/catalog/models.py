@@ -15,7 +15,7 @@ Figures a config does not give are written down as assumptions in the arch's
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -334,7 +334,7 @@ def with_weight_format(arch: ModelArch, fmt: str) -> ModelArch:
 
     def convert(layer: LayerSpec) -> LayerSpec:
         params = tuple(ParamGroup(g.role, g.shard, g.count, fmt) if g.role in roles else g for g in layer.params)
-        return LayerSpec(layer.index, layer.attention, params, layer.caches, layer.moe)
+        return replace(layer, params=params)
 
     layers = tuple(convert(layer) for layer in arch.layers)
     return arch.with_(

@@ -2,6 +2,7 @@
 
     python -m infra plan --stack prod
     python -m infra plan --model deepseek-v4-pro --instance-type p5.48xlarge --nodes 4 [--vllm-version 0.34.0] [--json] [--chart budget.png]
+    python -m infra perf --model llama-3.1-70b --gpu H100-SXM-80GB --tp 8 --isl 1024 --osl 1024 --concurrency 1,4,16,64 [--json] [--chart c.png] | --validate
     python -m infra synth --stack prod [--out prod.json]
     python -m infra diff base.json head.json
     python -m infra check --stack prod [--json]
@@ -409,6 +410,11 @@ def scan(
     if not result.passed:
         raise typer.Exit(1)
 
+
+# `python -m infra perf`: predicted latency and throughput (infra/cli/perf.py).
+from infra.cli.perf import perf as _perf  # noqa: E402
+
+app.command(name="perf")(_perf)
 
 # `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ops/ephemeral/).
 from infra.ops.ephemeral.cli import app as _ephemeral_app  # noqa: E402

@@ -6,7 +6,7 @@ the vLLM class); the family modules put them together per `model_type`.
 
 from __future__ import annotations
 
-from infra.catalog.arch import CacheSpec, Experts, LayerSpec, Linear, ParamGroup, Role, Shard
+from infra.catalog.arch import AttentionShape, CacheSpec, Experts, LayerSpec, Linear, ParamGroup, Role, Shard
 from infra.catalog.quant import QuantConfig, Scheme, parse_quant_config
 
 
@@ -133,9 +133,32 @@ def moe_params(
     return groups
 
 
-def make_layer(index: int, attention: str, params: list[ParamGroup], caches: list[CacheSpec], moe: bool) -> LayerSpec:
+def make_layer(index: int, attention: str, params: list[ParamGroup], caches: list[CacheSpec], moe: bool,
+               attn: AttentionShape | None = None) -> LayerSpec:
     params = [p for p in params if p.count]
-    return LayerSpec(index=index, attention=attention, params=tuple(params), caches=tuple(caches), moe=moe)
+    return LayerSpec(index=index, attention=attention, params=tuple(params), caches=tuple(caches), moe=moe, attn=attn)
+
+
+def mla_attention(c: dict) -> AttentionShape:
+    """DeepSeek-style MLA (vLLM MLACommonImpl, v1/attention/backends/mla/common.py): decode
+    absorbs kv_b_proj into the query and output (forward_mqa: one latent "head" of
+    kv_lora + rope for keys, kv_lora for values); prefill (forward_mha) expands the
+    cached latent of every context token to per-head K (nope) and V with kv_b_proj."""
+    heads, nope, rope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    kv_lora = c["kv_lora_rank"]
+    return AttentionShape(
+        heads=heads, qk_dim=kv_lora + rope, v_dim=kv_lora, prefill_qk_dim=nope + rope, prefill_v_dim=v,
+        prefill_expand_flops=2 * kv_lora * heads * (nope + v),
+        source="MLA: absorbed decode, un-absorbed prefill (vLLM MLACommonImpl)",
+    )
+
+
+def gqa_attention(c: dict, window: int | None = None) -> AttentionShape:
+    """GQA / MHA (vLLM FlashAttention backend): every query head dots head_dim keys and
+    sums head_dim values of each cached token (of the window for sliding layers)."""
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return AttentionShape(heads=c["num_attention_heads"], qk_dim=head_dim, v_dim=head_dim, window=window,
+                          source="GQA: q heads x head_dim against K and V of each cached token")
 
 
 def expert_count(c: dict) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
+from dataclasses import replace
+
+from infra.catalog.arch import AttentionShape, CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.families.common import (
     dense_mlp,
     embedding,
@@ -13,6 +15,7 @@ from infra.catalog.families.common import (
     lm_head,
     make_layer,
     mla,
+    mla_attention,
     mla_cache,
     model_dtype,
     moe_params,
@@ -111,7 +114,12 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
             params += _deepseek_moe(c, fmt, fmt, scheme)
         else:
             params += dense_mlp(hidden, c["intermediate_size"], fmt)
-        return make_layer(i, "mla+indexer" if sparse else "mla", params, caches, moe)
+        attn = mla_attention(c)
+        if sparse:
+            # DeepSeek-V3.2 sparse MLA: each query attends the indexer's index_topk tokens
+            # (vLLM deepseek_v2.Indexer, FlashMLA sparse); the indexer scores every cached key.
+            attn = replace(attn, topk=c["index_topk"], indexer_heads=c["index_n_heads"], indexer_dim=c["index_head_dim"])
+        return make_layer(i, "mla+indexer" if sparse else "mla", params, caches, moe, attn=attn)
 
     layers = tuple(block(i) for i in range(n))
     mtp = []
@@ -124,7 +132,7 @@ def parse_deepseek_v3(c: dict, name: str, source: str) -> ModelArch:
             norms(hidden, hidden, hidden),
             group(Role.DENSE_MLP, Shard.REPLICATED, 2 * hidden * hidden, "bf16"),
         ]
-        mtp.append(make_layer(base.index, base.attention, list(base.params) + extra, list(base.caches), base.moe))
+        mtp.append(make_layer(base.index, base.attention, list(base.params) + extra, list(base.caches), base.moe, base.attn))
     notes = []
     if mtp:
         notes.append(
@@ -274,7 +282,23 @@ def _v4_block(c: dict, index: int, ratio: int, expert_fmt: str) -> LayerSpec:
     )
     if hashed:
         params.append(group(Role.OTHER, Shard.REPLICATED, c["vocab_size"] * k, "fp32"))
-    return make_layer(index, label, params, caches, moe=True)
+    return make_layer(index, label, params, caches, moe=True, attn=_v4_attention(c, ratio))
+
+
+def _v4_attention(c: dict, ratio: int) -> AttentionShape:
+    """DeepseekV4Attention (vLLM models/deepseek_v4): MQA of every query head over one
+    head_dim-wide KV entry (keys and values share it), both for decode and prefill,
+    over the sliding window of uncompressed tokens plus the compressed entries: all of
+    them for HCA (ratio 128), the indexer's index_topk for CSA (ratio 4), whose indexer
+    scores index_n_heads x index_head_dim queries against every compressed key."""
+    head_dim = c["head_dim"]
+    csa = ratio == 4
+    return AttentionShape(
+        heads=c["num_attention_heads"], qk_dim=head_dim, v_dim=head_dim, window=c["sliding_window"],
+        compress_ratio=ratio if ratio > 1 else 1, topk=c["index_topk"] if csa else None,
+        indexer_heads=c["index_n_heads"] if csa else 0, indexer_dim=c["index_head_dim"] if csa else 0,
+        source="DeepSeek-V4: sliding window + compressed entries (CSA top-k via the indexer, HCA all)",
+    )
 
 
 def parse_deepseek_v4(c: dict, name: str, source: str) -> ModelArch:
@@ -317,7 +341,7 @@ def parse_deepseek_v4(c: dict, name: str, source: str) -> ModelArch:
             norms(hidden, hidden, hidden),
             group(Role.OTHER, Shard.REPLICATED, hc_head, "fp32"),
         ]
-        mtp.append(make_layer(base.index, base.attention, list(base.params) + extra, list(base.caches), base.moe))
+        mtp.append(make_layer(base.index, base.attention, list(base.params) + extra, list(base.caches), base.moe, base.attn))
     notes = (
         "DeepSeek-V4 shapes from vLLM deepseek_v4.py, deepseek_v4_attention.py, deepseek_compressor.py: "
         "compressor, indexer and hyper-connection sizes are read from that code, not from the config",

@@ -12,6 +12,7 @@ from infra.catalog.families.common import (
     group,
     lm_head,
     linear_group,
+    gqa_attention,
     make_layer,
     model_dtype,
     moe_params,
@@ -94,6 +95,7 @@ def parse_gqa_dense(c: dict, name: str, source: str) -> ModelArch:
             + [norms(hidden, hidden)],
             [_gqa_cache(c, window)],
             moe=False,
+            attn=gqa_attention(c, window),
         )
         for i in range(c["num_hidden_layers"])
     )
@@ -137,7 +139,8 @@ def parse_gqa_moe(c: dict, name: str, source: str) -> ModelArch:
             )
         attention = _gqa(c, "bf16", bias=bool(c.get("attention_bias")), qk_norm=qk_norm, quant=quant, prefix=prefix)
         params = attention + mlp + [norms(hidden, hidden)]
-        layers.append(make_layer(i, "sliding" if window else "gqa", params, [_gqa_cache(c, window)], moe))
+        layers.append(make_layer(i, "sliding" if window else "gqa", params, [_gqa_cache(c, window)], moe,
+                                 attn=gqa_attention(c, window)))
     return _finish_gqa(c, name, source, tuple(layers), [], quant)
 
 
@@ -174,8 +177,9 @@ def parse_gpt_oss(c: dict, name: str, source: str) -> ModelArch:
             *experts,
             norms(hidden, hidden),
         ]
-        cache = _gqa_cache(c, c["sliding_window"] if sliding else None)
-        layers.append(make_layer(i, "sliding" if sliding else "gqa", params, [cache], moe=True))
+        window = c["sliding_window"] if sliding else None
+        layers.append(make_layer(i, "sliding" if sliding else "gqa", params, [_gqa_cache(c, window)], moe=True,
+                                 attn=gqa_attention(c, window)))
     notes = [
         "expert biases are counted as routed-expert parameters; a --weight-format override "
         "re-labels them with the experts' format (39.8M parameters, negligible)",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.catalog.arch import CacheDtype, CacheSpec, ModelArch, ParamGroup, Role, Shard
+from infra.catalog.arch import AttentionShape, CacheDtype, CacheSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.families.common import (
     dense_mlp,
     embedding,
@@ -13,6 +13,7 @@ from infra.catalog.families.common import (
     lm_head,
     make_layer,
     mla,
+    mla_attention,
     mla_cache,
     model_dtype,
     moe_params,
@@ -110,9 +111,15 @@ def parse_kimi_linear(c: dict, name: str, source: str) -> ModelArch:
         if i in kda_idx:
             params, caches = _kda(c)
             label = "kda"
+            lac = c["linear_attn_config"]
+            # KDA (vLLM layers/kda.py, fla chunk / fused_recurrent kernels): a head_dim x
+            # head_dim state per head, updated and read once per token.
+            attn = AttentionShape(heads=lac["num_heads"], qk_dim=lac["head_dim"], v_dim=lac["head_dim"],
+                                  recurrent_dim=lac["head_dim"], source="KDA recurrent state per head")
         else:
             params, caches = mla(c, "bf16", output_gate=output_gate), [mla_cache(c)]
             label = "mla"
+            attn = mla_attention(c)
         params = params + [norms(hidden, hidden)]
         if attn_res:
             # AttnRes: self_attention_res_norm / _proj and mlp_res_norm / _proj per layer (hidden each);
@@ -131,7 +138,7 @@ def parse_kimi_linear(c: dict, name: str, source: str) -> ModelArch:
                 params += [group(Role.DENSE_MLP, Shard.REPLICATED, 2 * hidden * latent, "bf16"), norms(latent)]
         else:
             params += dense_mlp(hidden, c["intermediate_size"], "bf16")
-        layers.append(make_layer(i, label, params, caches, moe))
+        layers.append(make_layer(i, label, params, caches, moe, attn=attn))
     layers = tuple(layers)
     final = [norms(hidden)]
     if attn_res:

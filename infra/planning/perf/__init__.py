@@ -1,0 +1,1 @@
+"""Performance model of vLLM serving: step times, scheduling and load (pure functions)."""

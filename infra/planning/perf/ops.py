@@ -1,0 +1,237 @@
+"""A model's step as operations on one rank of each pipeline stage: what each one
+computes (FLOPs per token) and reads (bytes), from the same `ModelArch` the memory
+planner sizes (its parameter groups, cache specs and attention shapes).
+
+Built once per model, layout and GPU; `step.StepModel` turns them into time for a
+batch. Terms that behave alike are summed (all GEMMs of one weight format, all
+layers with the same attention reads), so a step costs a few dozen multiplications.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
+from infra.catalog.gpus import GPU
+from infra.planning import memory
+
+
+@dataclass(frozen=True)
+class GemmTerm:
+    """Linear layers of one weight format on a rank: read whole once per step."""
+
+    compute: str  # the tensor-core dtype the kernel computes in: "bf16" | "fp8" | "fp4"
+    flops_per_token: float
+    weight_bytes: float
+    per_sampled_token: bool = False  # the LM head: run for the sequences that sample, not every token
+
+
+@dataclass(frozen=True)
+class ExpertTerm:
+    """The routed experts of `layers` MoE layers on a rank."""
+
+    layers: int
+    experts: int
+    top_k: int
+    flops_per_token: float  # of the top-k experts a token goes to, on this rank
+    bytes_per_expert: float  # one expert's share of this rank's expert bytes
+    compute: str
+
+
+@dataclass(frozen=True)
+class AttentionTerm:
+    """One pattern of attention reads in `layers` layers: per decoding sequence of
+    context c, Σ-able entries min(c, threshold) / divisor, each read (`bytes_per_entry`)
+    and met by every query token (`flops_per_entry`); plus fixed per-sequence state."""
+
+    layers: int
+    threshold: int | None  # None: the whole context
+    divisor: int  # compressed caches: one entry per `divisor` tokens
+    reads_context: bool
+    bytes_per_entry: float = 0.0
+    flops_per_entry: float = 0.0  # decode, per query token
+    prefill_flops_per_entry: float = 0.0
+    bytes_per_sequence: float = 0.0  # recurrent states: read and written each step
+    flops_per_sequence_token: float = 0.0  # recurrent update per token
+    prefill_context_flops: float = 0.0  # MLA prefill: expanding each context token's latent
+
+
+@dataclass(frozen=True)
+class StageOps:
+    layers: int
+    gemms: tuple[GemmTerm, ...]
+    experts: tuple[ExpertTerm, ...]
+    attention: tuple[AttentionTerm, ...]
+    allreduces: int  # TP all-reduces per step (two per layer when TP > 1)
+    allreduce_bytes_per_token: int
+    draft: "StageOps | None" = None  # the MTP layer(s) on the last stage
+
+
+def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
+    """Experts that `tokens` tokens route to, each choosing top_k of `experts`:
+    E x (1 - (1 - k/E)^tokens). ASSUMPTION: uniform routing; real routing is skewed
+    (EPLB exists because of it), which touches fewer experts for the same tokens."""
+    if tokens <= 0 or experts <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def compute_dtype(fmt: str, gpu: GPU) -> str:
+    """The tensor-core dtype vLLM's kernel for weights stored in `fmt` computes in on `gpu`.
+
+    FP8 weights run W8A8 on FP8 tensor cores (Ada/Hopper on), and as weight-only Marlin
+    (bf16 compute) before. ASSUMPTION: MXFP4 experts run with bf16 activations (W4A16:
+    the Triton / Marlin MoE kernels on Hopper and older) and with MXFP8 activations on
+    Blackwell (FP8 peak); NVFP4 runs on FP4 tensor cores on Blackwell, weight-only
+    elsewhere; INT4 (GPTQ / AWQ / W4A16) and INT8 upcast to bf16.
+    """
+    if fmt == "fp8":
+        return "fp8" if gpu.supports_fp8 else "bf16"
+    if fmt == "mxfp4":
+        return "fp8" if gpu.supports_fp4 else "bf16"
+    if fmt == "nvfp4":
+        return "fp4" if gpu.supports_fp4 else "bf16"
+    return "bf16"
+
+
+def _params_on_rank(g: ParamGroup, tp: int) -> float:
+    return g.count / tp if g.shard in (Shard.TP, Shard.VOCAB, Shard.EXPERT) else float(g.count)
+
+
+def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool, sampled: bool = False) -> list[GemmTerm]:
+    """One term per (compute dtype, format): within a format FLOPs per byte are the same
+    for every group, so their summed roofline is the sum of theirs."""
+    flops: Counter = Counter()
+    nbytes: Counter = Counter()
+    cc = float(gpu.compute_capability)
+    for g in groups:
+        if g.role == Role.ROUTED_EXPERT or not g.count:
+            continue
+        if g.fmt == "fp32" and g.shard == Shard.REPLICATED:
+            # fp32 parameters are small mixers, biases and the hash-routing table
+            # (a gather, not a GEMM): left out.
+            continue
+        key = (compute_dtype(g.fmt, gpu), g.fmt)
+        flops[key] += 2 * _params_on_rank(g, tp)
+        nbytes[key] += memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=cc)
+    return [GemmTerm(k[0], flops[k], nbytes[k], per_sampled_token=sampled) for k in sorted(flops)]
+
+
+def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GPU, expert_parallel: bool) -> list[ExpertTerm]:
+    terms: Counter = Counter()
+    cc = float(gpu.compute_capability)
+    for layer in layers:
+        for g in layer.params:
+            if g.role != Role.ROUTED_EXPERT or not arch.num_experts:
+                continue
+            rank_bytes = memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=cc)
+            # Per token: top_k of the experts' parameters, split over the TP ranks (with
+            # expert parallel, the expected share of tokens a rank's experts get).
+            flops = 2 * g.count / arch.num_experts * arch.experts_per_token / tp
+            terms[(arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu))] += 1
+    return [ExpertTerm(n, e, k, f, b, c) for (e, k, f, b, c), n in sorted(terms.items())]
+
+
+def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
+    """(threshold, divisor) of the entries a decode step reads from one cache."""
+    attn = layer.attn
+    topk = attn.topk if attn else None
+    if spec.kind in ("compressed",):
+        return (topk * spec.compress_ratio if topk else None), spec.compress_ratio
+    if spec.kind == "indexer":
+        return None, spec.compress_ratio  # the indexer scores every compressed key
+    if spec.window is not None:
+        return spec.window, 1
+    if topk:  # DeepSeek-V3.2: the latent of the indexer's top-k tokens only
+        return topk, 1
+    return None, spec.compress_ratio
+
+
+def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
+    """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
+    bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer."""
+    attn = layer.attn
+    terms: dict[tuple, list[float]] = {}
+
+    def add(key: tuple, i: int, value: float) -> None:
+        terms.setdefault(key, [0.0] * 6)[i] += value
+
+    for spec in layer.caches:
+        entry = memory.cache_entry_bytes(spec, tp, kv_bytes, model_bytes)
+        if spec.per_sequence:
+            add((None, 1, False), 3, 2 * entry)  # read and written back every step
+        else:
+            add((*_cache_pattern(spec, layer), True), 0, entry)
+    if attn is None:
+        return [(*k, *v) for k, v in terms.items()]
+    heads = max(1, attn.heads // tp)
+    per_entry = 2 * heads * (attn.qk_dim + attn.v_dim)
+    prefill_per_entry = 2 * heads * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
+    if attn.recurrent_dim:
+        # KDA per token and head: decay and rank-1 update of the d x d state, and its
+        # read-out by the query: ~3 d^2 multiply-adds.
+        add((None, 1, False), 4, heads * 6 * attn.recurrent_dim**2)
+        return [(*k, *v) for k, v in terms.items()]
+    main = (attn.topk * attn.compress_ratio if attn.topk else None, attn.compress_ratio, True)
+    if attn.window is not None:
+        add((attn.window, 1, True), 1, per_entry)
+        add((attn.window, 1, True), 2, prefill_per_entry)
+    if attn.window is None or attn.compress_ratio > 1:
+        add(main, 1, per_entry)
+        add(main, 2, prefill_per_entry)
+        add(main, 5, attn.prefill_expand_flops / tp)
+    if attn.indexer_heads:
+        # The indexer (replicated on every rank) scores each compressed key.
+        idx = 2 * attn.indexer_heads * attn.indexer_dim
+        add((None, attn.compress_ratio, True), 1, idx)
+        add((None, attn.compress_ratio, True), 2, idx)
+    return [(*k, *v) for k, v in terms.items()]
+
+
+def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_bytes: int) -> list[AttentionTerm]:
+    counts: Counter = Counter()
+    for layer in layers:
+        for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes):
+            counts[t] += 1
+    out = []
+    for (thr, div, reads, b, f, pf, bseq, fseq, pctx), n in counts.items():
+        out.append(AttentionTerm(n, thr, div, reads, b, f, pf, bseq, fseq, pctx))
+    return sorted(out, key=lambda a: (a.threshold is None, a.threshold or 0, a.divisor, a.reads_context))
+
+
+def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, last: bool, tp: int, gpu: GPU,
+              expert_parallel: bool, kv_bytes: int) -> StageOps:  # fmt: skip
+    model_bytes = memory.MODEL_DTYPE_BYTES.get(arch.model_dtype, 2)
+    groups = [g for layer in layers for g in layer.params] + (list(arch.final) if last else [])
+    gemms = _gemms(groups, tp=tp, gpu=gpu, expert_parallel=expert_parallel)
+    if last and arch.lm_head.count:
+        gemms += _gemms([arch.lm_head], tp=tp, gpu=gpu, expert_parallel=expert_parallel, sampled=True)
+    elif last:  # tied: the embedding's matrix serves as LM head
+        gemms += _gemms([arch.embedding], tp=tp, gpu=gpu, expert_parallel=expert_parallel, sampled=True)
+    return StageOps(
+        layers=len(layers),
+        gemms=tuple(gemms),
+        experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel)),
+        attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes)),
+        allreduces=2 * len(layers) if tp > 1 else 0,
+        allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
+    )
+
+
+def model_stages(arch: ModelArch, *, tp: int, pp: int, gpu: GPU, expert_parallel: bool, kv_bytes: int,
+                 speculative: bool = False) -> list[StageOps]:  # fmt: skip
+    """Every pipeline stage as vLLM splits the layers (memory.stage_layers); with MTP
+    speculative decoding the last stage carries the drafter (its layers and the LM head)."""
+    split = memory.stage_layers(arch, pp)
+    out = []
+    for i, layers in enumerate(split):
+        stage = stage_ops(arch, layers, first=i == 0, last=i == pp - 1, tp=tp, gpu=gpu,
+                          expert_parallel=expert_parallel, kv_bytes=kv_bytes)  # fmt: skip
+        if i == pp - 1 and speculative and arch.mtp_layers:
+            draft = stage_ops(arch, arch.mtp_layers, first=False, last=True, tp=tp, gpu=gpu,
+                              expert_parallel=expert_parallel, kv_bytes=kv_bytes)  # fmt: skip
+            stage = StageOps(stage.layers, stage.gemms, stage.experts, stage.attention, stage.allreduces,
+                             stage.allreduce_bytes_per_token, draft=draft)  # fmt: skip
+        out.append(stage)
+    return out

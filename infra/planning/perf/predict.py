@@ -1,0 +1,162 @@
+"""One prediction: a model on some GPUs in one layout, under a load.
+
+`setup` builds what the simulation needs from the same pieces the plan uses: the
+memory planner's evaluation of the layout (KV blocks, groups and per-request
+reservations of the pinned vLLM release: infra/planning/layout.py) and the
+step-time model of its stages (ops.py, step.py). `run` drives the scheduler
+simulation (scheduler.py) with a workload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from infra.catalog.arch import ModelArch
+from infra.catalog.instances import InstanceType
+from infra.errors import UserError
+from infra.planning import cudagraph, kv_cache, memory, serving
+from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors
+from infra.planning.perf.fitted import DEFAULT, Efficiency
+from infra.planning.perf.hardware import Hardware
+from infra.planning.perf.ops import model_stages
+from infra.planning.perf.scheduler import KVPool, SimResult, simulate
+from infra.planning.perf.step import StepModel
+from infra.planning.perf.workload import Workload
+from infra.planning.vllm_release import release
+
+# Default acceptance of one MTP-drafted token: DeepSeek-V3 Technical Report (arXiv
+# 2412.19437), section 5.4.3: "the acceptance rate of the second token prediction
+# ranges between 85% and 90%"; the lower end is taken. ASSUMPTION: the same for V4.
+DEFAULT_MTP_ACCEPTANCE = 0.85
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The engine's knobs for a prediction; None: vLLM's default for the release and GPU."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    async_scheduling: bool | None = None
+    num_speculative_tokens: int = 0
+    acceptance_rate: float = DEFAULT_MTP_ACCEPTANCE
+    vllm_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Setup:
+    arch: ModelArch
+    hw: Hardware
+    layout: Layout
+    knobs: Knobs
+    evaluation: Evaluation
+    step: StepModel
+    pool: KVPool
+    serving: Serving
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.tp * self.layout.pp * self.layout.dp
+
+
+def _host(hw: Hardware, gpus: int) -> tuple[InstanceType, int]:
+    """The instance type the memory planner evaluates on, and the node count: the real one
+    when the hardware names one, else nodes of the GPU as `hw` describes them."""
+    from infra.catalog.instances import get_instance_type
+
+    per_node = hw.gpus_per_node if gpus >= hw.gpus_per_node else gpus
+    base = get_instance_type(hw.instance) if hw.instance else None
+    if base is None or base.gpu_count != per_node:
+        base = InstanceType(
+            name=f"{per_node} x {hw.gpu.name}", gpu=hw.gpu, gpu_count=per_node, vcpus=0, memory_bytes=0,
+            network_cards=1, max_efa_interfaces=1 if hw.network_bytes_per_s else 0, network_bandwidth_gbps=0,
+            local_nvme_bytes=0, gpu_memory_mib_ec2=0, price_usd_per_hour=0.0, price_date="", price_source="",
+        )  # fmt: skip
+    return base, max(1, math.ceil(gpus / per_node))
+
+
+def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT) -> Setup:
+    """Refuses (UserError, one line) a layout vLLM would not run or whose memory does not fit."""
+    r = release(srv.vllm_version)
+    gpu = hw.gpu
+    itype, nodes = _host(hw, srv.tp * srv.pp * srv.dp)
+    if srv.tp * srv.pp * srv.dp != nodes * itype.gpu_count:
+        raise UserError(f"TP {srv.tp} x PP {srv.pp} x DP {srv.dp} = {srv.tp * srv.pp * srv.dp} GPUs do not fill "
+                        f"whole {hw.gpus_per_node}-GPU nodes of {hw.instance or gpu.name}")  # fmt: skip
+    max_len = srv.max_model_len or min(arch.max_position_embeddings or serving.DEFAULT_MAX_MODEL_LEN_CAP,
+                                       serving.DEFAULT_MAX_MODEL_LEN_CAP)  # fmt: skip
+    knobs = Knobs(
+        gpu_memory_utilization=srv.gpu_memory_utilization or r.default_gpu_memory_utilization,
+        max_model_len=max_len,
+        max_num_batched_tokens=srv.max_num_batched_tokens or serving.default_batched_tokens(gpu.visible_memory_bytes, gpu.name, r),
+        max_num_seqs=srv.max_num_seqs or serving.default_max_num_seqs(gpu.visible_memory_bytes, gpu.name, r),
+        release=r,
+        async_scheduling=r.async_scheduling(ray=nodes > 1) if srv.async_scheduling is None else srv.async_scheduling,
+        num_speculative_tokens=srv.num_speculative_tokens,
+    )
+    if srv.num_speculative_tokens and not arch.mtp_layers:
+        raise UserError(f"{arch.name} has no multi-token-prediction layers: speculative method mtp needs them")
+    layout = Layout(srv.tp, srv.pp, srv.dp, srv.expert_parallel, srv.kv_cache_dtype)
+    errors = layout_errors(arch, itype, nodes, layout)
+    ev = evaluate(arch, itype, nodes, layout, knobs) if not errors else None
+    if errors or not ev.feasible:
+        raise UserError(f"the memory plan refuses TP {srv.tp} x PP {srv.pp} x DP {srv.dp} on {gpu.name}: "
+                        + "; ".join(errors or ev.errors))  # fmt: skip
+    kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
+    stages = model_stages(arch, tp=srv.tp, pp=srv.pp, gpu=gpu, expert_parallel=srv.expert_parallel, kv_bytes=kv_bytes,
+                          speculative=bool(srv.num_speculative_tokens))  # fmt: skip
+    sizes = cudagraph.capture_sizes(
+        r, max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
+        decode_query_len=1 + srv.num_speculative_tokens, sm100=gpu.compute_capability.startswith("10"),
+        ceiling=cudagraph.model_ceiling(r, arch.model_type),
+    )  # fmt: skip
+    step = StepModel(
+        stages, hw, tp=srv.tp, eff=eff, async_scheduling=knobs.async_scheduling, graph_max_tokens=max(sizes),
+        # vLLM's PP send carries the hidden states and the residual (IntermediateTensors), bf16.
+        hop_bytes_per_token=2 * arch.hidden_size * 2,
+        hop_over_network=srv.pp > 1 and srv.tp * srv.pp > hw.gpus_per_node,
+        num_speculative_tokens=srv.num_speculative_tokens,
+    )  # fmt: skip
+    pool = KVPool(num_blocks=ev.num_blocks, blocks_for=_blocks_for(ev))
+    return Setup(arch, hw, layout, knobs, ev, step, pool, srv)
+
+
+def _blocks_for(ev: Evaluation):
+    """Blocks one request holds with N tokens in the cache: each group's blocks at that
+    length (kv_cache.request_blocks), the sliding windows' in-flight allowance included."""
+    groups, adm, r = list(ev.kv.groups), ev.admission, ev.knobs.release
+
+    @lru_cache(maxsize=65536)
+    def blocks_for(tokens: int) -> int:
+        return kv_cache.request_blocks(groups, adm, release=r, max_len=max(1, tokens))
+
+    return blocks_for
+
+
+def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
+        seed: int = 0) -> SimResult:  # fmt: skip
+    """Simulate vLLM serving `num_prompts` requests of `workload` under the load."""
+    k = s.knobs
+    return simulate(
+        s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
+        max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len,
+        async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
+        acceptance_rate=s.serving.acceptance_rate, seed=seed, dp=s.layout.dp,
+    )  # fmt: skip
+
+
+def with_efficiency(s: Setup, eff: Efficiency) -> Setup:
+    """The same setup with other achieved fractions (the fit)."""
+    st = s.step
+    step = StepModel(st.stages, st.hw, tp=st.tp, eff=eff, async_scheduling=st.async_scheduling,
+                     graph_max_tokens=st.graph_max_tokens, hop_bytes_per_token=st.hop_bytes_per_token,
+                     hop_over_network=st.hop_over_network, num_speculative_tokens=st.num_speculative_tokens)  # fmt: skip
+    return replace(s, step=step)

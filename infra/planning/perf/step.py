@@ -1,0 +1,222 @@
+"""The time of one engine step on each pipeline stage: a roofline over the operations
+a batch runs, plus communication and fixed costs.
+
+Operations of one stage's rank (`ops.stage_ops`): GEMMs per compute dtype (dense
+weights, read once per step), the routed experts (only those the batch routes to),
+the LM head (once per sampled sequence), attention (each KV-cache kind's reads and
+FLOPs), TP all-reduces, and the per-layer and per-step fixed costs.
+
+Overlap (why the terms are combined as they are):
+- within one operation, compute and memory overlap (a kernel streams its operands
+  while it computes): the operation takes max(FLOPs / achieved peak, bytes /
+  achieved bandwidth), the roofline;
+- operations follow each other on one CUDA stream: their times add;
+- TP all-reduces sit between the operations whose outputs they sum (vLLM does not
+  overlap them with compute): they add;
+- the CPU's work per step (scheduling, input preparation, sampling) adds to the GPU's
+  without async scheduling; with it the next step is prepared while the GPU runs, so
+  the step takes the longer of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Sequence
+
+from infra.planning.perf.fitted import DEFAULT, Efficiency
+from infra.planning.perf.hardware import Hardware
+from infra.planning.perf.ops import AttentionTerm, GemmTerm, StageOps, expected_distinct_experts
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """One stage's step time by kind of work; `bound` names the largest."""
+
+    compute_s: float  # operations whose FLOPs bound them
+    memory_s: float  # operations whose bytes bound them
+    communication_s: float
+    overhead_s: float  # per-layer fixed costs and, without overlap, the CPU's step
+    total_s: float
+
+    @property
+    def bound(self) -> str:
+        parts = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.communication_s,
+                 "overhead": self.overhead_s}  # fmt: skip
+        return max(parts, key=parts.get)
+
+
+def _sum_min(contexts: Sequence[int], threshold: int | None) -> int:
+    """Σ min(c, threshold) over decode contexts (Σ c without a threshold)."""
+    if threshold is None:
+        return sum(contexts)
+    return sum(map(min, contexts, repeat(threshold, len(contexts))))
+
+
+def _prefill_sum_min(before: int, new: int, threshold: int | None) -> float:
+    """Σ over the chunk's queries j = 1..new of min(before + j, threshold): the entries
+    causal attention reaches (each query sees the context before it and itself)."""
+    lo, hi = before + 1, before + new
+    if threshold is None or hi <= threshold:
+        return (lo + hi) * new / 2
+    if lo > threshold:
+        return threshold * new
+    below = (lo + threshold) * (threshold - lo + 1) / 2
+    return below + threshold * (hi - threshold)
+
+
+def _roofline(flops: float, peak: float, nbytes: float, bandwidth: float) -> tuple[float, float]:
+    """(compute-bound seconds, memory-bound seconds): one of them is zero."""
+    c, m = flops / peak, nbytes / bandwidth
+    return (c, 0.0) if c >= m else (0.0, m)
+
+
+class StepModel:
+    """The step-time model of one replica: built once per model, layout and hardware."""
+
+    def __init__(self, stages: Sequence[StageOps], hw: Hardware, *, tp: int, eff: Efficiency = DEFAULT,
+                 async_scheduling: bool = True, graph_max_tokens: int = 512, hop_bytes_per_token: int = 0,
+                 hop_over_network: bool = False, num_speculative_tokens: int = 0) -> None:  # fmt: skip
+        self.stages = tuple(stages)
+        self.pp = len(self.stages)
+        self.hw, self.tp, self.eff = hw, tp, eff
+        self.async_scheduling = async_scheduling
+        self.graph_max_tokens = graph_max_tokens
+        self.hop_bytes_per_token = hop_bytes_per_token
+        self.hop_over_network = hop_over_network
+        self.num_speculative_tokens = num_speculative_tokens
+        self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
+        self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
+        self._attn_peak = hw.peak_flops("bf16") * eff.attention
+        # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.
+        self._thresholds = sorted({t.threshold for s in self.stages for t in s.attention if t.threshold is not None})
+        # The distinct attention terms of all stages, as plain tuples (divisor 0: no context
+        # read), each computed once per step; a stage uses them by index, times its layers.
+        index: dict[tuple, int] = {}
+        self._attn_terms: list[tuple] = []
+        self._attn_use: list[tuple[tuple[int, int], ...]] = []
+        for stage in self.stages:
+            use = []
+            for a in stage.attention:
+                t = _attention_tuple(a)
+                if t not in index:
+                    index[t] = len(self._attn_terms)
+                    self._attn_terms.append(t)
+                use.append((index[t], a.layers))
+            self._attn_use.append(tuple(use))
+
+    # --- the fast path: what the scheduler simulation calls every step ---------------
+
+    def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[float]:
+        return [p.total_s for p in self.parts(decode_contexts, prefills, query_len)]
+
+    def hop_seconds(self, tokens: int) -> float:
+        """One batch's activations from one stage to the next (vLLM sends hidden states
+        and residual, `hop_bytes_per_token` each token), over EFA between nodes."""
+        if self.pp == 1 or tokens == 0:
+            return 0.0
+        if self.hop_over_network:
+            return self.hw.network_latency_s + tokens * self.hop_bytes_per_token / self.hw.network_bytes_per_s
+        return self.hw.intra_node_latency_s + tokens * self.hop_bytes_per_token / self.hw.intra_node_bytes_per_s
+
+    # --- the model ---------------------------------------------------------------------
+
+    def parts(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[StepParts]:
+        n_decode = len(decode_contexts)
+        decode_tokens = n_decode * query_len
+        prefill_tokens = sum(new for new, _ in prefills)
+        tokens = decode_tokens + prefill_tokens
+        sampled = n_decode + len(prefills)  # ASSUMPTION: every prefill chunk samples (the last chunk does)
+        sums = {None: sum(decode_contexts)}
+        for t in self._thresholds:
+            sums[t] = _sum_min(decode_contexts, t)
+        graphs = tokens <= self.graph_max_tokens
+        eff = self.eff
+        cpu = eff.step_overhead_s + eff.seq_overhead_s * (n_decode + len(prefills))
+        attention = [self._attention(t, sums, prefills, query_len, n_decode) for t in self._attn_terms]
+        out = []
+        for i, stage in enumerate(self.stages):
+            compute = memory = 0.0
+            for g in stage.gemms:
+                c, m = self._gemm(g, tokens, sampled)
+                compute += c
+                memory += m
+            for e in stage.experts:
+                distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
+                c, m = _roofline(tokens * e.flops_per_token, self._peak[e.compute], distinct * e.bytes_per_expert, self._bw)
+                compute += e.layers * c
+                memory += e.layers * m
+            for k, layers in self._attn_use[i]:
+                c, m = attention[k]
+                compute += layers * c
+                memory += layers * m
+            comm = stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
+            overhead = stage.layers * (eff.layer_overhead_s if graphs else eff.layer_overhead_s + eff.eager_layer_overhead_s)
+            gpu = compute + memory + comm + overhead
+            if i == self.pp - 1 and self.num_speculative_tokens and n_decode and stage.draft is not None:
+                # The MTP drafter proposes k tokens, one forward of its layer(s) per token
+                # (vLLM v1/spec_decode/eagle.py propose): k passes of the draft stage at batch n.
+                draft = self.parts_of(stage.draft, n_decode, n_decode, decode_contexts, sums)
+                gpu += self.num_speculative_tokens * draft
+            if i == 0:
+                total = max(gpu, cpu) if self.async_scheduling else gpu + cpu
+                overhead += total - gpu
+            else:
+                total = gpu
+            out.append(StepParts(compute, memory, comm, overhead, total))
+        return out
+
+    def parts_of(self, stage: StageOps, tokens: int, sampled: int, contexts: Sequence[int], sums: dict) -> float:
+        """Seconds of a small stage (the MTP drafter) for a decode batch."""
+        total = 0.0
+        for g in stage.gemms:
+            total += sum(self._gemm(g, tokens, sampled))
+        for e in stage.experts:
+            distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
+            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._peak[e.compute], distinct * e.bytes_per_expert, self._bw))
+        n = len(contexts)
+        for a in stage.attention:
+            entries = (sums[a.threshold] if a.threshold in sums else _sum_min(contexts, a.threshold)) / a.divisor if a.reads_context else 0.0
+            total += a.layers * max((entries * a.flops_per_entry + n * a.flops_per_sequence_token) / self._attn_peak,
+                                    (entries * a.bytes_per_entry + n * a.bytes_per_sequence) / self._bw)
+        total += stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
+        return total + stage.layers * self.eff.layer_overhead_s
+
+    def _gemm(self, g: GemmTerm, tokens: int, sampled: int) -> tuple[float, float]:
+        m = sampled if g.per_sampled_token else tokens
+        return _roofline(m * g.flops_per_token, self._peak[g.compute], g.weight_bytes, self._bw)
+
+    def _attention(self, term: tuple, sums: dict, prefills: Sequence[tuple[int, int]], query_len: int,
+                   n_decode: int) -> tuple[float, float]:  # fmt: skip
+        """One layer's attention, (compute-bound s, memory-bound s): decode reads each
+        sequence's cached entries once for its query tokens; a prefill chunk computes
+        over the entries each of its queries reaches and reads its context once."""
+        thr, div, b_entry, f_entry, pf_entry, b_seq, f_seq, pctx = term
+        entries = sums[thr] / div if div else 0.0
+        nbytes = entries * b_entry + n_decode * b_seq
+        flops = query_len * (entries * f_entry + n_decode * f_seq)
+        for new, before in prefills:
+            if div:
+                flops += _prefill_sum_min(before, new, thr) / div * pf_entry
+                seen = before + new if thr is None else min(before + new, thr)
+                nbytes += seen / div * b_entry
+            flops += new * f_seq + (before + new) * pctx
+            nbytes += b_seq
+        return _roofline(flops, self._attn_peak, nbytes, self._bw)
+
+    def _allreduce(self, nbytes: float) -> float:
+        """Ring all-reduce over the TP group: latency + 2 (n - 1) / n x bytes / bus bandwidth."""
+        n = self.tp
+        if n <= 1 or nbytes == 0:
+            return 0.0
+        return self.eff.allreduce_latency_s + 2 * (n - 1) / n * nbytes / (self.hw.intra_node_bytes_per_s * self.eff.allreduce_bw)
+
+
+def _attention_tuple(a: AttentionTerm) -> tuple:
+    return (a.threshold, a.divisor if a.reads_context else 0, a.bytes_per_entry, a.flops_per_entry,
+            a.prefill_flops_per_entry, a.bytes_per_sequence, a.flops_per_sequence_token, a.prefill_context_flops)
+
+
+def _has(hw: Hardware, dtype: str) -> bool:
+    g = hw.gpu
+    return {"bf16": True, "fp8": g.fp8_dense_tflops is not None, "fp4": g.fp4_dense_tflops is not None}[dtype]

@@ -1,0 +1,209 @@
+"""The performance model against published measurements.
+
+Rows come from `tests/fixtures/perf/measurements.jsonl` (each with its source and
+its role: "fit" rows set the fitted fractions of `fitted.py`, "validate" rows only
+judge them). Every row is re-run as the source ran it: the same model, GPU,
+layout, server flags, lengths and load, through the same `predict.setup` and
+scheduler simulation the `perf` command uses. Errors are (predicted - measured) /
+measured on the means `vllm bench serve` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from infra.catalog.models import load_model
+from infra.errors import UserError
+from infra.planning.perf import predict
+from infra.planning.perf.fitted import DEFAULT, FITTED_FIELDS, Efficiency
+from infra.planning.perf.hardware import for_gpu
+from infra.planning.perf.workload import Workload
+from infra.planning.vllm_release import FIRST_SUPPORTED, PINNED, _minor
+
+# The models the rows name, by Hugging Face id: a catalog name, or a config.json kept
+# beside the measurements (tests/fixtures/perf/models/, sources in its SOURCES.md).
+# The -2507 Instruct releases share the architecture of the catalog's Qwen3-235B-A22B.
+MODELS = {
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-r1",
+    "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
+    "Qwen/Qwen3-32B-AWQ": "qwen3-32b-awq",
+    "Qwen/Qwen3-32B": "models/Qwen--Qwen3-32B.json",
+    "Qwen/Qwen3-32B-FP8": "models/Qwen--Qwen3-32B-FP8.json",
+    "Qwen/Qwen3-8B": "models/Qwen--Qwen3-8B.json",
+}
+
+# ASSUMPTION: ShareGPT lengths (vllm bench serve --dataset-name sharegpt) drawn lognormal
+# around the row's mean input and output with a spread (sigma of the log) of 0.8; the
+# sources print only the totals, and the dataset itself is not in the repo.
+SHAREGPT_SPREAD = 0.8
+
+METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
+# The issue's targets on the validation rows: median |error| and the worst ratio.
+TARGETS = {"ttft_ms": 0.30, "tpot_ms": 0.15, "output_tokens_per_s": 0.15}
+WORST_RATIO = 2.0
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    role: str
+    predicted: dict
+    measured: dict
+
+    def error(self, metric: str) -> float | None:
+        p, m = self.predicted.get(metric), self.measured.get(metric)
+        return None if p is None or not m else (p - m) / m
+
+
+def load_rows(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise UserError(f"cannot read the measurements {path}: {err.strerror or err}") from None
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _flag(flags: str, name: str) -> int | None:
+    m = re.search(rf"{re.escape(name)}[ =](\d+)", flags or "")
+    return int(m.group(1)) if m else None
+
+
+def _version(v: str | None) -> str:
+    """The row's vLLM release when the planner follows it, else the pinned one."""
+    if v and _minor(FIRST_SUPPORTED) <= _minor(v) <= _minor(PINNED):
+        return v
+    return PINNED
+
+
+def row_setup(row: dict, root: Path, eff: Efficiency = DEFAULT) -> predict.Setup:
+    source = MODELS.get(row["model"])
+    if source is None:
+        raise UserError(f"measurement {row['id']}: no model source for {row['model']}")
+    arch = load_model(str(root / source) if source.startswith("models/") else source)
+    flags = " ".join(filter(None, [row.get("other_flags"), row.get("serve_command")]))
+    spec = row.get("speculative") or ""
+    srv = predict.Serving(
+        tp=row["tp"], pp=row["pp"], dp=row.get("dp") or 1, expert_parallel=bool(row["expert_parallel"]),
+        kv_cache_dtype=row.get("kv_cache_dtype") or "auto",
+        max_model_len=_flag(flags, "--max-model-len") or arch.max_position_embeddings or None,
+        max_num_seqs=row.get("max_num_seqs"), max_num_batched_tokens=row.get("max_num_batched_tokens"),
+        async_scheduling=True if "--async-scheduling" in flags else None,
+        num_speculative_tokens=int(spec.split(":")[1]) if spec.startswith("mtp:") else 0,
+        vllm_version=_version(row.get("vllm_version")),
+    )  # fmt: skip
+    try:
+        return predict.setup(arch, for_gpu(row["gpu"]), srv, eff)
+    except UserError as err:
+        # The source served it, so the memory plan's refusal of vLLM's default length is
+        # the planner's margin: the row is re-run at the longest length its prompts need.
+        if "no room for one sequence" not in str(err) or _flag(flags, "--max-model-len"):
+            raise
+        need = 2 ** math.ceil(math.log2(row["isl"] + row["osl"] + 1))
+        return predict.setup(arch, for_gpu(row["gpu"]), replace(srv, max_model_len=max(need, 8192)), eff)
+
+
+def row_workload(row: dict) -> Workload:
+    isl, osl = max(1, round(row["isl"])), max(1, round(row["osl"]))
+    if row["lengths"] == "sharegpt":
+        return Workload.lognormal(isl, osl, SHAREGPT_SPREAD)
+    return Workload.fixed(isl, osl)
+
+
+def _simulate(row: dict, s: predict.Setup, seed: int = 0) -> dict:
+    """The row's load on the setup: its --max-concurrency and request rate; with neither
+    (rate inf, a "burst") every prompt is sent at once. Predicted means, as printed."""
+    n = row.get("num_prompts") or 100
+    concurrency = row.get("concurrency") or (None if row.get("request_rate") else n)
+    res = predict.run(s, row_workload(row), concurrency=concurrency, request_rate=row.get("request_rate"),
+                      num_prompts=n, seed=seed)  # fmt: skip
+    return {"ttft_ms": res.ttft_ms.mean, "tpot_ms": res.tpot_ms.mean, "output_tokens_per_s": res.output_tokens_per_s}
+
+
+def measured(row: dict) -> dict:
+    m = row["measured"]
+    return {"ttft_ms": (m.get("ttft_ms") or {}).get("mean"), "tpot_ms": (m.get("tpot_ms") or {}).get("mean"),
+            "output_tokens_per_s": m.get("output_tokens_per_s")}  # fmt: skip
+
+
+def predict_row(row: dict, root: Path, eff: Efficiency = DEFAULT, seed: int = 0) -> Point:
+    return Point(row["id"], row.get("role", "validate"), _simulate(row, row_setup(row, root, eff), seed), measured(row))
+
+
+def predict_rows(rows: list[dict], root: Path, eff: Efficiency = DEFAULT) -> list[Point]:
+    return [predict_row(r, root, eff) for r in rows]
+
+
+def median_abs_error(points: list[Point], metric: str) -> float | None:
+    errors = [abs(e) for p in points if (e := p.error(metric)) is not None]
+    return statistics.median(errors) if errors else None
+
+
+def worst_ratio(points: list[Point], metric: str) -> float:
+    """The largest factor between predicted and measured (2.0: off by 2x)."""
+    ratios = [max(p.predicted[metric] / p.measured[metric], p.measured[metric] / p.predicted[metric])
+              for p in points if p.measured.get(metric) and p.predicted.get(metric)]  # fmt: skip
+    return max(ratios, default=1.0)
+
+
+def fit_loss(points: list[Point]) -> float:
+    """Mean squared log error over the metrics of the points."""
+    logs = [math.log(p.predicted[k] / p.measured[k]) ** 2 for p in points for k in METRICS
+            if p.measured.get(k) and p.predicted.get(k)]  # fmt: skip
+    return sum(logs) / len(logs) if logs else 0.0
+
+
+def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 3, log=print) -> Efficiency:
+    """Coordinate search over the FITTED fields on the fit rows only: each field tried
+    at x / f and x * f, the best kept, f halving (in log) each round."""
+    fit_rows = [r for r in rows if r.get("role") == "fit"]
+    setups = [(r, row_setup(r, root, start)) for r in fit_rows]
+
+    def loss(eff: Efficiency) -> float:
+        return fit_loss([Point(r["id"], "fit", _simulate(r, predict.with_efficiency(s, eff)), measured(r)) for r, s in setups])
+
+    best, best_loss, factor = start, loss(start), 2.0
+    for rnd in range(rounds):
+        for name in FITTED_FIELDS:
+            for f in (1 / factor, factor):
+                value = getattr(best, name) * f
+                if name == "hbm":
+                    value = min(value, 0.95)  # a fraction of the datasheet peak
+                trial = best.replace(**{name: value})
+                trial_loss = loss(trial)
+                if trial_loss < best_loss:
+                    best, best_loss = trial, trial_loss
+            log(f"round {rnd + 1}, {name}: loss {best_loss:.4f}")
+        factor = math.sqrt(factor)
+    return best.replace(fitted_on=tuple(r["id"] for r in fit_rows))
+
+
+def efficiency_source(eff: Efficiency) -> str:
+    """The fitted values as Python, to paste into fitted.py."""
+    return ", ".join(f"{f.name}={getattr(eff, f.name)!r}" for f in fields(eff) if f.name in FITTED_FIELDS)
+
+
+def summary(points: list[Point]) -> dict:
+    """Per role: the median |error| and the worst ratio per metric; and whether the
+    validation rows meet the targets."""
+    out = {}
+    for role in ("fit", "validate"):
+        group = [p for p in points if p.role == role]
+        out[role] = {
+            "points": len(group),
+            "median_abs_error": {k: median_abs_error(group, k) or 0.0 for k in METRICS},
+            "worst_ratio": {k: worst_ratio(group, k) for k in METRICS},
+        }
+    v = out["validate"]
+    out["targets_met"] = v["points"] > 0 and all(
+        v["median_abs_error"][k] <= TARGETS[k] and v["worst_ratio"][k] <= WORST_RATIO for k in METRICS
+    )
+    return out

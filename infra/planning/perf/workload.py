@@ -1,0 +1,209 @@
+"""Request lengths and send times of a benchmark, as `vllm bench serve` (0.34) makes them.
+
+- Lengths: fixed, integer-uniform around a mean (`--random-range-ratio`, as
+  benchmarks/datasets/utils.py get_sampling_params draws them for RandomDataset),
+  lognormal from a mean and a spread, or (input, output) pairs from a JSON-lines file.
+- Send times of an open loop: benchmarks/serve.py get_request (burstiness 1, a Poisson
+  process): cumulative exponential gaps, rescaled so the last request is sent at
+  exactly num_prompts / rate.
+
+Everything is drawn from random.Random(seed), so a seed gives the same requests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass
+
+from infra.errors import UserError
+
+KINDS = ("fixed", "uniform", "lognormal", "pairs")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Input and output lengths (tokens) of the requests of one benchmark.
+
+    `kind` says how lengths are drawn: "fixed" (input_len, output_len), "uniform"
+    (range_ratio around them), "lognormal" (means input_len, output_len and
+    coefficient of variation `spread` = std / mean) or "pairs" (the given pairs, in order).
+    """
+
+    kind: str = "fixed"
+    input_len: int = 0
+    output_len: int = 0
+    range_ratio: float = 0.0
+    spread: float = 0.0
+    pairs: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UserError(f"unknown workload kind {self.kind!r}; known kinds: {', '.join(KINDS)}")
+        if self.kind == "pairs":
+            if not self.pairs:
+                raise UserError("a workload of pairs needs at least one (input, output) pair")
+        elif self.input_len < 1 or self.output_len < 1:
+            raise UserError(f"input and output lengths must be >= 1 tokens, got {self.input_len} and {self.output_len}")
+        if not 0.0 <= self.range_ratio < 1.0:  # get_sampling_params: "range_ratio must be in [0, 1)"
+            raise UserError(f"range ratio must be in [0, 1), got {self.range_ratio}")
+        if self.spread < 0:
+            raise UserError(f"lognormal spread (std / mean) must be >= 0, got {self.spread}")
+
+    @classmethod
+    def fixed(cls, input_len: int, output_len: int) -> Workload:
+        return cls("fixed", input_len, output_len)
+
+    @classmethod
+    def uniform(cls, input_len: int, output_len: int, range_ratio: float) -> Workload:
+        return cls("uniform", input_len, output_len, range_ratio=range_ratio)
+
+    @classmethod
+    def lognormal(cls, input_mean: int, output_mean: int, spread: float) -> Workload:
+        return cls("lognormal", input_mean, output_mean, spread=spread)
+
+    @classmethod
+    def from_jsonl(cls, path: str) -> Workload:
+        return cls("pairs", pairs=read_pairs(path))
+
+    def sample(self, n: int, seed: int) -> list[tuple[int, int]]:
+        """n (input, output) lengths, the same for the same seed."""
+        rng = random.Random(seed)
+        if self.kind == "fixed":
+            return [(self.input_len, self.output_len)] * n
+        if self.kind == "uniform":
+            ins, outs = _uniform_bounds(self.input_len, self.range_ratio), _uniform_bounds(self.output_len, self.range_ratio)
+            # get_sampling_params draws all inputs, then all outputs; we draw pairwise (same law).
+            return [(rng.randint(*ins), max(1, rng.randint(*outs))) for _ in range(n)]
+        if self.kind == "lognormal":
+            return [(_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread)) for _ in range(n)]
+        # A custom dataset is taken in file order; when it is shorter than n,
+        # datasets.py maybe_oversample_requests adds random.choices of it.
+        pairs = list(self.pairs[:n])
+        return pairs + rng.choices(self.pairs, k=n - len(pairs)) if len(pairs) < n else pairs
+
+
+def _uniform_bounds(mean: int, ratio: float) -> tuple[int, int]:
+    """benchmarks/datasets/utils.py get_sampling_params: integers in [floor(L(1-r)), ceil(L(1+r))]
+    (tokenizer special tokens, which it subtracts from the input, are ignored here)."""
+    return max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
+
+
+def _lognormal(rng: random.Random, mean: float, spread: float) -> int:
+    """A lognormal length with the given mean and std / mean, rounded, at least 1."""
+    sigma2 = math.log1p(spread * spread)
+    return max(1, round(rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))))
+
+
+def read_pairs(path: str) -> tuple[tuple[int, int], ...]:
+    """(input_tokens, output_tokens) of each line of a JSON-lines file; UserError names the bad line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the workload file: {e.strerror or e}") from None
+    pairs = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise UserError(f'{path}:{number}: expected an object {{"input_tokens": int, "output_tokens": int}}')
+        lengths = []
+        for key in ("input_tokens", "output_tokens"):
+            value = row.get(key)
+            if type(value) is not int or value < 1:
+                raise UserError(f"{path}:{number}: {key} must be an integer >= 1, got {value!r}")
+            lengths.append(value)
+        pairs.append((lengths[0], lengths[1]))
+    if not pairs:
+        raise UserError(f"{path}: no requests in the workload file")
+    return tuple(pairs)
+
+
+def send_times(n: int, rate: float | None, seed: int) -> list[float]:
+    """When the client means to send each of n requests (seconds from the benchmark start).
+
+    benchmarks/serve.py get_request: rate inf sends all at once; otherwise gaps are
+    gamma(burstiness=1) = exponential draws, summed, then rescaled so the last send is at
+    n / rate ("to close the gap for stabilizing the throughput data").
+    """
+    if rate is None or math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed ^ 0x5EED)
+    times, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        times.append(t)
+    scale = (n / rate) / times[-1] if times and times[-1] > 0 else 1.0
+    return [x * scale for x in times]
+
+
+class Client:
+    """`vllm bench serve`: each request is sent at its time or, with --max-concurrency, when a
+    slot frees (serve.py limited_request_func's semaphore); TTFT counts from the send."""
+
+    def __init__(self, lengths: list[tuple[int, int]], times: list[float], slots: float, make_request):
+        self.pending = deque(zip(times, lengths))
+        self.make_request = make_request  # (prompt, output, sent) -> the engine's request
+        self.slots, self.released_at = slots, 0.0
+
+    def send_due(self, now: float, waiting: deque) -> None:
+        while self.slots > 0 and self.pending and self.pending[0][0] <= now:
+            when, (prompt, out) = self.pending.popleft()
+            self.slots -= 1
+            waiting.append(self.make_request(prompt, out, max(when, self.released_at)))
+
+    def release(self, now: float) -> None:
+        self.slots += 1
+        self.released_at = now
+
+    def next_send(self) -> float | None:
+        return self.pending[0][0] if self.slots > 0 and self.pending else None
+
+
+
+@dataclass(frozen=True)
+class Latency:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+
+def latency_ms(samples: list[tuple[float, int]]) -> Latency:
+    """Mean and percentiles of (value, count) samples in ms; empty gives zeros (serve.py: `x or 0`)."""
+    samples.sort()
+    total = sum(c for _, c in samples)
+    if not total:
+        return Latency(0.0, 0.0, 0.0, 0.0)
+    mean = sum(v * c for v, c in samples) / total
+    values, ends, seen = [], [], 0
+    for v, c in samples:
+        seen += c
+        values.append(v)
+        ends.append(seen)  # ranks < seen hold v
+    return Latency(mean * 1e3, *(percentile(values, ends, q) * 1e3 for q in (50, 90, 99)))
+
+
+def percentile(values: list[float], ends: list[int], q: float) -> float:
+    """numpy.percentile(method="linear") of the sorted multiset where values[i] fills ranks below ends[i]."""
+    n = ends[-1]
+    quantile = q / 100
+    virtual = n * quantile + (1 + quantile * -1) - 1  # numpy _compute_virtual_index, alpha = beta = 1
+    below = math.floor(virtual)
+    gamma = virtual - below
+    lo = _at_rank(values, ends, min(max(below, 0), n - 1))
+    hi = _at_rank(values, ends, min(max(below + 1, 0), n - 1))
+    diff = hi - lo  # numpy _lerp, which interpolates from the nearer end
+    return hi - diff * (1 - gamma) if gamma >= 0.5 else lo + diff * gamma
+
+
+def _at_rank(values: list[float], ends: list[int], rank: int) -> float:
+    return values[bisect_right(ends, rank)]
