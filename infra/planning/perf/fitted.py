@@ -22,6 +22,9 @@ class Efficiency:
     gemm_fp8: float = 0.73
     # ASSUMED: FP4 GEMMs as FP8's fraction (no measured ceiling in the sources read).
     gemm_fp4: float = 0.73
+    # FITTED: fraction of the GEMM ceiling above that the fused MoE kernels reach
+    # (grouped GEMMs over many small per-expert problems, the routing's gather/scatter).
+    moe_gemm: float = 0.5
     # ASSUMED: FlashAttention-3 forward on H100 reaches 740 of 989 BF16 TFLOPS at long
     # sequences (Shah et al. 2024, FlashAttention-3, fig. 5); vLLM's varlen prefill with
     # short chunks does less: 0.55 taken (labelled, not fitted).
@@ -45,12 +48,17 @@ class Efficiency:
     # async scheduling.
     step_overhead_s: float = 1.5e-3
     seq_overhead_s: float = 15e-6
+    # FITTED: time a request spends outside the engine before its first token (HTTP,
+    # chat template and tokenization in the API server, detokenizing and streaming the
+    # first token back): added to each request's TTFT.
+    request_overhead_s: float = 20e-3
     fitted_on: tuple[str, ...] = ()
 
     def replace(self, **changes) -> "Efficiency":
         return replace(self, **changes)
 
 
-FITTED_FIELDS = ("hbm", "allreduce_latency_s", "layer_overhead_s", "step_overhead_s", "seq_overhead_s")
+FITTED_FIELDS = ("hbm", "moe_gemm", "allreduce_latency_s", "layer_overhead_s", "step_overhead_s", "seq_overhead_s",
+                 "request_overhead_s")
 
 DEFAULT = Efficiency()

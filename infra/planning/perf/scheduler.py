@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import deque, namedtuple
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from infra.planning.perf.workload import Client, Latency, Workload, latency_ms, send_times
+from infra.errors import UserError
+from infra.planning.perf.workload import Client, SimResult, Workload, send_times, serve_metrics
 
-LIMITS = ("token_budget", "max_num_seqs", "kv_admission", "none")
+LIMITS = ("token_budget", "max_num_seqs", "kv_admission", "none")  # what stopped admission in a step
 
 
 class StepCost(Protocol):
@@ -43,24 +44,6 @@ class StepCost(Protocol):
 class KVPool:
     num_blocks: int  # blocks of one replica's pool (the engine's minimum over ranks), null block included
     blocks_for: Callable[[int], int]  # blocks one request holds with N tokens in the KV cache (all groups)
-
-
-@dataclass(frozen=True)
-class SimResult:
-    duration_s: float  # benchmark start (first send) to last finish, one replica
-    completed: int  # over all dp replicas
-    requests_per_s: float
-    output_tokens_per_s: float
-    total_tokens_per_s: float
-    ttft_ms: Latency
-    tpot_ms: Latency
-    itl_ms: Latency
-    preemptions: int  # one replica
-    mean_batch_size: float  # decode sequences per (non-empty) step
-    mean_step_s: float  # slowest stage of a batch, mean over steps
-    steps: int
-    limits: dict[str, float]  # fraction of steps whose admission stopped on each of LIMITS
-    requests: tuple[tuple[float, float, float, int], ...]  # (sent, first token, finish, output tokens), one replica
 
 
 class _Req:
@@ -92,11 +75,8 @@ class _Blocks(dict):
         return value
 
 
-class _Batch:
-    __slots__ = ("entries", "done")
-
-    def __init__(self, entries: list, done: float):
-        self.entries, self.done = entries, done  # entries: (request, tokens, drafts scheduled or -1 if no sample, epoch)
+# A batch in flight: entries (request, tokens, drafts scheduled or -1 if it samples nothing, epoch), output time.
+_Batch = namedtuple("_Batch", "entries done")
 
 
 class _Engine:
@@ -111,12 +91,9 @@ class _Engine:
         # config/vllm.py max_concurrent_batches: PP batches fill the pipeline, +1 to overlap with async scheduling.
         self.max_batches = self.pp + 1 if async_scheduling else self.pp
         self.lookahead = k  # vllm.py num_lookahead_tokens: MTP/EAGLE reserve k slots past the scheduled tokens
-        self.running: list[_Req] = []
-        self.waiting: deque[_Req] = deque()
-        self.in_flight: deque[_Batch] = deque()
+        self.running, self.waiting, self.in_flight = [], deque(), deque()  # of _Req, _Req, _Batch
         self.stage_free = [0.0] * self.pp
-        self.step = self.steps = self.decodes = self.preemptions = 0
-        self.step_seconds = 0.0
+        self.step, self.steps, self.decodes, self.preemptions, self.step_seconds = 0, 0, 0, 0, 0.0
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
         self.itl: dict[float, int] = {}  # interval -> how many chunks arrived that long after the previous
@@ -189,7 +166,8 @@ class _Engine:
         else:
             r.drafts = 0  # schedule(): spec_token_ids = [] until update_draft_token_ids
 
-    def _admit(self, entries: list, prefills: list, budget: int, limit: str) -> str:
+    def _admit(self, entries: list, prefills: list, budget: int, limit: str, dry: bool = False) -> str | None:
+        """Admit waiting requests (FCFS); return why admission stopped. dry: None if it would admit one."""
         waiting, running, blocks = self.waiting, self.running, self.blocks
         j = 0
         while j < len(waiting):
@@ -204,9 +182,11 @@ class _Engine:
             total = r.num_tokens  # prompt, plus the outputs of a preempted request (recompute)
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl, default True):
             # the whole input must fit in the free blocks, not just the first chunk.
-            if blocks[total] > self.free:
-                return "kv_admission"
             n = min(total, budget)  # chunked prefill: as much of the prompt as the budget allows
+            if max(blocks[total], blocks[n + self.lookahead]) > self.free:
+                return "kv_admission"
+            if dry:
+                return None
             if n < total:
                 limit = "token_budget"
             r.blocks = blocks[n + self.lookahead]
@@ -288,23 +268,10 @@ class _Engine:
         return now
 
     def _finish(self, r: _Req, client: Client, now: float) -> None:
-        r.done = True
-        self.free += r.blocks
-        r.blocks = 0
+        r.done, self.free, r.blocks = True, self.free + r.blocks, 0
         (self.running if r in self.running else self.waiting).remove(r)
         self.finished.append(r)
         client.release(now)
-
-    def _admission_stops(self, budget: int) -> str | None:
-        """Why _admit would admit nobody now (a LIMITS name), or None if it would admit someone."""
-        for r in self.waiting:
-            if len(self.running) >= self.max_seqs:
-                return "max_num_seqs"
-            if budget <= 0:
-                return "token_budget"
-            if not r.inflight:
-                return "kv_admission" if self.blocks[r.num_tokens] > self.free else None
-        return "none"
 
     def fast_forward(self, now: float, client: Client) -> float | None:
         """Run many identical decode steps at once; None when the next step is not one of them.
@@ -324,7 +291,7 @@ class _Engine:
                 return None
         elif self.in_flight:
             return None
-        limit = self._admission_stops(self.max_tokens - len(running) * q)
+        limit = self._admit([], [], self.max_tokens - len(running) * q, "none", dry=True)
         if limit is None:
             return None
         advance = 1 + (k if self.acceptance >= 1.0 else 0)  # tokens a step adds to each request
@@ -402,9 +369,9 @@ class _Engine:
             k = self.k
             for r in running:
                 r.token_ready, r.eligible = last_done, self.step + 1
-            self.in_flight.append(_Batch([(r, q, k, r.epoch) for r in running for q in (1 + k,)], last_done))
+            self.in_flight.append(_Batch([(r, 1 + k, k, r.epoch) for r in running], last_done))
 
-    def run(self, client: Client) -> float:
+    def run(self, client: Client) -> None:
         """v1/engine/core.py step_with_batch_queue: fill the batch queue, else block on its oldest batch."""
         now = 0.0
         while True:
@@ -425,13 +392,13 @@ class _Engine:
                 now = self.take_output(client)
             elif self.waiting and not self.running:
                 r = self.waiting[0]
-                raise ValueError(f"a request of {r.num_tokens} tokens needs {self.blocks[r.num_tokens]} KV blocks; the pool has {self.free}")
+                raise UserError(f"a request of {r.num_tokens} tokens needs {self.blocks[r.num_tokens]} KV blocks; the pool has {self.free}")
             elif self.running:
                 raise AssertionError("running requests but nothing to schedule and no batch in flight")
             elif client.next_send() is not None:
                 now = client.next_send()
             else:
-                return now
+                return
 
 
 def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: int | None, request_rate: float | None,
@@ -451,25 +418,12 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
     engine = _Engine(cost, pool, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len, async_scheduling=async_scheduling, k=num_speculative_tokens,
                      acceptance=acceptance_rate, seed=seed)
-    duration = engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req))
-    return _result(engine, duration, replicas)
-
-
-def _result(engine: _Engine, duration: float, replicas: float) -> SimResult:
-    done = engine.finished
-    outputs = sum(r.emitted for r in done)
-    inputs = sum(r.prompt for r in done)
-    per_s = replicas / duration if duration > 0 else 0.0
-    steps = max(engine.steps, 1)
-    # serve.py calculate_metrics: TPOT only for outputs > 1; TTFT from the send.
-    tpots = [(r.last - r.first) / (r.emitted - 1) for r in done if r.emitted > 1]
+    engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req))
+    done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
-        duration_s=duration, completed=round(len(done) * replicas), requests_per_s=len(done) * per_s,
-        output_tokens_per_s=outputs * per_s, total_tokens_per_s=(inputs + outputs) * per_s,
-        ttft_ms=latency_ms([(r.first - r.sent, 1) for r in done]), tpot_ms=latency_ms([(t, 1) for t in tpots]),
-        itl_ms=latency_ms(list(engine.itl.items())), preemptions=engine.preemptions,
+        **serve_metrics([(r.sent, r.first, r.last, r.prompt, r.emitted) for r in done], engine.itl, replicas),
+        completed=round(len(done) * len(lengths) / len(mine)), preemptions=engine.preemptions,
         mean_batch_size=engine.decodes / steps, mean_step_s=engine.step_seconds / steps, steps=engine.steps,
         limits={name: count / steps for name, count in engine.limit_counts.items()},
-        requests=tuple((r.sent, r.first, r.last, r.emitted) for r in done),
     )
 

@@ -88,6 +88,7 @@ class StepModel:
         self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
         self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
         self._attn_peak = hw.peak_flops("bf16") * eff.attention
+        self._moe_peak = {d: p * eff.moe_gemm for d, p in self._peak.items()}
         # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.
         self._thresholds = sorted({t.threshold for s in self.stages for t in s.attention if t.threshold is not None})
         # The distinct attention terms of all stages, as plain tuples (divisor 0: no context
@@ -143,7 +144,7 @@ class StepModel:
                 memory += m
             for e in stage.experts:
                 distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
-                c, m = _roofline(tokens * e.flops_per_token, self._peak[e.compute], distinct * e.bytes_per_expert, self._bw)
+                c, m = _roofline(tokens * e.flops_per_token, self._moe_peak[e.compute], distinct * e.bytes_per_expert, self._bw)
                 compute += e.layers * c
                 memory += e.layers * m
             for k, layers in self._attn_use[i]:
@@ -173,7 +174,7 @@ class StepModel:
             total += sum(self._gemm(g, tokens, sampled))
         for e in stage.experts:
             distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
-            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._peak[e.compute], distinct * e.bytes_per_expert, self._bw))
+            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._moe_peak[e.compute], distinct * e.bytes_per_expert, self._bw))
         n = len(contexts)
         for a in stage.attention:
             entries = (sums[a.threshold] if a.threshold in sums else _sum_min(contexts, a.threshold)) / a.divisor if a.reads_context else 0.0

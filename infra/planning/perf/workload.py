@@ -1,4 +1,5 @@
-"""Request lengths and send times of a benchmark, as `vllm bench serve` (0.34) makes them.
+"""The client side of a benchmark, as `vllm bench serve` (0.34) runs it: request lengths, send
+times, the concurrency limit, and the metrics it reports.
 
 - Lengths: fixed, integer-uniform around a mean (`--random-range-ratio`, as
   benchmarks/datasets/utils.py get_sampling_params draws them for RandomDataset),
@@ -177,6 +178,26 @@ class Latency:
     p99: float
 
 
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated `vllm bench serve` run reports, plus the engine's own counts."""
+
+    duration_s: float  # benchmark start (time 0, as serve.py) to the last token, one replica
+    completed: int  # over all dp replicas
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    ttft_ms: Latency
+    tpot_ms: Latency
+    itl_ms: Latency
+    preemptions: int  # one replica
+    mean_batch_size: float  # decode sequences per (non-empty) step
+    mean_step_s: float  # slowest stage of a batch, mean over steps
+    steps: int
+    limits: dict[str, float]  # fraction of steps whose admission stopped on each scheduler.LIMITS
+    requests: tuple[tuple[float, float, float, int, int], ...]  # (sent, first token, finish, input, output), one replica
+
+
 def latency_ms(samples: list[tuple[float, int]]) -> Latency:
     """Mean and percentiles of (value, count) samples in ms; empty gives zeros (serve.py: `x or 0`)."""
     samples.sort()
@@ -207,3 +228,19 @@ def percentile(values: list[float], ends: list[int], q: float) -> float:
 
 def _at_rank(values: list[float], ends: list[int], rank: int) -> float:
     return values[bisect_right(ends, rank)]
+
+
+def serve_metrics(requests: list[tuple[float, float, float, int, int]], itl: dict[float, int], replicas: float) -> dict:
+    """benchmarks/serve.py calculate_metrics over (sent, first token, last token, input, output) of each
+    request and ITL (gap -> count); throughputs times the replicas serving alike. Duration runs from
+    the benchmark start (time 0, before the first send) to the last token, as serve.py times it."""
+    duration = max((last for _, _, last, _, _ in requests), default=0.0)
+    per_s = replicas / duration if duration > 0 else 0.0
+    outputs, inputs = sum(r[4] for r in requests), sum(r[3] for r in requests)
+    # TPOT = (latency - ttft) / (output - 1), only for outputs > 1.
+    tpots = [((last - first) / (out - 1), 1) for _, first, last, _, out in requests if out > 1]
+    return dict(
+        duration_s=duration, requests_per_s=len(requests) * per_s, output_tokens_per_s=outputs * per_s,
+        total_tokens_per_s=(inputs + outputs) * per_s, ttft_ms=latency_ms([(first - sent, 1) for sent, first, *_ in requests]),
+        tpot_ms=latency_ms(tpots), itl_ms=latency_ms(list(itl.items())), requests=tuple(requests),
+    )

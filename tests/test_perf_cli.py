@@ -1,0 +1,88 @@
+"""`python -m infra perf` as a user runs it: the acceptance commands of the performance
+model, the curve's shape, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.cli.app import app
+
+runner = CliRunner()
+
+FIELDS = ("concurrency", "request_rate", "ttft_ms", "tpot_ms", "itl_ms", "requests_per_s", "output_tokens_per_s",
+          "total_tokens_per_s", "output_tokens_per_s_per_gpu", "preemptions", "bound")  # fmt: skip
+LATENCY = ("mean", "p50", "p90", "p99")
+
+
+def _perf(*args: str) -> dict:
+    result = runner.invoke(app, ["perf", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_llama_70b_on_8_h100_sweeps_four_concurrencies_with_every_field(tmp_path) -> None:
+    chart = tmp_path / "curve.png"
+    out = _perf("--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "1024", "--osl", "1024",
+                "--concurrency", "1,4,16,64", "--chart", str(chart))  # fmt: skip
+    points = out["points"]
+    assert [p["concurrency"] for p in points] == [1, 4, 16, 64]
+    for p in points:
+        assert all(f in p for f in FIELDS)
+        for lat in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert all(p[lat][s] > 0 for s in LATENCY)
+            assert p[lat]["p50"] <= p[lat]["p99"]
+        assert p["bound"] in ("compute", "memory", "communication", "overhead", "kv-admission", "max-num-seqs", "token-budget")
+    tpot = [p["tpot_ms"]["mean"] for p in points]
+    per_gpu = [p["output_tokens_per_s_per_gpu"] for p in points]
+    assert tpot == sorted(tpot) and tpot[-1] > tpot[0]
+    assert per_gpu == sorted(per_gpu) and per_gpu[-1] > 10 * per_gpu[0]
+    assert out["setup"]["gpus"] == 8
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prods_model_and_layout_with_concurrency_and_with_request_rate() -> None:
+    base = ("--model", "deepseek-v4-pro", "--instance-type", "p5.48xlarge", "--nodes", "4", "--tp", "8", "--pp", "4",
+            "--isl", "1024", "--osl", "256", "--max-model-len", "8192")  # fmt: skip
+    closed = _perf(*base, "--concurrency", "4,32")
+    assert closed["setup"]["layout"] == {"tp": 8, "pp": 4, "dp": 1, "expert_parallel": False}
+    assert closed["setup"]["gpus"] == 32
+    assert closed["points"][1]["output_tokens_per_s"] > closed["points"][0]["output_tokens_per_s"]
+    opened = _perf(*base, "--request-rate", "0.5,2", "--num-prompts", "60")
+    assert [p["request_rate"] for p in opened["points"]] == [0.5, 2.0]
+    assert all(p["concurrency"] is None for p in opened["points"])
+    # Below capacity the server keeps up: requests per second follow the offered rate.
+    assert opened["points"][0]["requests_per_s"] == pytest.approx(0.5, rel=0.5)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "llama-3.1-70b", "--gpu", "H900", "--isl", "10", "--osl", "10", "--concurrency", "1"], "GPU"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "1", "--isl", "10", "--osl", "10", "--concurrency", "1"], "memory plan refuses"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--max-model-len", "2048", "--isl", "2000", "--osl", "100", "--concurrency", "1"], "max-model-len"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "0"], "above 0"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--request-rate", "2"], "one of --concurrency"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10"], "one of --concurrency"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--instance-type", "p5.48xlarge", "--isl", "10", "--osl", "10", "--concurrency", "1"], "one of --gpu"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--concurrency", "1"], "--isl"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_status_2(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["perf", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_workload_file_gives_the_lengths(tmp_path) -> None:
+    path = tmp_path / "lengths.jsonl"
+    path.write_text("".join(json.dumps({"input_tokens": i, "output_tokens": o}) + "\n" for i, o in [(100, 50), (900, 300)] * 10))
+    out = _perf("--model", "qwen3-30b-a3b", "--gpu", "H100-SXM-80GB", "--workload", str(path), "--concurrency", "2",
+                "--num-prompts", "20")  # fmt: skip
+    p = out["points"][0]
+    # 20 requests of those lengths: 10 x (50 + 300) output tokens over the run.
+    assert p["output_tokens_per_s"] * p["duration_s"] == pytest.approx(10 * 350, rel=0.01)

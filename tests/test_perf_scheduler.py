@@ -1,0 +1,259 @@
+"""The serving simulator (infra/planning/perf/scheduler.py) on a stand-in step model.
+
+Step times are constants chosen here, so every expected figure is derived by hand:
+a lone request's TTFT is its prefill steps, its TPOT one decode step; a closed loop of
+identical requests completes C requests every `output` steps; and so on.
+"""
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infra.errors import UserError
+from infra.planning.perf import scheduler
+from infra.planning.perf.scheduler import KVPool, simulate
+from infra.planning.perf.workload import Workload, latency_ms, percentile, send_times
+
+T = 0.010  # seconds per step on each stage
+
+
+class ConstantStep:
+    """Every batch takes `seconds` on each of `pp` stages; hops take `hop`."""
+
+    def __init__(self, pp: int = 1, seconds: float = T, hop: float = 0.0):
+        self.pp, self.seconds, self.hop = pp, seconds, hop
+        self.calls = []
+
+    def stage_seconds(self, decode_contexts, prefills, query_len):
+        self.calls.append((list(decode_contexts), list(prefills), query_len))
+        return [self.seconds] * self.pp
+
+    def hop_seconds(self, tokens):
+        return self.hop
+
+
+def blocks_of_16(tokens: int) -> int:
+    return -(-tokens // 16)
+
+
+BIG_POOL = KVPool(num_blocks=1_000_000, blocks_for=blocks_of_16)
+
+
+def run(workload=Workload.fixed(100, 10), *, cost=None, pool=BIG_POOL, concurrency=1, rate=None, prompts=1, **kw):
+    args = dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192, async_scheduling=False)
+    args.update(kw)
+    return simulate(cost or ConstantStep(), pool, workload, concurrency=concurrency, request_rate=rate,
+                    num_prompts=prompts, **args)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_lone_request_ttft_is_its_prefill_step_and_tpot_one_decode_step(async_scheduling):
+    result = run(Workload.fixed(100, 10), async_scheduling=async_scheduling)
+    assert result.ttft_ms.mean == pytest.approx(T * 1e3)
+    assert result.tpot_ms.mean == pytest.approx(T * 1e3)
+    assert result.itl_ms.p99 == pytest.approx(T * 1e3)
+    assert result.duration_s == pytest.approx(10 * T)  # 1 prefill step (first token) + 9 decode steps
+    assert result.completed == 1 and result.requests[0][4] == 10
+
+
+def test_closed_loop_completes_c_requests_per_request_time():
+    # 4 identical requests run side by side for 10 steps each; the next 4 go out as they finish.
+    result = run(Workload.fixed(100, 10), concurrency=4, prompts=12)
+    assert result.requests_per_s == pytest.approx(4 / (10 * T))
+    assert result.output_tokens_per_s == pytest.approx(4 * 10 / (10 * T))
+    assert result.total_tokens_per_s == pytest.approx(4 * 110 / (10 * T))
+    assert result.mean_batch_size == pytest.approx(4 * 9 / 10)  # 9 of every 10 steps decode all 4
+
+
+def test_chunked_prefill_takes_ceil_prompt_over_budget_steps():
+    cost = ConstantStep()
+    result = run(Workload.fixed(1000, 2), cost=cost, max_num_batched_tokens=256)
+    assert result.ttft_ms.mean == pytest.approx(math.ceil(1000 / 256) * T * 1e3)
+    assert [p for _, p, _ in cost.calls[:4]] == [[(256, 0)], [(256, 256)], [(256, 512)], [(232, 768)]]
+    assert result.limits["token_budget"] > 0
+
+
+def test_max_num_seqs_caps_the_batch_and_queues_the_rest():
+    free = run(Workload.fixed(100, 50), concurrency=8, prompts=32, max_num_seqs=8)
+    capped = run(Workload.fixed(100, 50), concurrency=8, prompts=32, max_num_seqs=4)
+    assert capped.mean_batch_size <= 4
+    assert capped.limits["max_num_seqs"] > 0.5
+    # With a constant step time a queued request waits before its first token, then decodes as fast.
+    assert capped.ttft_ms.mean > 10 * free.ttft_ms.mean
+    assert capped.tpot_ms.mean == pytest.approx(free.tpot_ms.mean)
+    assert capped.requests_per_s == pytest.approx(free.requests_per_s / 2, rel=0.05)
+
+
+def test_a_small_pool_limits_admission_to_what_fits():
+    # 100 tokens take 7 blocks; 20 usable blocks (+ the null block) admit 2 prompts at a time.
+    pool = KVPool(num_blocks=21, blocks_for=blocks_of_16)
+    result = run(Workload.fixed(100, 5), pool=pool, concurrency=4, prompts=8)
+    assert result.limits["kv_admission"] > 0
+    assert result.mean_batch_size <= 2
+    assert result.completed == 8
+
+
+def test_decode_growth_beyond_the_pool_preempts_and_recomputes():
+    # Admission checks only the prompt (scheduler_reserve_full_isl), so 8 requests that grow
+    # to 13 blocks each overflow a 60-block pool while decoding.
+    pool = KVPool(num_blocks=61, blocks_for=blocks_of_16)
+    result = run(Workload.fixed(16, 190), pool=pool, concurrency=8, prompts=16)
+    assert result.preemptions > 0
+    assert result.completed == 16
+    assert all(out == 190 for *_, out in result.requests)
+
+
+def test_pipeline_lone_request_tpot_is_all_stages_and_hops():
+    result = run(Workload.fixed(100, 20), cost=ConstantStep(pp=2, hop=0.001))
+    assert result.tpot_ms.mean == pytest.approx((2 * T + 0.001) * 1e3)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_pipeline_runs_two_micro_batches_in_flight(async_scheduling):
+    # Prompts as long as the budget go to separate batches, hence separate micro-batches.
+    workload, cost = Workload.fixed(512, 200), ConstantStep(pp=2)
+    one = run(workload, cost=cost, concurrency=1, prompts=4, max_num_batched_tokens=512, async_scheduling=async_scheduling)
+    two = run(workload, cost=cost, concurrency=2, prompts=8, max_num_batched_tokens=512, async_scheduling=async_scheduling)
+    assert two.output_tokens_per_s == pytest.approx(2 * one.output_tokens_per_s, rel=0.02)
+    assert two.tpot_ms.mean == pytest.approx(one.tpot_ms.mean, rel=0.02)
+
+
+def test_open_loop_above_capacity_queues_ever_longer():
+    # One request at a time takes 20 steps = 0.2 s; 50 req/s is far beyond that with max_num_seqs 2.
+    short = run(Workload.fixed(100, 20), concurrency=None, rate=50.0, prompts=100, max_num_seqs=2)
+    long = run(Workload.fixed(100, 20), concurrency=None, rate=50.0, prompts=400, max_num_seqs=2)
+    assert long.ttft_ms.mean > 3 * short.ttft_ms.mean
+
+
+def test_open_loop_below_capacity_keeps_up_with_the_rate():
+    result = run(Workload.fixed(100, 20), concurrency=None, rate=5.0, prompts=200)
+    assert result.requests_per_s == pytest.approx(5.0, rel=0.05)
+    assert result.ttft_ms.p50 == pytest.approx(T * 1e3, rel=0.5)
+
+
+def test_same_seed_same_result_other_seed_other_result():
+    workload = Workload.uniform(200, 100, 0.5)
+    a = run(workload, concurrency=8, rate=40.0, prompts=50, seed=3, num_speculative_tokens=2, acceptance_rate=0.6)
+    b = run(workload, concurrency=8, rate=40.0, prompts=50, seed=3, num_speculative_tokens=2, acceptance_rate=0.6)
+    c = run(workload, concurrency=8, rate=40.0, prompts=50, seed=4, num_speculative_tokens=2, acceptance_rate=0.6)
+    assert a == b
+    assert a != c
+
+
+def test_speculation_fully_accepted_halves_the_steps_with_one_draft():
+    plain = run(Workload.fixed(100, 101))
+    spec = run(Workload.fixed(100, 101), num_speculative_tokens=1, acceptance_rate=1.0)
+    assert plain.steps == 101 and spec.steps == 51  # 1 prefill + 100 decodes, or 50 of 2 tokens
+    assert spec.tpot_ms.mean == pytest.approx(plain.tpot_ms.mean / 2)
+    assert spec.itl_ms.mean == pytest.approx(T * 1e3)  # vllm bench: one ITL per chunk of 2 tokens
+
+
+def test_speculation_decodes_query_one_plus_k_tokens():
+    cost = ConstantStep()
+    run(Workload.fixed(100, 30), cost=cost, num_speculative_tokens=3, acceptance_rate=0.5)
+    assert {q for _, _, q in cost.calls} == {4}
+
+
+def test_rejected_drafts_cost_steps():
+    none = run(Workload.fixed(100, 2000), num_speculative_tokens=3, acceptance_rate=0.0)
+    some = run(Workload.fixed(100, 2000), num_speculative_tokens=3, acceptance_rate=0.7)
+    assert none.steps == 2000
+    # Expected accepted of 3 chained draws at 0.7: 0.7 + 0.49 + 0.343 = 1.533 -> 2.533 tokens a step.
+    assert some.steps == pytest.approx(1 + 1999 / 2.533, rel=0.05)
+
+
+def test_data_parallel_replicas_scale_throughput():
+    one = run(Workload.fixed(100, 20), concurrency=4, prompts=40)
+    two = run(Workload.fixed(100, 20), concurrency=8, prompts=80, dp=2)
+    assert two.requests_per_s == pytest.approx(2 * one.requests_per_s)
+    assert two.completed == 80
+
+
+def test_requests_longer_than_max_model_len_are_the_callers_to_refuse():
+    with pytest.raises(AssertionError):
+        run(Workload.fixed(100, 100), max_model_len=150)
+
+
+def _fast_forward_off(monkeypatch):
+    monkeypatch.setattr(scheduler._Engine, "fast_forward", lambda self, now, client: None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    concurrency=st.sampled_from([1, 3, 8]), rate=st.sampled_from([None, 30.0]), async_scheduling=st.booleans(),
+    pp=st.sampled_from([1, 2]), k=st.sampled_from([0, 2]), accept=st.sampled_from([0.0, 1.0, 0.5]),
+    num_blocks=st.sampled_from([40, 1000]), budget=st.sampled_from([64, 2048]),
+)
+def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_scheduling, pp, k, accept, num_blocks, budget):
+    kw = dict(workload=Workload.uniform(60, 40, 0.5), cost=ConstantStep(pp=pp), pool=KVPool(num_blocks, blocks_of_16),
+              concurrency=concurrency, rate=rate, prompts=12, async_scheduling=async_scheduling,
+              num_speculative_tokens=k, acceptance_rate=accept, max_num_batched_tokens=budget, seed=1)
+    fast = run(**kw)
+    with pytest.MonkeyPatch.context() as m:
+        _fast_forward_off(m)
+        slow = run(**kw)
+    assert fast == slow
+
+
+def test_fast_forward_skips_most_steps_of_a_long_decode(monkeypatch):
+    calls = []
+    original = scheduler._Engine.schedule
+    monkeypatch.setattr(scheduler._Engine, "schedule", lambda self: calls.append(1) or original(self))
+    result = run(Workload.fixed(100, 1000), concurrency=16, prompts=32)
+    assert result.steps >= 2000 and len(calls) < 100
+
+
+def test_percentiles_match_numpy_linear():
+    values = [4.0, 1.0, 3.0, 2.0]
+    # numpy.percentile([1, 2, 3, 4], [50, 90, 99]) == [2.5, 3.7, 3.97]
+    assert latency_ms([(v / 1e3, 1) for v in values]).p90 == pytest.approx(3.7)
+    assert percentile([1.0, 2.0, 3.0, 4.0], [1, 2, 3, 4], 99) == pytest.approx(3.97)
+    # counts expand: [1, 1, 1, 5] -> p50 = 1, p90 = 5 - 0.3 * 4 = 3.8
+    assert percentile([1.0, 5.0], [3, 4], 50) == pytest.approx(1.0)
+    assert percentile([1.0, 5.0], [3, 4], 90) == pytest.approx(3.8)
+    assert latency_ms([]).mean == 0.0
+
+
+def test_uniform_lengths_follow_vllm_bench_bounds():
+    pairs = Workload.uniform(1000, 100, 0.1).sample(2000, seed=0)
+    assert min(i for i, _ in pairs) == 900 and max(i for i, _ in pairs) == 1100
+    # get_sampling_params' float rounding included: ceil(100 * (1 + 0.1)) == 111.
+    assert min(o for _, o in pairs) == 90 and max(o for _, o in pairs) == math.ceil(100 * (1 + 0.1))
+    assert Workload.uniform(1000, 100, 0.1).sample(5, seed=1) == Workload.uniform(1000, 100, 0.1).sample(5, seed=1)
+
+
+def test_lognormal_lengths_have_the_given_mean():
+    pairs = Workload.lognormal(1000, 200, 0.5).sample(20000, seed=0)
+    assert sum(i for i, _ in pairs) / len(pairs) == pytest.approx(1000, rel=0.03)
+    assert sum(o for _, o in pairs) / len(pairs) == pytest.approx(200, rel=0.03)
+
+
+def test_send_times_end_at_num_prompts_over_rate():
+    times = send_times(100, 10.0, seed=0)
+    assert times == sorted(times) and times[-1] == pytest.approx(10.0)
+    assert send_times(3, None, seed=0) == [0.0, 0.0, 0.0]
+
+
+def test_jsonl_workload_reads_pairs_and_names_bad_lines(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"input_tokens": 10, "output_tokens": 5}\n\n{"input_tokens": 20, "output_tokens": 7}\n')
+    workload = Workload.from_jsonl(str(good))
+    assert workload.sample(3, seed=0)[:2] == [(10, 5), (20, 7)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"input_tokens": 10, "output_tokens": 5}) + '\n{"input_tokens": "ten", "output_tokens": 5}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: input_tokens must be an integer"):
+        Workload.from_jsonl(str(bad))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("{not json\n")
+    with pytest.raises(UserError, match=r"broken.jsonl:1: not JSON"):
+        Workload.from_jsonl(str(broken))
+    with pytest.raises(UserError, match="cannot read"):
+        Workload.from_jsonl(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_pool_too_small_for_one_prompt_is_a_user_error():
+    with pytest.raises(UserError, match="needs 7 KV blocks"):
+        run(Workload.fixed(100, 5), pool=KVPool(num_blocks=5, blocks_for=blocks_of_16))
