@@ -299,10 +299,13 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool) -> None:
         cells = []
         for k in validate.METRICS:
             e = p.error(k)
-            cells += [f"{p.predicted[k]:,.1f} / {p.measured[k]:,.1f}" if p.measured.get(k) else "-",
+            cells += [f"{p.predicted[k]:,.1f} / {p.measured[k]:,.1f}" if p.measured.get(k) and p.predicted.get(k) else "-",
                       f"{100 * e:+.0f}%" if e is not None else "-"]  # fmt: skip
         t.add_row(escape(p.id), p.role, *cells)
     console.print(t)
+    for p in points:
+        if p.refused:
+            console.print(f"[yellow]not predicted:[/yellow] {escape(p.id)}: {escape(p.refused)}", soft_wrap=True)
     for role in ("fit", "validate"):
         s = summary[role]
         console.print(

@@ -10,7 +10,7 @@ layers with the same attention reads), so a step costs a few dozen multiplicatio
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.gpus import GPU
@@ -57,6 +57,39 @@ class AttentionTerm:
     prefill_context_flops: float = 0.0  # MLA prefill: expanding each context token's latent
 
 
+# Kernels one decoder layer launches, by what it has (the fixed per-kernel cost in
+# fitted.py multiplies them). ASSUMPTION, counted from vLLM's layer forward passes:
+# a GQA layer with a dense MLP ~10 (two norms with residual adds, QKV, rotary,
+# attention, O, gate-up, activation, down, all-reduce glue); MLA adds ~6 (q_a, q_b,
+# kv_a, the latent norm, the absorbed q and output BMMs); DeepSeek-V4's compressed
+# attention ~6 more (compressor, indexer, top-k); a MoE block ~8 more than a dense MLP
+# (router GEMM, top-k, token sort, two grouped GEMMs, activation, combine, shared
+# expert); FP8 weights one activation-quantisation kernel per GEMM (~4); KDA ~6
+# (convolutions, gates, the recurrent kernel).
+KERNELS_BASE = 10
+KERNELS_MLA = 6
+KERNELS_COMPRESSED = 6
+KERNELS_MOE = 8
+KERNELS_FP8 = 4
+KERNELS_RECURRENT = 6
+
+
+def layer_kernels(layer: LayerSpec) -> int:
+    attn = layer.attn
+    n = KERNELS_BASE
+    if attn is not None and attn.recurrent_dim:
+        n += KERNELS_RECURRENT
+    elif attn is not None and (attn.prefill_expand_flops or attn.qk_dim != attn.prefill_qk_dim and attn.prefill_qk_dim):
+        n += KERNELS_MLA
+    if attn is not None and (attn.compress_ratio > 1 or attn.indexer_heads):
+        n += KERNELS_COMPRESSED
+    if layer.moe:
+        n += KERNELS_MOE
+    if any(g.fmt == "fp8" for g in layer.params):
+        n += KERNELS_FP8
+    return n
+
+
 @dataclass(frozen=True)
 class StageOps:
     layers: int
@@ -66,6 +99,7 @@ class StageOps:
     allreduces: int  # TP all-reduces per step (two per layer when TP > 1)
     allreduce_bytes_per_token: int
     draft: "StageOps | None" = None  # the MTP layer(s) on the last stage
+    kernels: int = 0  # kernels the stage's layers launch per step (layer_kernels)
 
 
 def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
@@ -216,6 +250,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
         attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes)),
         allreduces=2 * len(layers) if tp > 1 else 0,
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
+        kernels=sum(layer_kernels(layer) for layer in layers),
     )
 
 
@@ -231,7 +266,6 @@ def model_stages(arch: ModelArch, *, tp: int, pp: int, gpu: GPU, expert_parallel
         if i == pp - 1 and speculative and arch.mtp_layers:
             draft = stage_ops(arch, arch.mtp_layers, first=False, last=True, tp=tp, gpu=gpu,
                               expert_parallel=expert_parallel, kv_bytes=kv_bytes)  # fmt: skip
-            stage = StageOps(stage.layers, stage.gemms, stage.experts, stage.attention, stage.allreduces,
-                             stage.allreduce_bytes_per_token, draft=draft)  # fmt: skip
+            stage = replace(stage, draft=draft)
         out.append(stage)
     return out

@@ -23,7 +23,7 @@ from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import model_stages
 from infra.planning.perf.scheduler import KVPool, SimResult, simulate
 from infra.planning.perf.step import StepModel
-from infra.planning.perf.workload import Workload
+from infra.planning.perf.workload import Latency, Workload
 from infra.planning.vllm_release import release
 
 # Default acceptance of one MTP-drafted token: DeepSeek-V3 Technical Report (arXiv
@@ -143,14 +143,22 @@ def _blocks_for(ev: Evaluation):
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
         seed: int = 0) -> SimResult:  # fmt: skip
-    """Simulate vLLM serving `num_prompts` requests of `workload` under the load."""
+    """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
+
+    The API server's own time per request (`Efficiency.request_overhead_s`: HTTP, chat
+    template, tokenizing, streaming the first token back) is added to every TTFT.
+    ASSUMPTION: it overlaps the engine's steps, so it delays a request's first token but
+    not the engine's throughput."""
     k = s.knobs
-    return simulate(
+    res = simulate(
         s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
         max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len,
         async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
         acceptance_rate=s.serving.acceptance_rate, seed=seed, dp=s.layout.dp,
     )  # fmt: skip
+    extra_ms = s.step.eff.request_overhead_s * 1000
+    ttft = res.ttft_ms
+    return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
 
 
 def with_efficiency(s: Setup, eff: Efficiency) -> Setup:

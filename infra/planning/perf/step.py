@@ -152,7 +152,7 @@ class StepModel:
                 compute += layers * c
                 memory += layers * m
             comm = stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
-            overhead = stage.layers * (eff.layer_overhead_s if graphs else eff.layer_overhead_s + eff.eager_layer_overhead_s)
+            overhead = stage.kernels * eff.kernel_overhead_s + (0.0 if graphs else stage.layers * eff.eager_layer_overhead_s)
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1 and self.num_speculative_tokens and n_decode and stage.draft is not None:
                 # The MTP drafter proposes k tokens, one forward of its layer(s) per token
@@ -181,7 +181,7 @@ class StepModel:
             total += a.layers * max((entries * a.flops_per_entry + n * a.flops_per_sequence_token) / self._attn_peak,
                                     (entries * a.bytes_per_entry + n * a.bytes_per_sequence) / self._bw)
         total += stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
-        return total + stage.layers * self.eff.layer_overhead_s
+        return total + stage.kernels * self.eff.kernel_overhead_s
 
     def _gemm(self, g: GemmTerm, tokens: int, sampled: int) -> tuple[float, float]:
         m = sampled if g.per_sampled_token else tokens

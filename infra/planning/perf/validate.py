@@ -20,7 +20,7 @@ from pathlib import Path
 from infra.catalog.models import load_model
 from infra.errors import UserError
 from infra.planning.perf import predict
-from infra.planning.perf.fitted import DEFAULT, FITTED_FIELDS, Efficiency
+from infra.planning.perf.fitted import DEFAULT, FIT_BOUNDS, FITTED_FIELDS, Efficiency
 from infra.planning.perf.hardware import for_gpu
 from infra.planning.perf.workload import Workload
 from infra.planning.vllm_release import FIRST_SUPPORTED, PINNED, _minor
@@ -58,6 +58,7 @@ class Point:
     role: str
     predicted: dict
     measured: dict
+    refused: str = ""  # why the model could not be set up as the source ran it (the memory plan's refusal)
 
     def error(self, metric: str) -> float | None:
         p, m = self.predicted.get(metric), self.measured.get(metric)
@@ -135,7 +136,13 @@ def measured(row: dict) -> dict:
 
 
 def predict_row(row: dict, root: Path, eff: Efficiency = DEFAULT, seed: int = 0) -> Point:
-    return Point(row["id"], row.get("role", "validate"), _simulate(row, row_setup(row, root, eff), seed), measured(row))
+    """A row the memory plan refuses is kept, with the refusal, and predicts nothing."""
+    role = row.get("role", "validate")
+    try:
+        s = row_setup(row, root, eff)
+    except UserError as err:
+        return Point(row["id"], role, {}, measured(row), refused=str(err))
+    return Point(row["id"], role, _simulate(row, s, seed), measured(row))
 
 
 def predict_rows(rows: list[dict], root: Path, eff: Efficiency = DEFAULT) -> list[Point]:
@@ -161,11 +168,16 @@ def fit_loss(points: list[Point]) -> float:
     return sum(logs) / len(logs) if logs else 0.0
 
 
-def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 3, log=print) -> Efficiency:
+def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 2, log=print) -> Efficiency:
     """Coordinate search over the FITTED fields on the fit rows only: each field tried
     at x / f and x * f, the best kept, f halving (in log) each round."""
     fit_rows = [r for r in rows if r.get("role") == "fit"]
-    setups = [(r, row_setup(r, root, start)) for r in fit_rows]
+    setups = []
+    for r in fit_rows:
+        try:
+            setups.append((r, row_setup(r, root, start)))
+        except UserError as err:
+            log(f"fit row {r['id']} left out: {err}")
 
     def loss(eff: Efficiency) -> float:
         return fit_loss([Point(r["id"], "fit", _simulate(r, predict.with_efficiency(s, eff)), measured(r)) for r, s in setups])
@@ -174,16 +186,15 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     for rnd in range(rounds):
         for name in FITTED_FIELDS:
             for f in (1 / factor, factor):
-                value = getattr(best, name) * f
-                if name == "hbm":
-                    value = min(value, 0.95)  # a fraction of the datasheet peak
+                low, high = FIT_BOUNDS.get(name, (0.0, math.inf))
+                value = min(max(getattr(best, name) * f, low), high)
                 trial = best.replace(**{name: value})
                 trial_loss = loss(trial)
                 if trial_loss < best_loss:
                     best, best_loss = trial, trial_loss
-            log(f"round {rnd + 1}, {name}: loss {best_loss:.4f}")
+            log(f"round {rnd + 1}, {name}: loss {best_loss:.4f}; {efficiency_source(best)}")
         factor = math.sqrt(factor)
-    return best.replace(fitted_on=tuple(r["id"] for r in fit_rows))
+    return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
 
 
 def efficiency_source(eff: Efficiency) -> str:
@@ -199,6 +210,7 @@ def summary(points: list[Point]) -> dict:
         group = [p for p in points if p.role == role]
         out[role] = {
             "points": len(group),
+            "refused": [p.id for p in group if p.refused],
             "median_abs_error": {k: median_abs_error(group, k) or 0.0 for k in METRICS},
             "worst_ratio": {k: worst_ratio(group, k) for k in METRICS},
         }
