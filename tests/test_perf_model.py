@@ -122,5 +122,16 @@ def test_hardware_needs_exactly_one_of_gpu_and_instance_type() -> None:
 
 
 def test_the_fitted_fractions_are_fractions() -> None:
-    for name in ("gemm_bf16", "gemm_fp8", "attention", "hbm", "allreduce_bw", "moe_gemm"):
+    for name in ("gemm_bf16", "gemm_fp8", "attention", "hbm", "allreduce_bw", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit"):
         assert 0 < getattr(DEFAULT, name) <= 1, name
+
+
+@settings(max_examples=50, deadline=None)
+@given(contexts=st.lists(st.integers(0, 10_000), max_size=40), thresholds=st.lists(st.integers(1, 5_000), max_size=4))
+def test_threshold_sums_are_the_sums_of_min(contexts: list[int], thresholds: list[int]) -> None:
+    from infra.planning.perf.step import _threshold_sums
+
+    sums = _threshold_sums(contexts, sorted(set(thresholds)))
+    assert sums[None] == sum(contexts)
+    for t in set(thresholds):
+        assert sums[t] == sum(min(c, t) for c in contexts)

@@ -345,9 +345,8 @@ def kv_layout(arch: ModelArch, *, release: Release, pp: int, tp: int, kv_bytes: 
     return cache[key]
 
 
-def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
-    """What a request is charged: the sliding-window in-flight tokens of this release."""
-    r = knobs.release
+def model_runner_v2(arch: ModelArch, r: Release) -> bool:
+    """Whether release `r` runs this model with the V2 model runner (cached per model)."""
     cache = _model_cache(arch)
     key = ("mrv2", r.minor)
     if key not in cache:
@@ -355,7 +354,13 @@ def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
             arch.architectures, moe=bool(arch.num_experts), hybrid=kv_specs.is_hybrid(arch),
             quantized=arch.weight_format not in ("", "bf16"),
         )  # fmt: skip
-    mrv2 = cache[key]
+    return cache[key]
+
+
+def admission(arch: ModelArch, layout: Layout, knobs: Knobs) -> Admission:
+    """What a request is charged: the sliding-window in-flight tokens of this release."""
+    r = knobs.release
+    mrv2 = model_runner_v2(arch, r)
     tokens = r.sliding_window_tokens(layout.pp, knobs.max_num_batched_tokens, async_scheduling=knobs.async_scheduling, mrv2=mrv2)
     return Admission(max_model_len=knobs.max_model_len, sliding_tokens=tokens)
 

@@ -62,6 +62,8 @@ CHANGES: tuple[Change, ...] = (
            "platforms/interface.py Platform.update_block_size_for_backend"),
     Change("CUDA-graph memory estimate implemented, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)", "0.18.0",
            "envs.py, v1/worker/gpu_model_runner.py GPUModelRunner.profile_cudagraph_memory"),
+    Change("a waiting request is admitted only when its whole input fits in the free KV blocks (scheduler_reserve_full_isl, default True); before, its first chunk's blocks",
+           "0.19.0", "config/scheduler.py SchedulerConfig.scheduler_reserve_full_isl, v1/core/sched/scheduler.py schedule"),
     Change("CUDA-graph estimate subtracted from the KV budget by default (env default '1'; the log says 'since v0.21.0')",
            "0.20.0", "envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, v1/worker/gpu_worker.py determine_available_memory"),
     Change("default gpu-memory-utilization 0.92", "0.20.0", "config/cache.py CacheConfig.gpu_memory_utilization"),
@@ -184,6 +186,11 @@ class Release:
             if pp <= 1:
                 return 2
         return pp
+
+    @property
+    def reserve_full_input(self) -> bool:
+        """Admission of a waiting request asks for its whole input's blocks (0.19+)."""
+        return self.at_least("0.19")
 
     def sliding_window_tokens(self, pp: int, max_num_batched_tokens: int, *, async_scheduling: bool, mrv2: bool) -> int:
         """Tokens a sliding-window layer holds per request beyond its window:

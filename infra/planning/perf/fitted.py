@@ -23,8 +23,11 @@ class Efficiency:
     # ASSUMED: FP4 GEMMs as FP8's fraction (no measured ceiling in the sources read).
     gemm_fp4: float = 0.73
     # FITTED: fraction of the GEMM ceiling above that the fused MoE kernels reach
-    # (grouped GEMMs over many small per-expert problems, the routing's gather/scatter).
-    moe_gemm: float = 0.1
+    # (grouped GEMMs over many small per-expert problems, the routing's gather/scatter),
+    # per kernel family (ops.moe_kernel): unquantised, block FP8, 4-bit.
+    moe_gemm_bf16: float = 0.6
+    moe_gemm_fp8: float = 0.1
+    moe_gemm_4bit: float = 0.15
     # ASSUMED: FlashAttention-3 forward on H100 reaches 740 of 989 BF16 TFLOPS at long
     # sequences (Shah et al. 2024, FlashAttention-3, fig. 5); vLLM's varlen prefill with
     # short chunks does less: 0.55 taken (labelled, not fitted).
@@ -47,8 +50,8 @@ class Efficiency:
     # FITTED: CPU time of one engine step (scheduling, input preparation, sampling,
     # output processing) and per sequence in the batch; hidden behind the GPU with
     # async scheduling.
-    step_overhead_s: float = 0.27e-3
-    seq_overhead_s: float = 85e-6
+    step_overhead_s: float = 0.095e-3
+    seq_overhead_s: float = 120e-6
     # FITTED: time a request spends outside the engine before its first token (HTTP,
     # chat template and tokenization in the API server, detokenizing and streaming the
     # first token back): added to each request's TTFT.
@@ -69,13 +72,13 @@ class Efficiency:
         return replace(self, **changes)
 
 
-FITTED_FIELDS = ("hbm", "moe_gemm", "allreduce_latency_s", "kernel_overhead_s", "step_overhead_s", "seq_overhead_s",
+FITTED_FIELDS = ("hbm", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_latency_s", "kernel_overhead_s", "step_overhead_s", "seq_overhead_s",
                  "request_overhead_s")
 
 # What the fit may choose: a fraction stays within what the hardware's own benchmarks
 # show is reachable, so the fit cannot buy a better error with an unphysical figure.
 # ASSUMPTION: HBM reads reach 60-95% of the datasheet (H100 STREAM-like copies reach
 # ~90%); a fused MoE kernel 10-100% of the dense GEMM ceiling.
-FIT_BOUNDS = {"hbm": (0.6, 0.95), "moe_gemm": (0.1, 1.0)}
+FIT_BOUNDS = {"hbm": (0.6, 0.95), "moe_gemm_bf16": (0.1, 1.0), "moe_gemm_fp8": (0.1, 1.0), "moe_gemm_4bit": (0.1, 1.0)}
 
 DEFAULT = Efficiency()

@@ -37,6 +37,7 @@ class ExpertTerm:
     flops_per_token: float  # of the top-k experts a token goes to, on this rank
     bytes_per_expert: float  # one expert's share of this rank's expert bytes
     compute: str
+    kernel: str = "bf16"  # the fused-MoE kernel family (moe_kernel): "bf16" | "fp8" | "4bit"
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,21 @@ def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GP
             # Per token: top_k of the experts' parameters, split over the TP ranks (with
             # expert parallel, the expected share of tokens a rank's experts get).
             flops = 2 * g.count / arch.num_experts * arch.experts_per_token / tp
-            terms[(arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu))] += 1
-    return [ExpertTerm(n, e, k, f, b, c) for (e, k, f, b, c), n in sorted(terms.items())]
+            key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
+                   moe_kernel(g.fmt))  # fmt: skip
+            terms[key] += 1
+    return [ExpertTerm(n, e, k, f, b, c, m) for (e, k, f, b, c, m), n in sorted(terms.items())]
+
+
+def moe_kernel(fmt: str) -> str:
+    """Which family of vLLM fused-MoE kernels runs experts stored in `fmt`: unquantised
+    (fused_moe Triton), FP8 (block-scaled W8A8, Triton / DeepGEMM / CUTLASS) or 4-bit
+    (MXFP4 matmul_ogs, Marlin W4A16, NVFP4): each reaches its own fraction (fitted.py)."""
+    if fmt == "fp8":
+        return "fp8"
+    if fmt in ("mxfp4", "nvfp4", "int4"):
+        return "4bit"
+    return "bf16"
 
 
 def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:

@@ -17,7 +17,7 @@ from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import cudagraph, kv_cache, memory, serving
-from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors
+from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors, model_runner_v2
 from infra.planning.perf.fitted import DEFAULT, Efficiency
 from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import model_stages
@@ -155,6 +155,9 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len,
         async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
         acceptance_rate=s.serving.acceptance_rate, seed=seed, dp=s.layout.dp,
+        reserve_full_input=k.release.reserve_full_input,
+        max_concurrent_batches=k.release.max_concurrent_batches(
+            s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
     )  # fmt: skip
     extra_ms = s.step.eff.request_overhead_s * 1000
     ttft = res.ttft_ms

@@ -83,13 +83,15 @@ class _Engine:
     """One replica: its queues, KV pool, batches in flight and pipeline stages."""
 
     def __init__(self, cost: StepCost, pool: KVPool, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, async_scheduling: bool, k: int, acceptance: float, seed: int):
+                 max_model_len: int, async_scheduling: bool, k: int, acceptance: float, seed: int,
+                 reserve_full_input: bool = True, max_concurrent_batches: int | None = None):
         self.cost, self.pp = cost, cost.pp
         self.blocks, self.free = _Blocks(pool.blocks_for, max_model_len), pool.num_blocks - 1  # block 0 is the null block
         self.max_seqs, self.max_tokens, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
         self.async_, self.k, self.acceptance, self.rng = async_scheduling, k, acceptance, random.Random(seed)
         # config/vllm.py max_concurrent_batches: PP batches fill the pipeline, +1 to overlap with async scheduling.
-        self.max_batches = self.pp + 1 if async_scheduling else self.pp
+        self.max_batches = max_concurrent_batches or (self.pp + 1 if async_scheduling else self.pp)
+        self.reserve_full_input = reserve_full_input
         self.lookahead = k  # vllm.py num_lookahead_tokens: MTP/EAGLE reserve k slots past the scheduled tokens
         self.running, self.waiting, self.in_flight = [], deque(), deque()  # of _Req, _Req, _Batch
         self.stage_free = [0.0] * self.pp
@@ -181,9 +183,13 @@ class _Engine:
                 continue
             total = r.num_tokens  # prompt, plus the outputs of a preempted request (recompute)
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl, default True):
-            # the whole input must fit in the free blocks, not just the first chunk.
+            # the whole input must fit in the free blocks, not just the first chunk. Releases
+            # before the option (vllm_release.Release.reserve_full_input) ask for the chunk's.
             n = min(total, budget)  # chunked prefill: as much of the prompt as the budget allows
-            if max(blocks[total], blocks[n + self.lookahead]) > self.free:
+            need = blocks[n + self.lookahead]
+            if self.reserve_full_input and blocks[total] > need:
+                need = blocks[total]
+            if need > self.free:
                 return "kv_admission"
             if dry:
                 return None
@@ -404,7 +410,8 @@ class _Engine:
 def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: int | None, request_rate: float | None,
              num_prompts: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
-             seed: int = 0, dp: int = 1) -> SimResult:
+             seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
+             max_concurrent_batches: int | None = None) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
     `request_rate` (Poisson), or both (rate capped at a concurrency)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
@@ -417,7 +424,8 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
     replicas = min(dp, concurrency / slots) if concurrency else dp  # replicas busy at once
     engine = _Engine(cost, pool, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len, async_scheduling=async_scheduling, k=num_speculative_tokens,
-                     acceptance=acceptance_rate, seed=seed)
+                     acceptance=acceptance_rate, seed=seed, reserve_full_input=reserve_full_input,
+                     max_concurrent_batches=max_concurrent_batches)
     engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(

@@ -21,12 +21,13 @@ Overlap (why the terms are combined as they are):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
+from bisect import bisect_left
+from itertools import accumulate, repeat
 from typing import Sequence
 
 from infra.planning.perf.fitted import DEFAULT, Efficiency
 from infra.planning.perf.hardware import Hardware
-from infra.planning.perf.ops import AttentionTerm, GemmTerm, StageOps, expected_distinct_experts
+from infra.planning.perf.ops import AttentionTerm, StageOps, expected_distinct_experts
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,21 @@ def _sum_min(contexts: Sequence[int], threshold: int | None) -> int:
     return sum(map(min, contexts, repeat(threshold, len(contexts))))
 
 
+def _threshold_sums(contexts: Sequence[int], thresholds: Sequence[int]) -> dict:
+    """{None: Σ c} and {T: Σ min(c, T)} for each threshold, from one sort: the contexts
+    below T count whole, the others T each."""
+    if not contexts:
+        return dict.fromkeys([None, *thresholds], 0)
+    ordered = sorted(contexts)
+    prefix = list(accumulate(ordered))
+    out = {None: prefix[-1]}
+    n = len(ordered)
+    for t in thresholds:
+        j = bisect_left(ordered, t)
+        out[t] = (prefix[j - 1] if j else 0) + t * (n - j)
+    return out
+
+
 def _prefill_sum_min(before: int, new: int, threshold: int | None) -> float:
     """Σ over the chunk's queries j = 1..new of min(before + j, threshold): the entries
     causal attention reaches (each query sees the context before it and itself)."""
@@ -72,7 +88,15 @@ def _roofline(flops: float, peak: float, nbytes: float, bandwidth: float) -> tup
 
 
 class StepModel:
-    """The step-time model of one replica: built once per model, layout and hardware."""
+    """The step-time model of one replica: built once per model, layout and hardware.
+
+    Every stage is a weighted sum of the same few unit terms (a GEMM format per byte
+    of weights, one MoE layer of a shape, one layer of an attention pattern, one
+    all-reduce): a step computes each unit's (compute-bound, memory-bound) seconds once
+    and each stage sums them with its own weights (bytes, layers, all-reduces).
+    Within one format a GEMM's FLOPs per weight byte are the same whatever the layer,
+    so its roofline scales with its bytes.
+    """
 
     def __init__(self, stages: Sequence[StageOps], hw: Hardware, *, tp: int, eff: Efficiency = DEFAULT,
                  async_scheduling: bool = True, graph_max_tokens: int = 512, hop_bytes_per_token: int = 0,
@@ -88,23 +112,21 @@ class StepModel:
         self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
         self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
         self._attn_peak = hw.peak_flops("bf16") * eff.attention
-        self._moe_peak = {d: p * eff.moe_gemm for d, p in self._peak.items()}
+        self._moe_peak = {(d, k): p * getattr(eff, f"moe_gemm_{k}") for d, p in self._peak.items() for k in ("bf16", "fp8", "4bit")}
         # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.
         self._thresholds = sorted({t.threshold for s in self.stages for t in s.attention if t.threshold is not None})
-        # The distinct attention terms of all stages, as plain tuples (divisor 0: no context
-        # read), each computed once per step; a stage uses them by index, times its layers.
-        index: dict[tuple, int] = {}
-        self._attn_terms: list[tuple] = []
-        self._attn_use: list[tuple[tuple[int, int], ...]] = []
+        units = _Units()
+        self._weights = []  # per stage: ((unit index, weight), ...)
         for stage in self.stages:
-            use = []
-            for a in stage.attention:
-                t = _attention_tuple(a)
-                if t not in index:
-                    index[t] = len(self._attn_terms)
-                    self._attn_terms.append(t)
-                use.append((index[t], a.layers))
-            self._attn_use.append(tuple(use))
+            w = [(units.index(("gemm", g.compute, g.flops_per_token / g.weight_bytes, g.per_sampled_token)), g.weight_bytes)
+                 for g in stage.gemms if g.weight_bytes]  # fmt: skip
+            w += [(units.index(("moe", e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel)), e.layers)
+                  for e in stage.experts]  # fmt: skip
+            w += [(units.index(("attn", *_attention_tuple(a))), a.layers) for a in stage.attention]
+            if stage.allreduces:
+                w.append((units.index(("allreduce", stage.allreduce_bytes_per_token)), stage.allreduces))
+            self._weights.append(tuple(w))
+        self._units = tuple(units.keys)
 
     # --- the fast path: what the scheduler simulation calls every step ---------------
 
@@ -124,68 +146,65 @@ class StepModel:
 
     def parts(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[StepParts]:
         n_decode = len(decode_contexts)
-        decode_tokens = n_decode * query_len
-        prefill_tokens = sum(new for new, _ in prefills)
-        tokens = decode_tokens + prefill_tokens
+        tokens = n_decode * query_len + sum(new for new, _ in prefills)
         sampled = n_decode + len(prefills)  # ASSUMPTION: every prefill chunk samples (the last chunk does)
-        sums = {None: sum(decode_contexts)}
-        for t in self._thresholds:
-            sums[t] = _sum_min(decode_contexts, t)
-        graphs = tokens <= self.graph_max_tokens
+        sums = _threshold_sums(decode_contexts, self._thresholds)
+        unit = [self._unit(u, tokens, sampled, sums, prefills, query_len, n_decode) for u in self._units]
         eff = self.eff
-        cpu = eff.step_overhead_s + eff.seq_overhead_s * (n_decode + len(prefills))
-        attention = [self._attention(t, sums, prefills, query_len, n_decode) for t in self._attn_terms]
+        per_kernel = eff.kernel_overhead_s
+        eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
+        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
         out = []
         for i, stage in enumerate(self.stages):
-            compute = memory = 0.0
-            for g in stage.gemms:
-                c, m = self._gemm(g, tokens, sampled)
-                compute += c
-                memory += m
-            for e in stage.experts:
-                distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
-                c, m = _roofline(tokens * e.flops_per_token, self._moe_peak[e.compute], distinct * e.bytes_per_expert, self._bw)
-                compute += e.layers * c
-                memory += e.layers * m
-            for k, layers in self._attn_use[i]:
-                c, m = attention[k]
-                compute += layers * c
-                memory += layers * m
-            comm = stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
-            overhead = stage.kernels * eff.kernel_overhead_s + (0.0 if graphs else stage.layers * eff.eager_layer_overhead_s)
+            compute = memory = comm = 0.0
+            for k, weight in self._weights[i]:
+                c, m, x = unit[k]
+                compute += weight * c
+                memory += weight * m
+                comm += weight * x
+            overhead = stage.kernels * per_kernel + stage.layers * eager
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1 and self.num_speculative_tokens and n_decode and stage.draft is not None:
                 # The MTP drafter proposes k tokens, one forward of its layer(s) per token
                 # (vLLM v1/spec_decode/eagle.py propose): k passes of the draft stage at batch n.
-                draft = self.parts_of(stage.draft, n_decode, n_decode, decode_contexts, sums)
-                gpu += self.num_speculative_tokens * draft
+                gpu += self.num_speculative_tokens * self.parts_of(stage.draft, n_decode, decode_contexts, sums)
+            total = gpu
             if i == 0:
                 total = max(gpu, cpu) if self.async_scheduling else gpu + cpu
                 overhead += total - gpu
-            else:
-                total = gpu
             out.append(StepParts(compute, memory, comm, overhead, total))
         return out
 
-    def parts_of(self, stage: StageOps, tokens: int, sampled: int, contexts: Sequence[int], sums: dict) -> float:
-        """Seconds of a small stage (the MTP drafter) for a decode batch."""
+    def _unit(self, u: tuple, tokens: int, sampled: int, sums: dict, prefills, query_len: int, n_decode: int) -> tuple[float, float, float]:
+        """(compute-bound s, memory-bound s, communication s) of one unit term."""
+        kind = u[0]
+        if kind == "gemm":  # per byte of weights
+            _, compute, flops_per_byte, per_sampled = u
+            m = sampled if per_sampled else tokens
+            return (*_roofline(m * flops_per_byte, self._peak[compute], 1.0, self._bw), 0.0)
+        if kind == "moe":  # one MoE layer
+            _, experts, top_k, flops, bytes_per_expert, compute, kernel = u
+            distinct = expected_distinct_experts(experts, top_k, tokens)
+            return (*_roofline(tokens * flops, self._moe_peak[compute, kernel], distinct * bytes_per_expert, self._bw), 0.0)
+        if kind == "attn":  # one layer
+            return (*self._attention(u[1:], sums, prefills, query_len, n_decode), 0.0)
+        return 0.0, 0.0, self._allreduce(tokens * u[1])  # one all-reduce
+
+    def parts_of(self, stage: StageOps, tokens: int, contexts: Sequence[int], sums: dict) -> float:
+        """Seconds of a small stage (the MTP drafter) for a decode batch of `tokens` sequences."""
         total = 0.0
         for g in stage.gemms:
-            total += sum(self._gemm(g, tokens, sampled))
+            m = tokens
+            total += sum(_roofline(m * g.flops_per_token, self._peak[g.compute], g.weight_bytes, self._bw))
         for e in stage.experts:
             distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
-            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._moe_peak[e.compute], distinct * e.bytes_per_expert, self._bw))
-        n = len(contexts)
+            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._moe_peak[e.compute, e.kernel], distinct * e.bytes_per_expert, self._bw))
         for a in stage.attention:
-            entries = (sums[a.threshold] if a.threshold in sums else _sum_min(contexts, a.threshold)) / a.divisor if a.reads_context else 0.0
-            total += a.layers * max((entries * a.flops_per_entry + n * a.flops_per_sequence_token) / self._attn_peak,
-                                    (entries * a.bytes_per_entry + n * a.bytes_per_sequence) / self._bw)
+            t = _attention_tuple(a)
+            s = sums if a.threshold in sums else {**sums, a.threshold: _sum_min(contexts, a.threshold)}
+            total += a.layers * sum(self._attention(t, s, (), 1, len(contexts)))
         total += stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
         return total + stage.kernels * self.eff.kernel_overhead_s
-
-    def _gemm(self, g: GemmTerm, tokens: int, sampled: int) -> tuple[float, float]:
-        m = sampled if g.per_sampled_token else tokens
-        return _roofline(m * g.flops_per_token, self._peak[g.compute], g.weight_bytes, self._bw)
 
     def _attention(self, term: tuple, sums: dict, prefills: Sequence[tuple[int, int]], query_len: int,
                    n_decode: int) -> tuple[float, float]:  # fmt: skip
@@ -211,6 +230,20 @@ class StepModel:
         if n <= 1 or nbytes == 0:
             return 0.0
         return self.eff.allreduce_latency_s + 2 * (n - 1) / n * nbytes / (self.hw.intra_node_bytes_per_s * self.eff.allreduce_bw)
+
+
+class _Units:
+    """Distinct unit terms, each with its index."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple] = []
+        self._index: dict[tuple, int] = {}
+
+    def index(self, key: tuple) -> int:
+        if key not in self._index:
+            self._index[key] = len(self.keys)
+            self.keys.append(key)
+        return self._index[key]
 
 
 def _attention_tuple(a: AttentionTerm) -> tuple:
