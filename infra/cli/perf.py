@@ -288,7 +288,7 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool) -> None:
         points = validate.predict_rows(rows, MEASUREMENTS, eff)
     except UserError as err:
         _fail(str(err))
-    summary = validate.summary(points)
+    summary = validate.summary(points, rows)
     if as_json:
         sys.stdout.write(json.dumps({"points": [asdict(p) for p in points], "summary": summary}, indent=2) + "\n")
         return
@@ -306,7 +306,7 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool) -> None:
     for p in points:
         if p.refused:
             console.print(f"[yellow]not predicted:[/yellow] {escape(p.id)}: {escape(p.refused)}", soft_wrap=True)
-    for role in ("fit", "validate"):
+    for role in ("fit", "validate", "validate_bounded", "validate_burst"):
         s = summary[role]
         console.print(
             f"{role} ({s['points']} rows): median |error| "

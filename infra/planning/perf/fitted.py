@@ -1,11 +1,16 @@
-"""What the kernels achieve of the hardware's peaks: the performance model's only
-fitted numbers, and the ones taken from published measurements instead.
+"""What the kernels and the engine achieve of the hardware's peaks: the performance
+model's fitted numbers, and where each one comes from.
 
-Each figure says whether it is FITTED (with the measurement rows it was fitted
-on, `tests/fixtures/perf/measurements.jsonl` rows whose role is "fit": none of
-them is used to validate) or ASSUMED (with the source it comes from). `python -m
-infra perf --fit` re-fits the fitted ones on the fit rows and prints them; the
-validation rows only ever judge the result (`python -m infra perf --validate`).
+Three kinds, kept apart:
+- KERNEL-FITTED: fitted on measured kernel latencies (NVIDIA AIConfigurator's vLLM
+  0.24.0 database for H100 SXM, tests/fixtures/perf/kernels/), by
+  `infra.planning.perf.calibrate.calibrate`; tests/test_perf_calibration.py holds these
+  constants to what it computes, and checks the H200 tables give the same fractions.
+- SERVING-FITTED: the engine's CPU time and the API server's, fitted on the rows of
+  tests/fixtures/perf/measurements.jsonl whose role is "fit" and whose load is bounded
+  (`fitted_on`; validate.fit says why the burst rows are left out); the other rows only
+  validate (`python -m infra perf --validate`).
+- ASSUMED: with the source or reason beside it.
 """
 
 from __future__ import annotations
@@ -15,56 +20,49 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Efficiency:
-    # ASSUMED: dense GEMM ceilings measured on H100/H200 (stas00/ml-engineering,
-    # compute/accelerator, "maximum achievable matmul FLOPS": ~790 of 989 BF16 TFLOPS,
-    # ~1,450 of 1,979 FP8): 0.80 and 0.73 of the dense datasheet peak.
-    gemm_bf16: float = 0.80
-    gemm_fp8: float = 0.73
-    # ASSUMED: FP4 GEMMs as FP8's fraction (no measured ceiling in the sources read).
-    gemm_fp4: float = 0.73
-    # FITTED: fraction of the GEMM ceiling above that the fused MoE kernels reach
-    # (grouped GEMMs over many small per-expert problems, the routing's gather/scatter),
-    # per kernel family (ops.moe_kernel): unquantised, block FP8, 4-bit.
-    moe_gemm_bf16: float = 0.6
-    moe_gemm_fp8: float = 0.1
-    moe_gemm_4bit: float = 0.15
-    # ASSUMED: FlashAttention-3 forward on H100 reaches 740 of 989 BF16 TFLOPS at long
-    # sequences (Shah et al. 2024, FlashAttention-3, fig. 5); vLLM's varlen prefill with
-    # short chunks does less: 0.55 taken (labelled, not fitted).
-    attention: float = 0.55
-    # FITTED: fraction of the datasheet HBM bandwidth that weight and KV reads achieve.
-    hbm: float = 0.6
-    # ASSUMED: NCCL all-reduce bus bandwidth on 8 x H100/H200 NVLink, 370-480 GB/s of the
-    # 450 GB/s per direction (nccl-tests issues, quoted in FACTS.md): 0.82.
-    allreduce_bw: float = 0.82
-    # FITTED: the latency of one small all-reduce (vLLM's custom all-reduce / NCCL LL).
-    allreduce_latency_s: float = 68e-6
-    # FITTED: GPU time per kernel beyond the roofline of the big operations (launch gaps
-    # inside a CUDA graph, the ramp and tail of each kernel, the small kernels' own work:
-    # norms, rotary, routing, activation quantisation), times the kernels each layer
-    # launches (ops.layer_kernels).
-    kernel_overhead_s: float = 3e-6
+    # KERNEL-FITTED: dense GEMM TFLOPS at >= 2,048 tokens over the datasheet's dense peak
+    # (bf16 cuBLAS; FP8 per-tensor CUTLASS and block-scaled DeepGEMM together).
+    gemm_bf16: float = 0.794
+    gemm_fp8: float = 0.580
+    # ASSUMED: FP4 GEMMs as FP8's fraction (no FP4 kernel in the H100 tables).
+    gemm_fp4: float = 0.580
+    # KERNEL-FITTED: fused-MoE TFLOPS over the dense GEMM ceiling at >= 4,096 tokens, per
+    # kernel family (ops.moe_kernel), at wide expert slices; it falls as each expert's
+    # intermediate size on the rank (n) narrows: x n / (n + moe_half_inter).
+    moe_gemm_bf16: float = 0.576
+    moe_gemm_fp8: float = 0.479
+    moe_gemm_4bit: float = 0.663
+    moe_half_inter: float = 176.0
+    # KERNEL-FITTED: the fused-MoE call's time at one token beyond reading its experts
+    # (token alignment, two grouped GEMMs, activation, combine).
+    moe_floor_s: float = 33.2e-6
+    # KERNEL-FITTED: FlashAttention-3 prefill TFLOPS at >= 4,096-token sequences over the
+    # bf16 peak, and decode attention's fixed time beyond one kernel floor and its reads.
+    attention: float = 0.601
+    attention_floor_s: float = 9.97e-6
+    # KERNEL-FITTED: HBM fraction that bf16 GEMMs at 1-8 tokens reach reading weights, and
+    # their fixed time (the floor every kernel pays inside a CUDA graph).
+    hbm: float = 0.820
+    kernel_overhead_s: float = 2.08e-6
+    # KERNEL-FITTED: vLLM's custom all-reduce in a CUDA graph at <= 16 KB, and NCCL's bus
+    # bandwidth at >= 64 MB over TP 8, as a fraction of NVLink per direction.
+    allreduce_latency_s: float = 4.59e-6
+    allreduce_bw: float = 0.930
     # ASSUMED: without CUDA graphs each of the ~10 kernels of a layer pays a host launch
     # of ~4 us (CUDA's documented launch overhead is a few microseconds): 40 us more.
     eager_layer_overhead_s: float = 40e-6
-    # FITTED: CPU time of one engine step (scheduling, input preparation, sampling,
+    # SERVING-FITTED: CPU time of one engine step (scheduling, input preparation, sampling,
     # output processing) and per sequence in the batch; hidden behind the GPU with
     # async scheduling.
-    step_overhead_s: float = 0.095e-3
-    seq_overhead_s: float = 120e-6
-    # FITTED: time a request spends outside the engine before its first token (HTTP,
+    step_overhead_s: float = 2.12e-3
+    seq_overhead_s: float = 30.0e-6
+    # SERVING-FITTED: time a request spends outside the engine before its first token (HTTP,
     # chat template and tokenization in the API server, detokenizing and streaming the
     # first token back): added to each request's TTFT.
-    request_overhead_s: float = 57e-3
-    # The rows of tests/fixtures/perf/measurements.jsonl the FITTED figures come from
-    # (`python -m infra perf --fit`, two rounds of coordinate search from the previous
-    # values). hbm and moe_gemm end at the lower bounds of FIT_BOUNDS: the fit would
-    # go lower to slow the burst rows down, which says the model misses a cost of
-    # large batches, not that HBM runs at 60% (see the README, Performance).
+    request_overhead_s: float = 56.6e-3
+    # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (
-        "gps-dsr1-h200-tp8-sharegpt-burst", "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp2-sharegpt-burst",
-        "gps-gptoss120b-h100-tp1-sharegpt-c4", "gps-q235b-h100-tp8-bf16-sharegpt-burst", "gps-q235b-h100-tp8-bf16-rand32k",
-        "gps-q32b-a100-tp1-bf16-sharegpt-burst", "gps-q32b-h100-tp1-bf16-sharegpt-burst", "gps-q8b-h100-tp1-sharegpt-c1",
+        "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp1-sharegpt-c4", "gps-q8b-h100-tp1-sharegpt-c1",
         "gps-q8b-h100-tp1-sharegpt-c8",
     )
 
@@ -72,13 +70,11 @@ class Efficiency:
         return replace(self, **changes)
 
 
-FITTED_FIELDS = ("hbm", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_latency_s", "kernel_overhead_s", "step_overhead_s", "seq_overhead_s",
-                 "request_overhead_s")
-
-# What the fit may choose: a fraction stays within what the hardware's own benchmarks
-# show is reachable, so the fit cannot buy a better error with an unphysical figure.
-# ASSUMPTION: HBM reads reach 60-95% of the datasheet (H100 STREAM-like copies reach
-# ~90%); a fused MoE kernel 10-100% of the dense GEMM ceiling.
-FIT_BOUNDS = {"hbm": (0.6, 0.95), "moe_gemm_bf16": (0.1, 1.0), "moe_gemm_fp8": (0.1, 1.0), "moe_gemm_4bit": (0.1, 1.0)}
+KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
+                 "moe_floor_s", "attention", "attention_floor_s", "hbm", "kernel_overhead_s", "allreduce_latency_s",
+                 "allreduce_bw")  # fmt: skip
+FITTED_FIELDS = ("step_overhead_s", "seq_overhead_s", "request_overhead_s")
+# What the serving fit may choose. ASSUMPTION: a step's CPU time between 20 us and 20 ms.
+FIT_BOUNDS = {"step_overhead_s": (20e-6, 20e-3), "seq_overhead_s": (0.0, 1e-3), "request_overhead_s": (0.0, 1.0)}
 
 DEFAULT = Efficiency()

@@ -38,6 +38,7 @@ class ExpertTerm:
     bytes_per_expert: float  # one expert's share of this rank's expert bytes
     compute: str
     kernel: str = "bf16"  # the fused-MoE kernel family (moe_kernel): "bf16" | "fp8" | "4bit"
+    inter_per_rank: int = 0  # each expert's intermediate size on a rank (whole with expert parallel)
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,13 @@ class AttentionTerm:
 # kv_a, the latent norm, the absorbed q and output BMMs); DeepSeek-V4's compressed
 # attention ~6 more (compressor, indexer, top-k); a MoE block ~8 more than a dense MLP
 # (router GEMM, top-k, token sort, two grouped GEMMs, activation, combine, shared
-# expert); FP8 weights one activation-quantisation kernel per GEMM (~4); KDA ~6
-# (convolutions, gates, the recurrent kernel).
+# expert, of which the fused-MoE call itself has its own measured floor, moe_floor_s);
+# FP8 weights one activation-quantisation kernel per GEMM (~4); KDA ~6 (convolutions,
+# gates, the recurrent kernel).
 KERNELS_BASE = 10
 KERNELS_MLA = 6
 KERNELS_COMPRESSED = 6
-KERNELS_MOE = 8
+KERNELS_MOE = 3  # router GEMM, top-k, shared expert: the fused call is moe_floor_s
 KERNELS_FP8 = 4
 KERNELS_RECURRENT = 6
 
@@ -164,10 +166,11 @@ def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GP
             # Per token: top_k of the experts' parameters, split over the TP ranks (with
             # expert parallel, the expected share of tokens a rank's experts get).
             flops = 2 * g.count / arch.num_experts * arch.experts_per_token / tp
+            inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // tp
             key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
-                   moe_kernel(g.fmt))  # fmt: skip
+                   moe_kernel(g.fmt), inter)  # fmt: skip
             terms[key] += 1
-    return [ExpertTerm(n, e, k, f, b, c, m) for (e, k, f, b, c, m), n in sorted(terms.items())]
+    return [ExpertTerm(n, *key) for key, n in sorted(terms.items())]
 
 
 def moe_kernel(fmt: str) -> str:

@@ -120,8 +120,8 @@ class StepModel:
         for stage in self.stages:
             w = [(units.index(("gemm", g.compute, g.flops_per_token / g.weight_bytes, g.per_sampled_token)), g.weight_bytes)
                  for g in stage.gemms if g.weight_bytes]  # fmt: skip
-            w += [(units.index(("moe", e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel)), e.layers)
-                  for e in stage.experts]  # fmt: skip
+            w += [(units.index(("moe", e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel,
+                                 e.inter_per_rank)), e.layers) for e in stage.experts]  # fmt: skip
             w += [(units.index(("attn", *_attention_tuple(a))), a.layers) for a in stage.attention]
             if stage.allreduces:
                 w.append((units.index(("allreduce", stage.allreduce_bytes_per_token)), stage.allreduces))
@@ -156,13 +156,14 @@ class StepModel:
         cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
         out = []
         for i, stage in enumerate(self.stages):
-            compute = memory = comm = 0.0
+            compute = memory = comm = fixed = 0.0
             for k, weight in self._weights[i]:
-                c, m, x = unit[k]
+                c, m, x, f = unit[k]
                 compute += weight * c
                 memory += weight * m
                 comm += weight * x
-            overhead = stage.kernels * per_kernel + stage.layers * eager
+                fixed += weight * f
+            overhead = fixed + stage.kernels * per_kernel + stage.layers * eager
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1 and self.num_speculative_tokens and n_decode and stage.draft is not None:
                 # The MTP drafter proposes k tokens, one forward of its layer(s) per token
@@ -175,20 +176,30 @@ class StepModel:
             out.append(StepParts(compute, memory, comm, overhead, total))
         return out
 
-    def _unit(self, u: tuple, tokens: int, sampled: int, sums: dict, prefills, query_len: int, n_decode: int) -> tuple[float, float, float]:
-        """(compute-bound s, memory-bound s, communication s) of one unit term."""
+    def _unit(self, u: tuple, tokens: int, sampled: int, sums: dict, prefills, query_len: int,
+              n_decode: int) -> tuple[float, float, float, float]:  # fmt: skip
+        """(compute-bound s, memory-bound s, communication s, fixed s) of one unit term."""
         kind = u[0]
         if kind == "gemm":  # per byte of weights
             _, compute, flops_per_byte, per_sampled = u
             m = sampled if per_sampled else tokens
-            return (*_roofline(m * flops_per_byte, self._peak[compute], 1.0, self._bw), 0.0)
-        if kind == "moe":  # one MoE layer
-            _, experts, top_k, flops, bytes_per_expert, compute, kernel = u
-            distinct = expected_distinct_experts(experts, top_k, tokens)
-            return (*_roofline(tokens * flops, self._moe_peak[compute, kernel], distinct * bytes_per_expert, self._bw), 0.0)
+            return (*_roofline(m * flops_per_byte, self._peak[compute], 1.0, self._bw), 0.0, 0.0)
+        if kind == "moe":  # one MoE layer: the fused call's floor, then its roofline
+            c, m = self._moe(u[1:], tokens)
+            return c, m, 0.0, self.eff.moe_floor_s
         if kind == "attn":  # one layer
-            return (*self._attention(u[1:], sums, prefills, query_len, n_decode), 0.0)
-        return 0.0, 0.0, self._allreduce(tokens * u[1])  # one all-reduce
+            floor = self.eff.attention_floor_s if u[2] else 0.0  # a kernel reading context (not a recurrent state)
+            return (*self._attention(u[1:], sums, prefills, query_len, n_decode), 0.0, floor)
+        return 0.0, 0.0, self._allreduce(tokens * u[1]), 0.0  # one all-reduce
+
+    def _moe(self, term: tuple, tokens: int) -> tuple[float, float]:
+        """The routed experts of one layer: FLOPs at the fused-MoE fraction, which falls as
+        each expert's slice on the rank (n) narrows: e_max x n / (n + n_half) (calibrate.py)."""
+        experts, top_k, flops, bytes_per_expert, compute, kernel, inter = term
+        distinct = expected_distinct_experts(experts, top_k, tokens)
+        half = self.eff.moe_half_inter
+        peak = self._moe_peak[compute, kernel] * (inter / (inter + half) if inter else 1.0)
+        return _roofline(tokens * flops, peak, distinct * bytes_per_expert, self._bw)
 
     def parts_of(self, stage: StageOps, tokens: int, contexts: Sequence[int], sums: dict) -> float:
         """Seconds of a small stage (the MTP drafter) for a decode batch of `tokens` sequences."""
@@ -197,8 +208,8 @@ class StepModel:
             m = tokens
             total += sum(_roofline(m * g.flops_per_token, self._peak[g.compute], g.weight_bytes, self._bw))
         for e in stage.experts:
-            distinct = expected_distinct_experts(e.experts, e.top_k, tokens)
-            total += e.layers * sum(_roofline(tokens * e.flops_per_token, self._moe_peak[e.compute, e.kernel], distinct * e.bytes_per_expert, self._bw))
+            moe = (e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel, e.inter_per_rank)
+            total += e.layers * (sum(self._moe(moe, tokens)) + self.eff.moe_floor_s)
         for a in stage.attention:
             t = _attention_tuple(a)
             s = sums if a.threshold in sums else {**sums, a.threshold: _sum_min(contexts, a.threshold)}

@@ -1,0 +1,148 @@
+"""The achieved fractions of `fitted.py`, fitted on measured kernel times.
+
+Source: NVIDIA AIConfigurator's per-kernel databases for vLLM 0.24.0 on H100 SXM
+(`tests/fixtures/perf/kernels/*_h100_sxm.csv`, each file naming its path inside the
+aiconfigurator-core 0.12.0 wheel; the README there says how they were measured). The
+H200 tables are kept apart: they check that the H100 fit transfers to another GPU
+(`kernel_errors`). No serving measurement is used here: those only validate.
+
+Each fit is one named physical figure:
+- `hbm`, `kernel_overhead_s`: bf16 GEMMs at 1-8 tokens read their weights and do little
+  else; latency = floor + weight bytes / (fraction x datasheet bandwidth), least squares;
+- `gemm_bf16`, `gemm_fp8`: GEMM TFLOPS at >= 2,048 tokens over the dense datasheet peak;
+- `attention`: FlashAttention prefill TFLOPS at >= 4,096-token sequences over the bf16 peak;
+- `attention_floor_s`: decode attention's latency at its smallest reads, beyond one
+  kernel floor and its bytes;
+- `moe_gemm_*`, `moe_half_inter`: fused-MoE TFLOPS at >= 4,096 tokens over the dense
+  GEMM ceiling, falling as each expert's per-rank intermediate size n shrinks:
+  e_max x n / (n + n_half), one e_max per kernel family and one n_half for all;
+- `moe_floor_s`: the fused-MoE call's latency at one token beyond its roofline;
+- `allreduce_latency_s`, `allreduce_bw`: vLLM's custom all-reduce in a CUDA graph at
+  <= 16 KB, and NCCL's bus bandwidth at >= 64 MB over NVLink per direction.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from pathlib import Path
+
+from infra.catalog.gpus import get_gpu
+
+H100 = get_gpu("H100-SXM-80GB")
+SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB"}  # AIConfigurator's system names
+NVLINK_PER_DIRECTION = H100.nvlink_bandwidth_bytes_per_s / 2
+GEMM_BYTES = {"bf16": 2, "fp8_tensor": 1, "fp8_block": 1}
+MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16")}
+
+
+def read(path: Path) -> list[dict]:
+    """A kernel table: '#' lines are its provenance; numbers as floats."""
+    with path.open() as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return [{k: _number(v) for k, v in r.items()} for r in rows]
+
+
+def _number(v: str):
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def fit_gemm(rows: list[dict], gpu=H100) -> dict:
+    small = [r for r in rows if r["dtype"] == "bf16" and r["m"] <= 8]
+    floor, slope = _line([r["n"] * r["k"] * 2 for r in small], [r["latency_us"] * 1e-6 for r in small])
+    out = {"hbm": 1 / (slope * gpu.hbm_bandwidth_bytes_per_s), "kernel_overhead_s": floor}
+    for name, dtypes, peak in (("gemm_bf16", ("bf16",), gpu.bf16_dense_tflops), ("gemm_fp8", ("fp8_tensor", "fp8_block"), gpu.fp8_dense_tflops)):
+        big = [2 * r["m"] * r["n"] * r["k"] / (r["latency_us"] * 1e-6) / (peak * 1e12) for r in rows if r["dtype"] in dtypes and r["m"] >= 2048]
+        out[name] = statistics.median(big)
+    return out
+
+
+def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, hbm: float, gpu=H100) -> dict:
+    # Causal prefill: each of seq_len queries meets (on average) half the sequence.
+    achieved = [
+        r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r["head_dim"] * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
+        for r in prefill if r["seq_len"] >= 4096 and r["kv_cache_dtype"] == "bfloat16"
+    ]  # fmt: skip
+    bw = gpu.hbm_bandwidth_bytes_per_s * hbm
+    floors = [
+        r["latency_us"] * 1e-6 - r["batch"] * r["context_len"] * r["kv_heads"] * r["head_dim"] * 2 * 2 / bw
+        for r in decode if r["kv_cache_dtype"] == "bfloat16" and r["batch"] * r["context_len"] <= 4096
+    ]  # fmt: skip
+    return {"attention": statistics.median(achieved), "attention_floor_s": max(0.0, statistics.median(floors) - kernel_floor)}
+
+
+def _moe_points(rows: list[dict], gemm: dict, gpu=H100) -> list[tuple[str, float, float]]:
+    """(family, per-rank intermediate size, fraction of the dense GEMM ceiling) at >= 4,096 tokens."""
+    out = []
+    for r in rows:
+        family = MOE_FAMILY.get(r["dtype"])
+        if family is None or r["num_tokens"] < 4096 or "flashinfer" in r["kernel_source"]:
+            continue
+        kernel, _, compute = family
+        ranks = r["tp"] * r["ep"]
+        flops = 2 * 3 * r["num_tokens"] * r["topk"] * r["hidden"] * r["inter"] / ranks
+        peak = (gpu.bf16_dense_tflops if compute == "bf16" else gpu.fp8_dense_tflops) * 1e12 * gemm[f"gemm_{compute}"]
+        inter = r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
+        out.append((kernel, inter, flops / (r["latency_us"] * 1e-6) / peak))
+    return out
+
+
+def fit_moe(rows: list[dict], gemm: dict, gpu=H100) -> dict:
+    points = _moe_points(rows, gemm, gpu)
+    best = None
+    for half in range(0, 2049, 16):  # n_half by grid, e_max per family in closed form (log least squares)
+        emax = {}
+        loss = 0.0
+        for family in {p[0] for p in points}:
+            fam = [(n, e) for f, n, e in points if f == family]
+            logs = [math.log(e) - math.log(n / (n + half)) for n, e in fam]
+            emax[family] = math.exp(statistics.fmean(logs))
+            loss += sum((lg - math.log(emax[family])) ** 2 for lg in logs)
+        if best is None or loss < best[0]:
+            best = (loss, half, emax)
+    _, half, emax = best
+    out = {f"moe_gemm_{k}": min(1.0, v) for k, v in emax.items()}
+    out["moe_half_inter"] = float(half)
+    # One token: the call's time beyond reading that token's experts (top-k of them).
+    bw = gpu.hbm_bandwidth_bytes_per_s * gemm["hbm"]
+    floors = []
+    for r in rows:
+        family = MOE_FAMILY.get(r["dtype"])
+        if family is None or r["num_tokens"] != 1 or "flashinfer" in r["kernel_source"]:
+            continue
+        ranks = r["tp"] * r["ep"]
+        expert_bytes = 3 * r["hidden"] * r["inter"] * family[1]
+        touched = r["topk"] / (r["ep"] if r["ep"] > 1 else 1)
+        floors.append(r["latency_us"] * 1e-6 - touched * expert_bytes / (ranks if r["ep"] == 1 else 1) / bw)
+    out["moe_floor_s"] = statistics.median(floors)
+    return out
+
+
+def fit_allreduce(rows: list[dict]) -> dict:
+    small = [r["latency_us"] * 1e-6 for r in rows if r["impl"] == "vllm_custom_graph" and r["message_bytes"] <= 16384]
+    busbw = [
+        2 * (r["tp"] - 1) / r["tp"] * r["message_bytes"] / (r["latency_us"] * 1e-6) / NVLINK_PER_DIRECTION
+        for r in rows if r["impl"] == "nccl" and r["message_bytes"] >= 64 * 2**20 and r["tp"] == 8
+    ]  # fmt: skip
+    return {"allreduce_latency_s": statistics.median(small), "allreduce_bw": min(1.0, statistics.median(busbw))}
+
+
+def calibrate(folder: Path, system: str = "h100_sxm") -> dict:
+    """Every kernel-fitted figure from the tables of one system."""
+    gpu = get_gpu(SYSTEMS[system])
+    gemm = fit_gemm(read(folder / f"gemm_{system}.csv"), gpu)
+    attn = fit_attention(read(folder / f"attn_prefill_{system}.csv"), read(folder / f"attn_decode_{system}.csv"),
+                         gemm["kernel_overhead_s"], gemm["hbm"], gpu)  # fmt: skip
+    return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu),
+            **fit_allreduce(read(folder / f"allreduce_{system}.csv"))}  # fmt: skip

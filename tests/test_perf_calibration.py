@@ -1,0 +1,53 @@
+"""The kernel-fitted fractions of infra/planning/perf/fitted.py come from measured kernel
+latencies (tests/fixtures/perf/kernels/, AIConfigurator's vLLM 0.24.0 tables), and hold
+on a GPU they were not fitted on."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from infra.catalog.gpus import get_gpu
+from infra.planning.perf.calibrate import calibrate, read
+from infra.planning.perf.fitted import DEFAULT, KERNEL_FITTED
+
+KERNELS = Path(__file__).resolve().parent / "fixtures" / "perf" / "kernels"
+H100 = calibrate(KERNELS, "h100_sxm")
+H200 = calibrate(KERNELS, "h200_sxm")
+
+
+@pytest.mark.parametrize("name", KERNEL_FITTED)
+def test_the_constants_are_what_the_h100_kernel_tables_give(name: str) -> None:
+    assert getattr(DEFAULT, name) == pytest.approx(H100[name], rel=0.01, abs=1e-7), f"re-run calibrate: {name}"
+
+
+@pytest.mark.parametrize("name", ["gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_fp8", "moe_gemm_4bit",
+                                  "allreduce_latency_s", "allreduce_bw"])
+def test_the_fractions_transfer_to_h200(name: str) -> None:
+    """Fractions of each GPU's own datasheet: what H200's tables give is H100's within 20%."""
+    assert H200[name] == pytest.approx(H100[name], rel=0.2)
+
+
+def test_fractions_are_physical() -> None:
+    for name in ("gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_bw"):
+        assert 0.3 < H100[name] <= 1.0, name
+    assert 0 < H100["kernel_overhead_s"] < 20e-6 and 0 < H100["moe_floor_s"] < 200e-6
+
+
+def test_h100_fit_predicts_h200_gemm_latencies() -> None:
+    """A GEMM's time = kernel floor + max(FLOPs / achieved peak, weight bytes / achieved
+    bandwidth), with H100's fractions and H200's datasheet, against H200's measurements.
+    Block-FP8 rows under 1,024 tokens are left out: the collector timed them outside a
+    CUDA graph (kernels/README.md)."""
+    gpu, errors = get_gpu("H200-141GB"), []
+    for r in read(KERNELS / "gemm_h200_sxm.csv"):
+        if r["dtype"] == "fp8_block" and r["m"] < 1024:
+            continue
+        fp8 = r["dtype"] != "bf16"
+        peak = (gpu.fp8_dense_tflops if fp8 else gpu.bf16_dense_tflops) * 1e12 * (DEFAULT.gemm_fp8 if fp8 else DEFAULT.gemm_bf16)
+        weights = r["n"] * r["k"] * (1 if fp8 else 2)
+        t = DEFAULT.kernel_overhead_s + max(2 * r["m"] * r["n"] * r["k"] / peak, weights / (gpu.hbm_bandwidth_bytes_per_s * DEFAULT.hbm))
+        errors.append(abs(t / (r["latency_us"] * 1e-6) - 1))
+    assert statistics.median(errors) < 0.15
