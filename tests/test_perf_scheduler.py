@@ -177,8 +177,38 @@ def test_requests_longer_than_max_model_len_are_the_callers_to_refuse():
         run(Workload.fixed(100, 100), max_model_len=150)
 
 
+class VaryingStep:
+    """Stage times that depend on the batch and differ by stage, and hops by tokens: every
+    float the pipeline computes (stage free times, waits, ITL gaps) is one a replay could
+    round differently."""
+
+    def __init__(self, pp: int = 1):
+        self.pp = pp
+
+    def stage_seconds(self, decode_contexts, prefills, query_len):
+        work = 1.3e-5 * len(decode_contexts) * query_len + 7e-9 * sum(decode_contexts) + 3.1e-6 * sum(n for n, _ in prefills)
+        return [0.0071 + 0.0013 * s + work * (1 + 0.3 * s) for s in range(self.pp)]
+
+    def hop_seconds(self, tokens):
+        return 1.7e-4 + 3e-7 * tokens
+
+
 def _fast_forward_off(monkeypatch):
     monkeypatch.setattr(scheduler._Engine, "fast_forward", lambda self, now, client: None)
+
+
+def _same_with_and_without_fast_forward(**kw):
+    fast = run(**kw)
+    with pytest.MonkeyPatch.context() as m:  # step by step, the step model called every step (no memo)
+        _fast_forward_off(m)
+        m.setattr(scheduler._Engine, "stage_seconds", lambda self, c, p: self.cost.stage_seconds(c, p, 1 + self.k))
+        slow = run(**kw)
+    assert fast == slow
+
+
+def blocks_of_16_and_a_window(tokens: int) -> int:
+    """Two KV groups: full attention in blocks of 16, a 40-token sliding window in blocks of 8."""
+    return -(-tokens // 16) + min(-(-tokens // 8), 6)
 
 
 @settings(max_examples=25, deadline=None)
@@ -188,22 +218,41 @@ def _fast_forward_off(monkeypatch):
     num_blocks=st.sampled_from([40, 1000]), budget=st.sampled_from([64, 2048]),
 )
 def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_scheduling, pp, k, accept, num_blocks, budget):
-    kw = dict(workload=Workload.uniform(60, 40, 0.5), cost=ConstantStep(pp=pp), pool=KVPool(num_blocks, blocks_of_16),
-              concurrency=concurrency, rate=rate, prompts=12, async_scheduling=async_scheduling,
-              num_speculative_tokens=k, acceptance_rate=accept, max_num_batched_tokens=budget, seed=1)
-    fast = run(**kw)
-    with pytest.MonkeyPatch.context() as m:
-        _fast_forward_off(m)
-        slow = run(**kw)
-    assert fast == slow
+    _same_with_and_without_fast_forward(
+        workload=Workload.uniform(60, 40, 0.5), cost=ConstantStep(pp=pp), pool=KVPool(num_blocks, blocks_of_16),
+        concurrency=concurrency, rate=rate, prompts=12, async_scheduling=async_scheduling,
+        num_speculative_tokens=k, acceptance_rate=accept, max_num_batched_tokens=budget, seed=1)
 
 
-def test_fast_forward_skips_most_steps_of_a_long_decode(monkeypatch):
+@settings(max_examples=100, deadline=None)
+@given(
+    pp=st.sampled_from([2, 3, 4]), async_scheduling=st.booleans(), k=st.sampled_from([0, 1, 3]),
+    accept=st.sampled_from([0.0, 1.0, 0.6]), concurrency=st.sampled_from([1, 2, 5, 16]),
+    rate=st.sampled_from([None, 20.0, 200.0]), output=st.sampled_from([30, 150]),
+    num_blocks=st.sampled_from([60, 200, 100_000]), blocks=st.sampled_from([blocks_of_16, blocks_of_16_and_a_window]),
+    budget=st.sampled_from([100, 500, 4096]), max_num_seqs=st.sampled_from([3, 256]), batches=st.sampled_from([None, "pp"]),
+    seed=st.integers(0, 3),
+)
+def test_pipelined_fast_forward_gives_what_step_by_step_gives(pp, async_scheduling, k, accept, concurrency, rate, output,
+                                                              num_blocks, blocks, budget, max_num_seqs, batches, seed):
+    # batches "pp": async scheduling with only pp batches in flight (releases before 0.34 without Model Runner V2).
+    _same_with_and_without_fast_forward(
+        workload=Workload.uniform(80, output, 0.5), cost=VaryingStep(pp=pp), pool=KVPool(num_blocks, blocks),
+        concurrency=concurrency, rate=rate, prompts=20, async_scheduling=async_scheduling, num_speculative_tokens=k,
+        acceptance_rate=accept, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=350,
+        max_concurrent_batches=pp if batches else None, seed=seed)
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3, 4])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("k", [0, 2])
+def test_fast_forward_skips_most_steps_of_a_long_decode(monkeypatch, pp, async_scheduling, k):
     calls = []
     original = scheduler._Engine.schedule
     monkeypatch.setattr(scheduler._Engine, "schedule", lambda self: calls.append(1) or original(self))
-    result = run(Workload.fixed(100, 1000), concurrency=16, prompts=32)
-    assert result.steps >= 2000 and len(calls) < 100
+    result = run(Workload.fixed(100, 1000), cost=VaryingStep(pp=pp), concurrency=16, prompts=32,
+                 async_scheduling=async_scheduling, num_speculative_tokens=k, acceptance_rate=1.0)
+    assert result.steps >= 2000 / (1 + k) and len(calls) < 200
 
 
 def test_percentiles_match_numpy_linear():

@@ -145,10 +145,9 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         seed: int = 0) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
-    The API server's own time per request (`Efficiency.request_overhead_s`: HTTP, chat
-    template, tokenizing, streaming the first token back) is added to every TTFT.
-    ASSUMPTION: it overlaps the engine's steps, so it delays a request's first token but
-    not the engine's throughput."""
+    The API server takes requests in one at a time, `Efficiency.frontend_intake_s` each
+    (chat template, tokenizing; workload.Client): a burst queues there first. Its time
+    that does not queue (`request_overhead_s`) is added to every TTFT."""
     k = s.knobs
     res = simulate(
         s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
@@ -158,6 +157,7 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         reserve_full_input=k.release.reserve_full_input,
         max_concurrent_batches=k.release.max_concurrent_batches(
             s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
+        frontend_s=s.step.eff.frontend_intake_s,
     )  # fmt: skip
     extra_ms = s.step.eff.request_overhead_s * 1000
     ttft = res.ttft_ms

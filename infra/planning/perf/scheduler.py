@@ -13,6 +13,9 @@ spec_token_ids = [-1] * k), every `pp` steps (decode_stagger). Modelled as such:
 KV and token counts run ahead optimistically (rejected drafts roll back on output),
 but its batch cannot start on stage 0 before the token it builds on exists.
 
+Steady decode (every running request decoding, nothing arriving, finishing or failing) runs
+many steps at once in fast_forward.py, with exactly the results of running them one by one.
+
 Data parallelism: `vllm bench serve` spreads requests over dp identical replicas; we
 simulate one replica fed round-robin (every dp-th prompt, concurrency ceil(C / dp),
 rate R / dp) and scale its throughputs by how many such replicas run at once.
@@ -27,12 +30,15 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from infra.errors import UserError
+from infra.planning.perf import fast_forward
 from infra.planning.perf.workload import Client, SimResult, Workload, send_times, serve_metrics
 
 LIMITS = ("token_budget", "max_num_seqs", "kv_admission", "none")  # what stopped admission in a step
 
 
 class StepCost(Protocol):
+    """The step-time model (step.py StepModel): a pure function of the batch."""
+
     pp: int
 
     def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int) -> Sequence[float]: ...
@@ -95,6 +101,8 @@ class _Engine:
         self.lookahead = k  # vllm.py num_lookahead_tokens: MTP/EAGLE reserve k slots past the scheduled tokens
         self.running, self.waiting, self.in_flight = [], deque(), deque()  # of _Req, _Req, _Batch
         self.stage_free = [0.0] * self.pp
+        self._stage_memo: dict[tuple, Sequence[float]] = {}
+        self._stage_memo_size = 0
         self.step, self.steps, self.decodes, self.preemptions, self.step_seconds = 0, 0, 0, 0, 0.0
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
@@ -218,7 +226,7 @@ class _Engine:
 
     def launch(self, now: float, entries: list, contexts: list, prefills: list, start: float) -> None:
         """The batch flows through the stages in order, each busy until its part is done."""
-        stage_times = self.cost.stage_seconds(contexts, prefills, 1 + self.k)
+        stage_times = self.stage_seconds(contexts, prefills)
         free = self.stage_free
         t = max(now, start)
         hop = self.cost.hop_seconds(sum(e[1] for e in entries)) if self.pp > 1 else 0.0
@@ -229,14 +237,31 @@ class _Engine:
             for e in entries:
                 if e[2] >= 0:
                     e[0].token_ready = t
-        self.in_flight.append(_Batch(entries, t))
+        self.queue(entries, t)
         self.steps += 1
         self.decodes += len(contexts)
         self.step_seconds += max(stage_times)
 
     def launch_empty(self, now: float) -> None:
         """step_with_batch_queue queues an empty step too; it only advances the step count."""
-        self.in_flight.append(_Batch([], max(now, self.in_flight[-1].done) if self.in_flight else now))
+        self.queue([], max(now, self.in_flight[-1].done) if self.in_flight else now)
+
+    def queue(self, entries: list, done: float) -> None:
+        self.in_flight.append(_Batch(entries, done))
+
+    def stage_seconds(self, contexts: Sequence[int], prefills: Sequence[tuple[int, int]]) -> Sequence[float]:
+        """cost.stage_seconds, memoised: the step model is a pure function of the batch, and
+        batches recur (each request of a fixed-length workload decodes at the same contexts;
+        a closed loop's waves repeat the same batches). Bounded to ~1M contexts of keys."""
+        key = (tuple(contexts), tuple(prefills))
+        times = self._stage_memo.get(key)
+        if times is None:
+            if self._stage_memo_size > 1 << 20:
+                self._stage_memo.clear()
+                self._stage_memo_size = 0
+            times = self._stage_memo[key] = self.cost.stage_seconds(contexts, prefills, 1 + self.k)
+            self._stage_memo_size += len(contexts) + len(prefills) + 1
+        return times
 
     def take_output(self, client: Client) -> float:
         """Block on the oldest batch (step_with_batch_queue) and apply it (update_from_output)."""
@@ -280,102 +305,11 @@ class _Engine:
         client.release(now)
 
     def fast_forward(self, now: float, client: Client) -> float | None:
-        """Run many identical decode steps at once; None when the next step is not one of them.
-
-        The same steps as schedule/launch/take_output (pp == 1, every running request a decode
-        of 1 + k tokens, deterministic acceptance), stopped before anything changes the batch:
-        a finish, an arrival, a failed allocation, max_model_len. Per step only the step model
-        runs; request counters are advanced once at the end.
-        """
-        running, k, q = self.running, self.k, 1 + self.k
-        if self.pp != 1 or not running or (k and 0.0 < self.acceptance < 1.0) or len(running) * q > self.max_tokens:
-            return None
-        if self.async_:  # one batch in flight: the previous step of these same requests
-            if len(self.in_flight) != 1 or len(self.in_flight[0].entries) != len(running):
-                return None
-            if any(e[0] is not r or e[2] != k for e, r in zip(self.in_flight[0].entries, running)):
-                return None
-        elif self.in_flight:
-            return None
-        limit = self._admit([], [], self.max_tokens - len(running) * q, "none", dry=True)
-        if limit is None:
-            return None
-        advance = 1 + (k if self.acceptance >= 1.0 else 0)  # tokens a step adds to each request
-        margin = 2 if self.async_ else 1  # async: keep clear of the "extra step" check too
-        steps = math.inf
-        for r in running:
-            if r.computed < r.prefill_end or r.num_tokens + r.drafts + r.placeholders - r.computed != q or self.step + 1 < r.eligible:
-                return None
-            steps = min(steps, (r.max_out - r.emitted - 1) // advance + 1 - margin,
-                        (self.max_model_len - 1 - q - r.computed) // advance + 1)
-        steps = self._steps_that_fit(steps, q + self.lookahead, advance)
-        if steps < 2:
-            return None
-        return self._advance(now, client, steps, advance, limit)
-
-    def _steps_that_fit(self, steps: int, ahead: int, advance: int) -> int:
-        """The most steps (<= steps) whose block growth, over all running requests, fits the free blocks."""
-        blocks = self.blocks
-        while steps >= 2:
-            last = (steps - 1) * advance + ahead
-            if sum(max(0, blocks[r.computed + last] - r.blocks) for r in self.running) <= self.free:
-                return steps
-            steps //= 2
-        return steps
-
-    def _advance(self, now: float, client: Client, steps: int, advance: int, limit: str) -> float:
-        running, q = self.running, 1 + self.k
-        contexts0 = [r.computed for r in running]
-        stage_free, stage_seconds = self.stage_free, self.cost.stage_seconds
-        outputs = [self.in_flight.popleft().done] if self.async_ else []  # the previous step's output comes first
-        done, schedule_at = stage_free[0], now
-        for j in range(steps):
-            if j:
-                schedule_at = outputs[-2] if self.async_ else outputs[-1]  # the engine schedules after an output
-                arrival = client.next_send()
-                if arrival is not None and arrival <= schedule_at:
-                    break  # a request arrives: back to the full scheduler
-            shift = j * advance
-            seconds = stage_seconds([c + shift for c in contexts0], (), q)[0]
-            done = max(schedule_at, done) + seconds
-            outputs.append(done)
-            self.step += 1
-            self.steps += 1
-            self.step_seconds += seconds
-        ran = len(outputs) - (1 if self.async_ else 0)
-        stage_free[0] = done
-        self.decodes += ran * len(running)
-        self.limit_counts[limit] += ran
-        if self.async_:  # the last step stays in flight, its output not yet applied
-            outputs.pop()
-        self._apply_outputs(running, outputs, ran, advance, done)
-        return outputs[-1]
-
-    def _apply_outputs(self, running: list[_Req], outputs: list[float], ran: int, advance: int, last_done: float) -> None:
-        """Each request got len(outputs) chunks of `advance` tokens, at the given times."""
-        blocks, itl, ahead = self.blocks, self.itl, 1 + self.k + self.lookahead
-        n_out = len(outputs)
-        for r in running:
-            grown = blocks[r.computed + (ran - 1) * advance + ahead]
-            if grown > r.blocks:
-                self.free -= grown - r.blocks
-                r.blocks = grown
-            r.computed += n_out * advance
-            r.num_tokens += n_out * advance
-            r.emitted += n_out * advance
-            if r.first < 0:
-                r.first = outputs[0]
-            else:
-                gap = outputs[0] - r.last
-                itl[gap] = itl.get(gap, 0) + 1
-            r.last = outputs[-1]
-        for before, after in zip(outputs, outputs[1:]):
-            itl[after - before] = itl.get(after - before, 0) + len(running)
-        if self.async_:
-            k = self.k
-            for r in running:
-                r.token_ready, r.eligible = last_done, self.step + 1
-            self.in_flight.append(_Batch([(r, 1 + k, k, r.epoch) for r in running], last_done))
+        """Run many identical decode steps at once (fast_forward.py); None when the next step is
+        not one of them."""
+        if self.pp == 1:
+            return fast_forward.single_stage(self, now, client)
+        return fast_forward.pipelined(self, now, client)
 
     def run(self, client: Client) -> None:
         """v1/engine/core.py step_with_batch_queue: fill the batch queue, else block on its oldest batch."""
@@ -411,7 +345,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
              num_prompts: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
              seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
-             max_concurrent_batches: int | None = None) -> SimResult:
+             max_concurrent_batches: int | None = None, frontend_s: float = 0.0) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
     `request_rate` (Poisson), or both (rate capped at a concurrency)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
@@ -426,7 +360,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
                      max_model_len=max_model_len, async_scheduling=async_scheduling, k=num_speculative_tokens,
                      acceptance=acceptance_rate, seed=seed, reserve_full_input=reserve_full_input,
                      max_concurrent_batches=max_concurrent_batches)
-    engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req))
+    engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req, frontend_s=frontend_s))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
         **serve_metrics([(r.sent, r.first, r.last, r.prompt, r.emitted) for r in done], engine.itl, replicas),

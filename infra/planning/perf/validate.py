@@ -20,7 +20,7 @@ from pathlib import Path
 from infra.catalog.models import load_model
 from infra.errors import UserError
 from infra.planning.perf import predict
-from infra.planning.perf.fitted import DEFAULT, FIT_BOUNDS, FITTED_FIELDS, Efficiency
+from infra.planning.perf.fitted import BURST_FITTED_FIELDS, DEFAULT, FIT_BOUNDS, FITTED_FIELDS, Efficiency
 from infra.planning.perf.hardware import for_gpu
 from infra.planning.perf.workload import Workload
 from infra.planning.vllm_release import FIRST_SUPPORTED, PINNED, _minor
@@ -174,29 +174,35 @@ def fit_loss(points: list[Point]) -> float:
 
 
 def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 2, log=print) -> Efficiency:
-    """Coordinate search over the SERVING-FITTED fields (the engine's CPU time per step and
-    per sequence, the API server's per request) on the fit rows with a bounded load (a
-    --max-concurrency or a request rate): each field tried at x / f and x * f, the best
-    kept, f halving (in log) each round.
-
-    Burst rows (every prompt at once) are left out of the fit: there the engine runs at
-    its largest batch, where the model misses a cost the kernel tables do not show (see
-    the README, Performance), and fitting CPU time to it would charge that cost to every
-    small-batch step too."""
-    fit_rows = [r for r in rows if r.get("role") == "fit" and not is_burst(r)]
+    """The SERVING-FITTED fields, on the fit rows only, in two stages of coordinate search
+    (each field tried at x / f and x * f, the best kept, f halving in log each round):
+    1. the engine's CPU time per step and per sequence and the request's own latency, on
+       the fit rows with a bounded load (a --max-concurrency or a rate);
+    2. with those held, the API server's serial intake, on the burst fit rows (every
+       prompt at once), the only load that queues there.
+    Fitting the CPU time to the bursts too would charge every small-batch step with what
+    only a burst shows."""
+    fit_rows = [r for r in rows if r.get("role") == "fit"]
     setups = []
     for r in fit_rows:
         try:
             setups.append((r, row_setup(r, root, start)))
         except UserError as err:
             log(f"fit row {r['id']} left out: {err}")
+    bounded = [(r, s) for r, s in setups if not is_burst(r)]
+    burst = [(r, s) for r, s in setups if is_burst(r)]
+    best = _search(bounded, start, FITTED_FIELDS, rounds, log)
+    best = _search(burst, best, BURST_FITTED_FIELDS, rounds, log)
+    return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
 
+
+def _search(setups: list, start: Efficiency, names: tuple[str, ...], rounds: int, log) -> Efficiency:
     def loss(eff: Efficiency) -> float:
         return fit_loss([Point(r["id"], "fit", _simulate(r, predict.with_efficiency(s, eff)), measured(r)) for r, s in setups])
 
     best, best_loss, factor = start, loss(start), 2.0
     for rnd in range(rounds):
-        for name in FITTED_FIELDS:
+        for name in names:
             for f in (1 / factor, factor):
                 low, high = FIT_BOUNDS.get(name, (0.0, math.inf))
                 value = min(max(getattr(best, name) * f, low), high)
@@ -206,12 +212,12 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
                     best, best_loss = trial, trial_loss
             log(f"round {rnd + 1}, {name}: loss {best_loss:.4f}; {efficiency_source(best)}")
         factor = math.sqrt(factor)
-    return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
+    return best
 
 
 def efficiency_source(eff: Efficiency) -> str:
     """The fitted values as Python, to paste into fitted.py."""
-    return ", ".join(f"{f.name}={getattr(eff, f.name)!r}" for f in fields(eff) if f.name in FITTED_FIELDS)
+    return ", ".join(f"{f.name}={getattr(eff, f.name)!r}" for f in fields(eff) if f.name in FITTED_FIELDS + BURST_FITTED_FIELDS)
 
 
 def summary(points: list[Point], rows: list[dict] | None = None) -> dict:

@@ -148,25 +148,43 @@ def send_times(n: int, rate: float | None, seed: int) -> list[float]:
 
 class Client:
     """`vllm bench serve`: each request is sent at its time or, with --max-concurrency, when a
-    slot frees (serve.py limited_request_func's semaphore); TTFT counts from the send."""
+    slot frees (serve.py limited_request_func's semaphore); TTFT counts from the send.
 
-    def __init__(self, lengths: list[tuple[int, int]], times: list[float], slots: float, make_request):
+    Between the client and the engine sits the API server, which takes requests in one at a
+    time (one process: HTTP, chat template, tokenization): a request reaches the engine
+    `frontend_s` after the server is free of the ones before it, so a burst of requests
+    queues there before any of them is scheduled."""
+
+    def __init__(self, lengths: list[tuple[int, int]], times: list[float], slots: float, make_request,
+                 frontend_s: float = 0.0):  # fmt: skip
         self.pending = deque(zip(times, lengths))
         self.make_request = make_request  # (prompt, output, sent) -> the engine's request
         self.slots, self.released_at = slots, 0.0
+        self.frontend_s, self.frontend_free = frontend_s, 0.0
+        self.intake: deque = deque()  # (time it reaches the engine, request), in order
 
     def send_due(self, now: float, waiting: deque) -> None:
         while self.slots > 0 and self.pending and self.pending[0][0] <= now:
             when, (prompt, out) = self.pending.popleft()
             self.slots -= 1
-            waiting.append(self.make_request(prompt, out, max(when, self.released_at)))
+            sent = max(when, self.released_at)
+            self.frontend_free = max(sent, self.frontend_free) + self.frontend_s
+            self.intake.append((self.frontend_free, self.make_request(prompt, out, sent)))
+        while self.intake and self.intake[0][0] <= now:
+            waiting.append(self.intake.popleft()[1])
 
     def release(self, now: float) -> None:
         self.slots += 1
         self.released_at = now
 
     def next_send(self) -> float | None:
-        return self.pending[0][0] if self.slots > 0 and self.pending else None
+        """When something next happens on the client's side: a send or an arrival at the engine."""
+        times = []
+        if self.slots > 0 and self.pending:
+            times.append(self.pending[0][0])
+        if self.intake:
+            times.append(self.intake[0][0])
+        return min(times) if times else None
 
 
 
