@@ -135,3 +135,15 @@ def test_threshold_sums_are_the_sums_of_min(contexts: list[int], thresholds: lis
     assert sums[None] == sum(contexts)
     for t in set(thresholds):
         assert sums[t] == sum(min(c, t) for c in contexts)
+
+
+@pytest.mark.parametrize("model,kw", [("deepseek-v4-pro", dict(tp=8, pp=4)), ("llama-3.1-70b", dict(tp=8)),
+                                      ("qwen3-235b-a22b-fp8", dict(tp=8, expert_parallel=True))])
+def test_stage_seconds_is_the_total_of_the_parts(model: str, kw: dict) -> None:
+    """The simulation's fast path gives what the breakdown adds up to."""
+    hw = for_instance(get_instance_type("p5.48xlarge")) if kw.get("pp") else for_gpu("H100-SXM-80GB")
+    s = predict.setup(load_model(model), hw, predict.Serving(max_model_len=8192, **kw))
+    for contexts, prefills in (([1000, 3000, 40], [(512, 0)]), ([], [(8192, 0)]), ([5] * 700, []), ([2000], [(100, 3000)])):
+        fast = s.step.stage_seconds(contexts, prefills, 1)
+        slow = [p.total_s for p in s.step.parts(contexts, prefills, 1)]
+        assert fast == pytest.approx(slow, rel=1e-9)

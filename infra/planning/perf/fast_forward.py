@@ -143,13 +143,14 @@ class _Group:
     """The requests of one micro-batch: what they share (the fields a schedule or an output
     changes alike for all of them) and, per request, what differs at the start."""
 
-    __slots__ = ("reqs", "computed0", "held", "peak", "shift", "placeholders", "drafts", "eligible", "token_ready",
+    __slots__ = ("reqs", "computed0", "key0", "held", "peak", "shift", "placeholders", "drafts", "eligible", "token_ready",
                  "inflight", "outputs", "last", "room", "ahead", "top", "limit", "hop")
 
     def __init__(self, reqs: list[_Req]):
         r = reqs[0]
         self.reqs = reqs  # in running order: the order schedule() puts them in a batch
         self.computed0 = [r.computed for r in reqs]
+        self.key0 = tuple(self.computed0)  # with the shift, the batch's key in the step-time memo
         self.held = [r.blocks for r in reqs]  # blocks each holds
         self.shift = 0  # computed = computed0 + shift
         self.peak = -math.inf  # the largest shift the replay scheduled the group at: its blocks cover it
@@ -349,11 +350,17 @@ class _Pipeline:
         """schedule() then launch() of the group's batch (the same float operations, in order)."""
         e, q = self.e, self.q
         e.step += 1
-        times = e.stage_seconds([c + g.shift for c in g.computed0], ())
+        times = e.shifted_stage_seconds(g.key0, g.shift)
         free, hop = e.stage_free, g.hop
-        t = max(self.now, g.token_ready if g.token_ready > 0.0 else 0.0)  # waits for the token it builds on
-        for s, seconds in enumerate(times):
-            t = max(t + hop if s else t, free[s]) + seconds
+        t = self.now if self.now > g.token_ready else g.token_ready  # waits for the token it builds on
+        if t < 0.0:
+            t = 0.0
+        for s, seconds in enumerate(times):  # max(...) spelt out: this loop runs ~10^5 times a curve
+            if s:
+                t += hop
+            if free[s] > t:
+                t = free[s]
+            t += seconds
             free[s] = t
         g.shift += q
         g.inflight += 1
@@ -362,7 +369,11 @@ class _Pipeline:
             g.drafts = self.k
             g.eligible = e.step + e.pp
             g.token_ready = t
-            self.soonest = min(g.eligible for g in self.groups)
+            soonest = g.eligible
+            for other in self.groups:
+                if other.eligible < soonest:
+                    soonest = other.eligible
+            self.soonest = soonest
         else:
             g.drafts = 0
             self.ready -= 1

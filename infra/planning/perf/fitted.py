@@ -55,17 +55,19 @@ class Efficiency:
     # output processing) and per sequence in the batch; hidden behind the GPU with
     # async scheduling.
     step_overhead_s: float = 2.12e-3
-    seq_overhead_s: float = 30.0e-6
+    seq_overhead_s: float = 10.6e-6
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
-    request_overhead_s: float = 56.6e-3
+    request_overhead_s: float = 40.0e-3
     # SERVING-FITTED: the API server's time per request that does queue (chat template and
     # tokenization in its one process), one request at a time before the engine sees it
     # (workload.Client): invisible at a bounded load, the queue of a burst.
-    frontend_intake_s: float = 5e-3
+    frontend_intake_s: float = 10.0e-3
     # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (
-        "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp1-sharegpt-c4", "gps-q8b-h100-tp1-sharegpt-c1",
+        "gps-dsr1-h200-tp8-sharegpt-burst", "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp2-sharegpt-burst",
+        "gps-gptoss120b-h100-tp1-sharegpt-c4", "gps-q235b-h100-tp8-bf16-sharegpt-burst", "gps-q235b-h100-tp8-bf16-rand32k",
+        "gps-q32b-a100-tp1-bf16-sharegpt-burst", "gps-q32b-h100-tp1-bf16-sharegpt-burst", "gps-q8b-h100-tp1-sharegpt-c1",
         "gps-q8b-h100-tp1-sharegpt-c8",
     )
 

@@ -103,6 +103,7 @@ class _Engine:
         self.stage_free = [0.0] * self.pp
         self._stage_memo: dict[tuple, Sequence[float]] = {}
         self._stage_memo_size = 0
+        self._shifted_memo: dict = {}
         self.step, self.steps, self.decodes, self.preemptions, self.step_seconds = 0, 0, 0, 0, 0.0
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
@@ -261,6 +262,17 @@ class _Engine:
                 self._stage_memo_size = 0
             times = self._stage_memo[key] = self.cost.stage_seconds(contexts, prefills, 1 + self.k)
             self._stage_memo_size += len(contexts) + len(prefills) + 1
+        return times
+
+    def shifted_stage_seconds(self, contexts0: tuple[int, ...], shift: int) -> Sequence[float]:
+        """stage_seconds of a decode batch whose contexts are `contexts0` each plus `shift`
+        (the fast path's steady groups), memoised on that pair: the same call, the same result."""
+        key = (contexts0, shift)
+        times = self._shifted_memo.get(key)
+        if times is None:
+            if len(self._shifted_memo) > 1 << 16:
+                self._shifted_memo.clear()
+            times = self._shifted_memo[key] = self.stage_seconds([c + shift for c in contexts0], ())
         return times
 
     def take_output(self, client: Client) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from bisect import bisect_left
 from itertools import accumulate, repeat
+from operator import mul
 from typing import Sequence
 
 from infra.planning.perf.fitted import DEFAULT, Efficiency
@@ -127,11 +128,50 @@ class StepModel:
                 w.append((units.index(("allreduce", stage.allreduce_bytes_per_token)), stage.allreduces))
             self._weights.append(tuple(w))
         self._units = tuple(units.keys)
+        # The fast path's forms of the same: units by kind, and each stage's weights as a
+        # vector over all units.
+        keys = self._units
+        self._gemm_units = [(i, self._peak[u[1]], u[2], u[3]) for i, u in enumerate(keys) if u[0] == "gemm"]
+        self._moe_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "moe"]
+        self._attn_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "attn"]
+        self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
+        self._vectors = []
+        for w in self._weights:
+            vector = [0.0] * len(keys)
+            for k, weight in w:
+                vector[k] += weight
+            self._vectors.append(vector)
 
     # --- the fast path: what the scheduler simulation calls every step ---------------
 
     def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[float]:
-        return [p.total_s for p in self.parts(decode_contexts, prefills, query_len)]
+        """Each stage's `parts(...).total_s`, without building them (the simulation's hot path)."""
+        if self.num_speculative_tokens and decode_contexts:
+            return [p.total_s for p in self.parts(decode_contexts, prefills, query_len)]
+        n_decode = len(decode_contexts)
+        tokens = n_decode * query_len + sum(new for new, _ in prefills)
+        sampled = n_decode + len(prefills)
+        sums = _threshold_sums(decode_contexts, self._thresholds)
+        eff = self.eff
+        unit = [0.0] * len(self._units)
+        per_byte = 1.0 / self._bw  # a GEMM unit is one byte of weights
+        for i, peak, flops_per_byte, per_sampled in self._gemm_units:
+            c = (sampled if per_sampled else tokens) * flops_per_byte / peak
+            unit[i] = c if c > per_byte else per_byte
+        for i, term in self._moe_units:
+            c, m = self._moe(term, tokens)
+            unit[i] = c + m + eff.moe_floor_s
+        for i, term in self._attn_units:
+            c, m = self._attention(term, sums, prefills, query_len, n_decode)
+            unit[i] = c + m + (eff.attention_floor_s if term[1] else 0.0)
+        for i, bytes_per_token in self._allreduce_units:
+            unit[i] = self._allreduce(tokens * bytes_per_token)
+        eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
+        out = [stage.kernels * eff.kernel_overhead_s + stage.layers * eager + sum(map(mul, vector, unit))
+               for stage, vector in zip(self.stages, self._vectors)]  # fmt: skip
+        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
+        out[0] = max(out[0], cpu) if self.async_scheduling else out[0] + cpu
+        return out
 
     def hop_seconds(self, tokens: int) -> float:
         """One batch's activations from one stage to the next (vLLM sends hidden states
