@@ -14,26 +14,33 @@ from infra.planning.perf.calibrate import calibrate, read
 from infra.planning.perf.fitted import DEFAULT, KERNEL_FITTED
 
 KERNELS = Path(__file__).resolve().parent / "fixtures" / "perf" / "kernels"
-H100 = calibrate(KERNELS, "h100_sxm")
-H200 = calibrate(KERNELS, "h200_sxm")
 
 
-@pytest.mark.parametrize("name", KERNEL_FITTED)
-def test_the_constants_are_what_the_h100_kernel_tables_give(name: str) -> None:
-    assert getattr(DEFAULT, name) == pytest.approx(H100[name], rel=0.01, abs=1e-7), f"re-run calibrate: {name}"
+@pytest.fixture
+def h100() -> dict:
+    return calibrate(KERNELS, "h100_sxm")
 
 
-@pytest.mark.parametrize("name", ["gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_fp8", "moe_gemm_4bit",
-                                  "allreduce_latency_s", "allreduce_bw"])
-def test_the_fractions_transfer_to_h200(name: str) -> None:
+@pytest.fixture
+def h200() -> dict:
+    return calibrate(KERNELS, "h200_sxm")
+
+
+def test_the_constants_are_what_the_h100_kernel_tables_give(h100: dict) -> None:
+    for name in KERNEL_FITTED:
+        assert getattr(DEFAULT, name) == pytest.approx(h100[name], rel=0.01, abs=1e-7), f"re-run calibrate: {name}"
+
+
+def test_the_fractions_transfer_to_h200(h100: dict, h200: dict) -> None:
     """Fractions of each GPU's own datasheet: what H200's tables give is H100's within 20%."""
-    assert H200[name] == pytest.approx(H100[name], rel=0.2)
+    for name in ("gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_latency_s", "allreduce_bw"):
+        assert h200[name] == pytest.approx(h100[name], rel=0.2), name
 
 
-def test_fractions_are_physical() -> None:
+def test_fractions_are_physical(h100: dict) -> None:
     for name in ("gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_bw"):
-        assert 0.3 < H100[name] <= 1.0, name
-    assert 0 < H100["kernel_overhead_s"] < 20e-6 and 0 < H100["moe_floor_s"] < 200e-6
+        assert 0.3 < h100[name] <= 1.0, name
+    assert 0 < h100["kernel_overhead_s"] < 20e-6 and 0 < h100["moe_floor_s"] < 200e-6
 
 
 def test_h100_fit_predicts_h200_gemm_latencies() -> None:

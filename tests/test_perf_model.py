@@ -147,3 +147,120 @@ def test_stage_seconds_is_the_total_of_the_parts(model: str, kw: dict) -> None:
         fast = s.step.stage_seconds(contexts, prefills, 1)
         slow = [p.total_s for p in s.step.parts(contexts, prefills, 1)]
         assert fast == pytest.approx(slow, rel=1e-9)
+
+
+def _decode_memory_s(s: predict.Setup, context: int, batch: int = 32) -> float:
+    return sum(p.memory_s for p in s.step.parts([context] * batch, [], 1))
+
+
+def test_a_compressed_and_windowed_cache_reads_far_less_per_token_of_context_than_full_mla() -> None:
+    """DeepSeek-V4 reads a 128-token window, one entry per 4 tokens (top-k of them) or per
+    128 tokens, and the indexer's small keys; DeepSeek-V3 reads every token's latent. From
+    4k to 64k of context, V3's reads grow many times more than V4's."""
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    v4 = predict.setup(load_model("deepseek-v4-pro"), hw, predict.Serving(tp=8, pp=4, max_model_len=131072))
+    v3 = predict.setup(load_model("deepseek-v3"), for_gpu("H200-141GB"), predict.Serving(tp=8, max_model_len=131072))
+    grow_v4 = _decode_memory_s(v4, 65536) - _decode_memory_s(v4, 4096)
+    grow_v3 = _decode_memory_s(v3, 65536) - _decode_memory_s(v3, 4096)
+    assert grow_v4 > 0 and grow_v3 > 8 * grow_v4
+
+
+def test_a_sliding_window_stops_growing_at_its_window() -> None:
+    """gpt-oss alternates 128-token sliding layers with full ones: past the window only the
+    full layers' reads grow, so the growth from 8k to 16k is the full layers' alone."""
+    s = _setup("gpt-oss-120b", tp=1)
+    step = lambda c: s.step.parts([c] * 64, [], 1)[0].memory_s  # noqa: E731
+    assert step(16384) - step(8192) == pytest.approx(step(8192 + 8192 + 100) - step(8192 + 100), rel=1e-6)
+    assert step(100) < step(8192)
+
+
+def test_kda_layers_read_a_fixed_state_whatever_the_context() -> None:
+    """Kimi K3's KDA layers keep a d x d state per head: reading and writing it does not
+    depend on the context; only its MLA layers' reads grow."""
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    s = predict.setup(load_model("kimi-k3"), hw, predict.Serving(tp=8, pp=4, max_model_len=32768))
+    kda = [a for a in s.step.stages[0].attention if not a.reads_context]
+    assert kda and all(a.bytes_per_sequence > 0 and a.flops_per_sequence_token > 0 for a in kda)
+    short, long = _decode_memory_s(s, 1024, 8), _decode_memory_s(s, 16384, 8)
+    assert long > short
+
+
+def test_mtp_drafts_cost_time_and_are_refused_without_mtp_layers() -> None:
+    from infra.errors import UserError
+
+    base = _setup("deepseek-r1", gpu="H200-141GB", tp=8)
+    mtp = _setup("deepseek-r1", gpu="H200-141GB", tp=8, num_speculative_tokens=2)
+    assert mtp.step.stage_seconds([2048] * 16, [], 3)[-1] > base.step.stage_seconds([2048] * 16, [], 1)[-1]
+    with pytest.raises(UserError, match="multi-token-prediction"):
+        _setup("llama-3.1-70b", tp=8, num_speculative_tokens=1)
+
+
+def test_without_cuda_graphs_a_step_pays_a_launch_per_layer() -> None:
+    """Above vLLM's largest captured size a step runs eagerly: each layer pays its launches."""
+    s = _setup("llama-3.1-70b", tp=8)
+    limit = s.step.graph_max_tokens
+    inside = s.step.parts([], [(limit, 0)], 1)[0]
+    outside = s.step.parts([], [(limit + 1, 0)], 1)[0]
+    assert outside.overhead_s - inside.overhead_s == pytest.approx(80 * DEFAULT.eager_layer_overhead_s, rel=1e-6)
+
+
+def test_async_scheduling_hides_the_cpu_step_behind_the_gpu() -> None:
+    """Without async scheduling the CPU's step adds to the GPU's; with it the step takes the
+    longer of the two."""
+    hw, arch = for_gpu("H100-SXM-80GB"), load_model("qwen3-30b-a3b")
+    sync = predict.setup(arch, hw, predict.Serving(max_model_len=8192, async_scheduling=False)).step
+    async_ = predict.setup(arch, hw, predict.Serving(max_model_len=8192, async_scheduling=True)).step
+    cpu = DEFAULT.step_overhead_s + DEFAULT.seq_overhead_s * 8
+    gpu = sync.stage_seconds([1024] * 8, [], 1)[0] - cpu
+    assert gpu > 0
+    assert async_.stage_seconds([1024] * 8, [], 1)[0] == pytest.approx(max(gpu, cpu), rel=1e-9)
+
+
+@pytest.mark.parametrize("model,tp,ep", [("llama-3.1-70b", 8, False), ("qwen3-235b-a22b", 8, False), ("qwen3-235b-a22b", 8, True)])
+def test_gemm_flops_per_token_are_twice_the_active_parameters_on_a_rank(model: str, tp: int, ep: bool) -> None:
+    """Per token, the GEMMs on a rank do 2 FLOPs per active parameter it holds: the catalog's
+    active count (embedding left out; routed experts at top-k of E) over TP, except the
+    replicated groups (routers, norms), which every rank holds whole."""
+    from infra.catalog.arch import Shard
+    from infra.catalog.models import params_active
+
+    s = _setup(model, tp=tp, expert_parallel=ep)
+    stage = s.step.stages[0]
+    per_token = sum(g.flops_per_token for g in stage.gemms) + sum(e.layers * e.flops_per_token for e in stage.experts)
+    replicated = sum(g.count for layer in s.arch.layers for g in layer.params if g.shard == Shard.REPLICATED)
+    replicated += sum(g.count for g in s.arch.final if g.shard == Shard.REPLICATED)
+    expected = 2 * params_active(s.arch, include_embedding=False) / tp + 2 * replicated * (1 - 1 / tp)
+    assert per_token == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("model,tp", [("llama-3.1-70b", 8), ("llama-3.1-70b", 4), ("deepseek-r1", 8), ("qwen3-30b-a3b", 1)])
+def test_decode_reads_the_kv_bytes_the_memory_planner_stores_per_token(model: str, tp: int) -> None:
+    """A full-attention decode reads every cached token once per layer: per token of context,
+    the attention terms' bytes are the planner's KV bytes per token on the rank."""
+    gpu = "H200-141GB" if model == "deepseek-r1" else "H100-SXM-80GB"
+    s = _setup(model, gpu=gpu, tp=tp)
+    arch = s.arch
+    per_token = sum(a.layers * a.bytes_per_entry / a.divisor for a in s.step.stages[0].attention if a.threshold is None)
+    kv_bytes = memory.kv_element_bytes("auto", arch.model_dtype)
+    assert per_token == pytest.approx(memory.bytes_per_token(arch.layers, tp, kv_bytes), rel=1e-9)
+
+
+def test_a_decode_steps_reads_grow_by_the_kv_bytes_of_the_added_context() -> None:
+    """One more token of context in each of 16 sequences adds 16 x the KV bytes per token
+    to the bytes read, at the achieved bandwidth (llama at TP 8: memory-bound)."""
+    s = _setup("llama-3.1-70b", tp=8)
+    kv = memory.bytes_per_token(s.arch.layers, 8, 2)
+    bw = get_gpu("H100-SXM-80GB").hbm_bandwidth_bytes_per_s * DEFAULT.hbm
+    grow = s.step.parts([2001] * 16, [], 1)[0].memory_s - s.step.parts([2000] * 16, [], 1)[0].memory_s
+    assert grow == pytest.approx(16 * kv / bw, rel=1e-6)
+
+
+def test_tp_all_reduces_two_per_layer_of_hidden_activations() -> None:
+    """Llama-70B at TP 8: 160 all-reduces of tokens x 8,192 x 2 bytes, each the custom
+    all-reduce's latency plus 2 (n - 1) / n of the bytes over NVLink's achieved bus bandwidth."""
+    s = _setup("llama-3.1-70b", tp=8)
+    nvlink = get_gpu("H100-SXM-80GB").nvlink_bandwidth_bytes_per_s / 2
+    for tokens in (1, 4096):
+        expected = 160 * (DEFAULT.allreduce_latency_s + 2 * 7 / 8 * tokens * 8192 * 2 / (nvlink * DEFAULT.allreduce_bw))
+        assert s.step.parts([], [(tokens, 0)], 1)[0].communication_s == pytest.approx(expected, rel=1e-9)
+    assert _setup("qwen3-30b-a3b", tp=1).step.parts([100], [], 1)[0].communication_s == 0.0
