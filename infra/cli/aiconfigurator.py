@@ -34,16 +34,15 @@ note, aiconfigurator_version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from infra.errors import UserError, unknown_name
+from infra.preview import tool_venv
 
 AIC_VERSION = "0.12.0"
 REQUIREMENTS = "requirements-perf.txt"
@@ -164,8 +163,6 @@ def not_covered(request: dict[str, Any], reason: str, system: Optional[str] = No
 # --------------------------------------------------------------------------- venv-perf/
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def venv_python(root: Path) -> Path:
@@ -174,32 +171,10 @@ def venv_python(root: Path) -> Path:
 
 def ensure_venv(root: Path, *, install: bool = True, log: Callable[[str], None] = lambda m: None) -> Path:
     """venv-perf/'s python, (re)installed from requirements-perf.txt when missing or out of date."""
-    requirements = root / REQUIREMENTS
-    if not requirements.is_file():
-        raise UserError(f"no {REQUIREMENTS} in {root}: AIConfigurator's pinned requirements")
-    venv, python = root / VENV, venv_python(root)
-    stamp, wanted = venv / STAMP, _sha256(requirements)
-    if python.is_file() and stamp.is_file() and stamp.read_text().strip() == wanted:
-        return python
-    if not install:
-        raise UserError(f"AIConfigurator is not installed in {VENV}/ (or {REQUIREMENTS} changed since): run without --no-install")
-    log(f"installing AIConfigurator {AIC_VERSION} into {VENV}/ from {REQUIREMENTS} (once; about 850 MB, 1-2 minutes) ...")
-    install_log = root / f"{VENV}-install.log"
-    with open(install_log, "w") as out:
-        steps = []
-        if not python.is_file():
-            steps.append([sys.executable, "-m", "venv", str(venv)])
-        steps.append([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(requirements)])
-        for step in steps:
-            proc = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, cwd=root)
-            if proc.returncode != 0:
-                raise UserError(f"cannot install AIConfigurator into {VENV}/: `{' '.join(step[-4:])}` exited {proc.returncode} (see {install_log.name})")
-    stamp.write_text(wanted + "\n")
-    install_log.unlink(missing_ok=True)
-    return python
-
-
-# --------------------------------------------------------------------------- the comparison
+    return tool_venv.ensure(
+        root, venv=VENV, requirements=REQUIREMENTS, stamp=STAMP, tool="AIConfigurator", pinned="AIConfigurator's",
+        note=f" (AIConfigurator {AIC_VERSION}, once; about 850 MB, 1-2 minutes)", install=install, log=log,
+    )  # fmt: skip
 
 
 def driver_env() -> dict[str, str]:

@@ -33,12 +33,10 @@ stale: reported, so the list only shrinks.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +46,7 @@ import yaml
 
 from infra.config import REPO_ROOT
 from infra.errors import UserError
+from infra.preview import tool_venv
 from infra.preview.convert import Gap
 from infra.preview.convert.kubernetes import manifests as to_manifests
 from infra.preview.convert.terraform import plan as to_plan
@@ -217,11 +216,6 @@ def match(findings: Sequence[Finding], risks: Sequence[AcceptedRisk]) -> tuple[l
 # --------------------------------------------------------------------------- checkov
 
 
-def _sha256(*paths: Path) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def venv_checkov(root: Path = REPO_ROOT) -> Path:
@@ -230,31 +224,14 @@ def venv_checkov(root: Path = REPO_ROOT) -> Path:
 
 def ensure_checkov(root: Path = REPO_ROOT, *, install: bool = True, log: Callable[[str], None] = lambda m: None) -> Path:
     """checkov in `venv-scan/`, (re)installed from requirements-scan.txt when missing or out of date."""
-    requirements = root / REQUIREMENTS
-    if not requirements.is_file():
-        raise UserError(f"no {REQUIREMENTS} in {root}: the scanner's pinned requirements")
-    venv = root / VENV
-    checkov, stamp = venv_checkov(root), venv / STAMP
-    wanted = _sha256(requirements)
-    if checkov.is_file() and stamp.is_file() and stamp.read_text().strip() == wanted:
-        return checkov
-    if not install:
-        raise UserError(f"checkov is not installed in {VENV}/ (or {REQUIREMENTS} changed since): run without --no-install, or pass --checkov PATH")
-    log(f"installing checkov {CHECKOV_VERSION} into {VENV}/ from {REQUIREMENTS} (once; its pins conflict with requirements.txt's) ...")
-    install_log = root / f"{VENV}-install.log"
-    with open(install_log, "w") as out:
-        steps = []
-        if not (venv / "bin" / "python").is_file():
-            steps.append([sys.executable, "-m", "venv", str(venv)])
-        steps.append([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(requirements)])
-        for step in steps:
-            proc = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, cwd=root)
-            if proc.returncode != 0:
-                raise UserError(f"cannot install checkov into {VENV}/: `{' '.join(step[-4:])}` exited {proc.returncode} (see {install_log.name})")
+    tool_venv.ensure(
+        root, venv=VENV, requirements=REQUIREMENTS, stamp=STAMP, tool="checkov", pinned="the scanner's",
+        hint=", or pass --checkov PATH", note=f" (checkov {CHECKOV_VERSION}, once; its pins conflict with requirements.txt's)",
+        install=install, log=log,
+    )  # fmt: skip
+    checkov = venv_checkov(root)
     if not checkov.is_file():
         raise UserError(f"{REQUIREMENTS} installed no checkov executable into {VENV}/bin")
-    stamp.write_text(wanted + "\n")
-    install_log.unlink(missing_ok=True)
     return checkov
 
 
