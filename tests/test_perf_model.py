@@ -264,3 +264,78 @@ def test_tp_all_reduces_two_per_layer_of_hidden_activations() -> None:
         expected = 160 * (DEFAULT.allreduce_latency_s + 2 * 7 / 8 * tokens * 8192 * 2 / (nvlink * DEFAULT.allreduce_bw))
         assert s.step.parts([], [(tokens, 0)], 1)[0].communication_s == pytest.approx(expected, rel=1e-9)
     assert _setup("qwen3-30b-a3b", tp=1).step.parts([100], [], 1)[0].communication_s == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(before=st.integers(0, 5000), new=st.integers(1, 3000), threshold=st.one_of(st.none(), st.integers(1, 6000)))
+def test_prefill_sum_min_counts_what_each_causal_query_reaches(before: int, new: int, threshold) -> None:
+    from infra.planning.perf.step import _prefill_sum_min
+
+    naive = sum(min(before + j, threshold) if threshold else before + j for j in range(1, new + 1))
+    assert _prefill_sum_min(before, new, threshold) == pytest.approx(naive, rel=1e-12)
+
+
+def test_the_pipeline_hop_is_latency_plus_activations_over_the_link() -> None:
+    """vLLM sends hidden states and residual in bf16 between stages: over EFA between
+    whole-node stages (p5: 400 Gb/s per GPU, aws-ofi-nccl's 75 us), over NVLink inside a node."""
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    arch = load_model("deepseek-v4-pro")
+    across = predict.setup(arch, hw, predict.Serving(tp=8, pp=4, max_model_len=8192)).step
+    assert across.hop_seconds(100) == pytest.approx(75e-6 + 100 * 4 * arch.hidden_size / 50e9, rel=1e-9)
+    assert across.hop_seconds(0) == 0.0
+    inside = predict.setup(load_model("qwen3-30b-a3b"), for_gpu("H100-SXM-80GB"), predict.Serving(tp=4, pp=2, max_model_len=8192)).step
+    assert not inside.hop_over_network
+    assert inside.hop_seconds(100) == pytest.approx(2e-6 + 100 * 4 * 2048 / 450e9, rel=1e-9)
+    single = _setup("qwen3-30b-a3b", tp=1).step
+    assert single.hop_seconds(100) == 0.0
+
+
+def test_stages_split_the_layers_and_the_last_holds_the_lm_head_and_the_drafter() -> None:
+    from infra.planning.perf.ops import model_stages
+
+    arch = load_model("deepseek-r1")
+    gpu = get_gpu("H200-141GB")
+    stages = model_stages(arch, tp=8, pp=4, gpu=gpu, expert_parallel=False, kv_bytes=1, speculative=True)
+    assert [s.layers for s in stages] == memory.split_layers(len(arch.layers), 4)
+    assert [any(g.per_sampled_token for g in s.gemms) for s in stages] == [False, False, False, True]
+    assert [s.draft is not None for s in stages] == [False, False, False, True]
+    assert stages[-1].draft.layers == len(arch.mtp_layers)
+    plain = model_stages(arch, tp=8, pp=4, gpu=gpu, expert_parallel=False, kv_bytes=1, speculative=False)
+    assert plain[-1].draft is None
+    # vocab x hidden / TP, bf16, for each sampled sequence
+    head = [g for g in stages[-1].gemms if g.per_sampled_token][0]
+    assert head.flops_per_token == pytest.approx(2 * arch.vocab_size * arch.hidden_size / 8)
+    assert head.weight_bytes == pytest.approx(arch.vocab_size * arch.hidden_size * 2 / 8)
+
+
+def test_gqa_attention_flops_per_cached_token_follow_the_config() -> None:
+    """Llama-3.1-70B (64 query heads of 128) at TP 8: 8 heads per rank, each dotting K and
+    summing V of 128 elements per cached token, 2 FLOPs a multiply-add: 4,096 per token."""
+    import json
+
+    from infra.catalog.models import CONFIG_DIR
+
+    cfg = json.loads((CONFIG_DIR / "llama-3.1-70b.json").read_text())
+    s = _setup("llama-3.1-70b", tp=8)
+    full = [a for a in s.step.stages[0].attention if a.threshold is None and a.reads_context]
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert len(full) == 1 and full[0].layers == cfg["num_hidden_layers"]
+    assert full[0].flops_per_entry == 2 * (cfg["num_attention_heads"] // 8) * 2 * head_dim
+    assert full[0].bytes_per_entry == 2 * max(1, cfg["num_key_value_heads"] // 8) * head_dim * 2
+
+
+def test_deepseek_v4_reads_its_window_its_top_k_compressed_entries_and_its_indexer_keys() -> None:
+    """The attention patterns of a V4 stage, from the config: a 128-token window, CSA's
+    top-k (index_topk) of entries one per 4 tokens, the indexer scoring all of those, and
+    HCA's entries one per 128 tokens."""
+    import json
+
+    from infra.catalog.models import CONFIG_DIR
+
+    cfg = json.loads((CONFIG_DIR / "deepseek-v4-pro.json").read_text())
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    s = predict.setup(load_model("deepseek-v4-pro"), hw, predict.Serving(tp=8, pp=4, max_model_len=8192))
+    patterns = {(a.threshold, a.divisor) for st_ in s.step.stages for a in st_.attention if a.reads_context}
+    assert (cfg["sliding_window"], 1) in patterns
+    assert (cfg["index_topk"] * 4, 4) in patterns
+    assert (None, 4) in patterns and (None, 128) in patterns
