@@ -339,3 +339,21 @@ def test_deepseek_v4_reads_its_window_its_top_k_compressed_entries_and_its_index
     assert (cfg["sliding_window"], 1) in patterns
     assert (cfg["index_topk"] * 4, 4) in patterns
     assert (None, 4) in patterns and (None, 128) in patterns
+
+
+def test_a_kda_layer_reads_and_writes_its_whole_state_each_decode_step() -> None:
+    """Kimi K3's KDA state per sequence on a rank, from the config: heads / TP of a d x d fp32
+    recurrent state plus the q, k, v convolution states (kernel - 1 rows of d each, bf16);
+    a decode step reads all of it and writes it back."""
+    import json
+
+    from infra.catalog.models import CONFIG_DIR
+
+    lac = json.loads((CONFIG_DIR / "kimi-k3.json").read_text())
+    lac = lac.get("linear_attn_config") or lac["text_config"]["linear_attn_config"]
+    heads, d, kernel = lac["num_heads"] // 8, lac["head_dim"], lac["short_conv_kernel_size"]
+    state = heads * d * d * 4 + 3 * (kernel - 1) * heads * d * 2
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    s = predict.setup(load_model("kimi-k3"), hw, predict.Serving(tp=8, pp=4, max_model_len=8192))
+    kda = [a for a in s.step.stages[0].attention if not a.reads_context]
+    assert len(kda) == 1 and kda[0].bytes_per_sequence == 2 * state
