@@ -14,6 +14,7 @@ import json
 import math
 import re
 import statistics
+from itertools import product
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -176,12 +177,13 @@ def fit_loss(points: list[Point]) -> float:
 def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 2, log=print) -> Efficiency:
     """The SERVING-FITTED fields, on the fit rows only, in two stages of coordinate search
     (each field tried at x / f and x * f, the best kept, f halving in log each round):
-    1. the engine's CPU time per step and per sequence and the request's own latency, on
-       the fit rows with a bounded load (a --max-concurrency or a rate);
-    2. with those held, the API server's serial intake, on the burst fit rows (every
-       prompt at once), the only load that queues there.
-    Fitting the CPU time to the bursts too would charge every small-batch step with what
-    only a burst shows."""
+    1. the engine's CPU time per step and the request's own latency, on the fit rows with
+       a bounded load (a --max-concurrency or a rate);
+    2. with those held, the engine's CPU time per running sequence and the API server's
+       serial intake, on the burst fit rows (every prompt at once): only a large batch
+       shows the first, only a queue the second.
+    Fitting the per-step CPU time to the bursts too would charge every small-batch step
+    with what only a burst shows."""
     fit_rows = [r for r in rows if r.get("role") == "fit"]
     setups = []
     for r in fit_rows:
@@ -192,13 +194,40 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     bounded = [(r, s) for r, s in setups if not is_burst(r)]
     burst = [(r, s) for r, s in setups if is_burst(r)]
     best = _search(bounded, start, FITTED_FIELDS, rounds, log)
-    best = _search(burst, best, BURST_FITTED_FIELDS, rounds, log)
+    best = _search(burst, _grid(burst, best, BURST_FITTED_FIELDS, log), BURST_FITTED_FIELDS, rounds, log)
+    best = _search(bounded, best, FITTED_FIELDS, rounds, log)  # once more, the burst figures now held
     return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
+
+
+GRID_POINTS = 6  # per field, spaced evenly in log between its bounds (zero for a zero lower bound)
+
+
+def _loss(setups: list, eff: Efficiency) -> float:
+    return fit_loss([Point(r["id"], "fit", _simulate(r, predict.with_efficiency(s, eff)), measured(r)) for r, s in setups])
+
+
+def _grid(setups: list, start: Efficiency, names: tuple[str, ...], log) -> Efficiency:
+    """The best point of a coarse grid over the fields' bounds: a start the coordinate
+    search cannot reach from far away in a few halving steps."""
+    axes = []
+    for name in names:
+        low, high = FIT_BOUNDS[name]
+        floor = low if low > 0 else high * 1e-3
+        values = [floor * (high / floor) ** (i / (GRID_POINTS - 1)) for i in range(GRID_POINTS)]
+        axes.append(([0.0] if low == 0 else []) + values)
+    best, best_loss = start, _loss(setups, start)
+    for combo in product(*axes):
+        trial = start.replace(**dict(zip(names, combo)))
+        trial_loss = _loss(setups, trial)
+        if trial_loss < best_loss:
+            best, best_loss = trial, trial_loss
+    log(f"grid: loss {best_loss:.4f}; {efficiency_source(best)}")
+    return best
 
 
 def _search(setups: list, start: Efficiency, names: tuple[str, ...], rounds: int, log) -> Efficiency:
     def loss(eff: Efficiency) -> float:
-        return fit_loss([Point(r["id"], "fit", _simulate(r, predict.with_efficiency(s, eff)), measured(r)) for r, s in setups])
+        return _loss(setups, eff)
 
     best, best_loss, factor = start, loss(start), 2.0
     for rnd in range(rounds):
