@@ -215,13 +215,14 @@ def blocks_of_16_and_a_window(tokens: int) -> int:
 @given(
     concurrency=st.sampled_from([1, 3, 8]), rate=st.sampled_from([None, 30.0]), async_scheduling=st.booleans(),
     pp=st.sampled_from([1, 2]), k=st.sampled_from([0, 2]), accept=st.sampled_from([0.0, 1.0, 0.5]),
-    num_blocks=st.sampled_from([40, 1000]), budget=st.sampled_from([64, 2048]),
+    num_blocks=st.sampled_from([40, 1000]), budget=st.sampled_from([64, 2048]), cache=st.booleans(),
 )
-def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_scheduling, pp, k, accept, num_blocks, budget):
+def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_scheduling, pp, k, accept, num_blocks, budget,
+                                                    cache):
     _same_with_and_without_fast_forward(
         workload=Workload.uniform(60, 40, 0.5), cost=ConstantStep(pp=pp), pool=KVPool(num_blocks, blocks_of_16),
         concurrency=concurrency, rate=rate, prompts=12, async_scheduling=async_scheduling,
-        num_speculative_tokens=k, acceptance_rate=accept, max_num_batched_tokens=budget, seed=1)
+        num_speculative_tokens=k, acceptance_rate=accept, max_num_batched_tokens=budget, seed=1, prefix_caching=cache)
 
 
 @settings(max_examples=100, deadline=None)
@@ -231,16 +232,16 @@ def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_sch
     rate=st.sampled_from([None, 20.0, 200.0]), output=st.sampled_from([30, 150]),
     num_blocks=st.sampled_from([60, 200, 100_000]), blocks=st.sampled_from([blocks_of_16, blocks_of_16_and_a_window]),
     budget=st.sampled_from([100, 500, 4096]), max_num_seqs=st.sampled_from([3, 256]), batches=st.sampled_from([None, "pp"]),
-    seed=st.integers(0, 3),
+    seed=st.integers(0, 3), cache=st.booleans(),
 )
 def test_pipelined_fast_forward_gives_what_step_by_step_gives(pp, async_scheduling, k, accept, concurrency, rate, output,
-                                                              num_blocks, blocks, budget, max_num_seqs, batches, seed):
+                                                              num_blocks, blocks, budget, max_num_seqs, batches, seed, cache):
     # batches "pp": async scheduling with only pp batches in flight (releases before 0.34 without Model Runner V2).
     _same_with_and_without_fast_forward(
         workload=Workload.uniform(80, output, 0.5), cost=VaryingStep(pp=pp), pool=KVPool(num_blocks, blocks),
         concurrency=concurrency, rate=rate, prompts=20, async_scheduling=async_scheduling, num_speculative_tokens=k,
         acceptance_rate=accept, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=350,
-        max_concurrent_batches=pp if batches else None, seed=seed)
+        max_concurrent_batches=pp if batches else None, seed=seed, prefix_caching=cache)
 
 
 @pytest.mark.parametrize("pp", [1, 2, 3, 4])
@@ -253,6 +254,19 @@ def test_fast_forward_skips_most_steps_of_a_long_decode(monkeypatch, pp, async_s
     result = run(Workload.fixed(100, 1000), cost=VaryingStep(pp=pp), concurrency=16, prompts=32,
                  async_scheduling=async_scheduling, num_speculative_tokens=k, acceptance_rate=1.0)
     assert result.steps >= 2000 / (1 + k) and len(calls) < 200
+
+
+def test_a_preempted_request_finds_its_prompt_in_the_prefix_cache():
+    """Two 1,000-token prompts in a pool of 80 blocks of 16 (1,280 tokens), admitted by their
+    first chunk as releases before 0.19 do: the newer one runs out of blocks and is
+    preempted; without prefix caching it computes its whole prompt again, with it (vLLM's
+    default) only what was evicted. Less prefill work: the run ends sooner."""
+    kw = dict(workload=Workload.fixed(1000, 150), pool=KVPool(80, blocks_of_16), concurrency=2, prompts=2,
+              max_num_batched_tokens=256, cost=VaryingStep(), reserve_full_input=False)
+    plain = run(**kw)
+    cached = run(**kw, prefix_caching=True)
+    assert plain.preemptions >= 1 and cached.preemptions >= 1
+    assert cached.duration_s < plain.duration_s
 
 
 def test_percentiles_match_numpy_linear():

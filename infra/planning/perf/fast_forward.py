@@ -117,6 +117,7 @@ def _apply_outputs(e: _Engine, outputs: list[float], ran: int, advance: int, las
         grown = blocks[r.computed + (ran - 1) * advance + ahead]
         if grown > r.blocks:
             e.free -= grown - r.blocks
+            e.taken += grown - r.blocks
             r.blocks = grown
         r.computed += n_out * advance
         r.num_tokens += n_out * advance
@@ -326,6 +327,7 @@ class _Pipeline:
             if need > e.free:
                 return False
             e.free -= need
+            e.taken += need
             g.held = list(map(max, grown, g.held))
         g.peak = x
         return True
@@ -421,6 +423,7 @@ class _Pipeline:
                 if g.peak > -math.inf:
                     grown = [max(h, blocks[c + g.peak + extra]) for c, h in zip(g.computed0, g.held)]
                     e.free -= sum(grown) - sum(g.held)
+                    e.taken += sum(grown) - sum(g.held)
                     g.held = grown
         for g in self.groups:
             tokens = g.outputs * self.advance

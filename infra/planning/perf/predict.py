@@ -158,10 +158,19 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         max_concurrent_batches=k.release.max_concurrent_batches(
             s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
         frontend_s=s.step.eff.frontend_intake_s,
+        prefix_caching=prefix_cache_reuse(s.evaluation),
     )  # fmt: skip
     extra_ms = s.step.eff.request_overhead_s * 1000
     ttft = res.ttft_ms
     return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
+
+
+def prefix_cache_reuse(ev: Evaluation) -> bool:
+    """Whether a preempted request finds its computed blocks in vLLM's prefix cache (on by
+    default, config/cache.py enable_prefix_caching): modelled for full-attention and MLA
+    groups only. ASSUMPTION: sliding-window and state (Mamba) groups keep no reusable prefix
+    here (vLLM caches them only at block or checkpoint boundaries)."""
+    return bool(ev.kv) and all(g.first.spec in ("full", "mla") for g in ev.kv.groups)
 
 
 def with_efficiency(s: Setup, eff: Efficiency) -> Setup:

@@ -54,7 +54,8 @@ class KVPool:
 
 class _Req:
     __slots__ = ("prompt", "max_out", "sent", "num_tokens", "computed", "placeholders", "drafts", "prefill_end",
-                 "blocks", "emitted", "first", "last", "done", "inflight", "eligible", "epoch", "token_ready")
+                 "blocks", "emitted", "first", "last", "done", "inflight", "eligible", "epoch", "token_ready",
+                 "cached_tokens", "cached_blocks", "cache_ahead", "cache_taken_at")
 
     def __init__(self, prompt: int, max_out: int, sent: float):
         self.prompt, self.max_out, self.sent = prompt, max_out, sent
@@ -67,6 +68,10 @@ class _Req:
         self.first = self.last = -1.0
         self.token_ready = 0.0  # when the output this request's next decode reads arrives
         self.done = False
+        # Prefix caching of a preempted request (_Engine._cache_hit): the tokens it had computed,
+        # the blocks that held them, the free blocks ahead of them in the pool's queue, and the
+        # engine's count of blocks taken when they were freed.
+        self.cached_tokens = self.cached_blocks = self.cache_ahead = self.cache_taken_at = 0
 
 
 class _Blocks(dict):
@@ -90,7 +95,8 @@ class _Engine:
 
     def __init__(self, cost: StepCost, pool: KVPool, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, async_scheduling: bool, k: int, acceptance: float, seed: int,
-                 reserve_full_input: bool = True, max_concurrent_batches: int | None = None):
+                 reserve_full_input: bool = True, max_concurrent_batches: int | None = None,
+                 prefix_caching: bool = False):
         self.cost, self.pp = cost, cost.pp
         self.blocks, self.free = _Blocks(pool.blocks_for, max_model_len), pool.num_blocks - 1  # block 0 is the null block
         self.max_seqs, self.max_tokens, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
@@ -98,6 +104,8 @@ class _Engine:
         # config/vllm.py max_concurrent_batches: PP batches fill the pipeline, +1 to overlap with async scheduling.
         self.max_batches = max_concurrent_batches or (self.pp + 1 if async_scheduling else self.pp)
         self.reserve_full_input = reserve_full_input
+        self.prefix_caching = prefix_caching
+        self.taken = 0  # blocks taken from the free queue so far (its head: the least recently freed)
         self.lookahead = k  # vllm.py num_lookahead_tokens: MTP/EAGLE reserve k slots past the scheduled tokens
         self.running, self.waiting, self.in_flight = [], deque(), deque()  # of _Req, _Req, _Batch
         self.stage_free = [0.0] * self.pp
@@ -143,6 +151,7 @@ class _Engine:
                     break
             if need > 0:
                 self.free -= need
+                self.taken += need
                 r.blocks += need
             budget -= n
             before = r.computed
@@ -191,11 +200,12 @@ class _Engine:
                 j += 1
                 continue
             total = r.num_tokens  # prompt, plus the outputs of a preempted request (recompute)
+            hit = self._cache_hit(r, total) if r.cached_tokens else 0
             # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl, default True):
             # the whole input must fit in the free blocks, not just the first chunk. Releases
             # before the option (vllm_release.Release.reserve_full_input) ask for the chunk's.
-            n = min(total, budget)  # chunked prefill: as much of the prompt as the budget allows
-            need = blocks[n + self.lookahead]
+            n = min(total - hit, budget)  # chunked prefill: as much of the prompt as the budget allows
+            need = blocks[hit + n + self.lookahead]
             if self.reserve_full_input and blocks[total] > need:
                 need = blocks[total]
             if need > self.free:
@@ -204,21 +214,48 @@ class _Engine:
                 return None
             if n < total:
                 limit = "token_budget"
-            r.blocks = blocks[n + self.lookahead]
+            r.blocks = blocks[hit + n + self.lookahead]
             self.free -= r.blocks
+            self.taken += r.blocks
+            r.cached_tokens = 0
             del waiting[j]
             running.append(r)
-            r.prefill_end, r.computed, r.inflight = total, n, r.inflight + 1
+            r.prefill_end, r.computed, r.inflight = total, hit + n, r.inflight + 1
             budget -= n
-            prefills.append((n, 0))
-            drafts = 0 if n == total else -1
+            prefills.append((n, hit))
+            drafts = 0 if hit + n == total else -1
             entries.append((r, n, drafts, r.epoch))
             if drafts == 0:
                 self._after_sample_scheduled(r, 0)
         return limit
 
+    def _cache_hit(self, r: _Req, total: int) -> int:
+        """Tokens of a preempted request still in the prefix cache (vLLM's default,
+        config/cache.py enable_prefix_caching = True; v1/core/kv_cache_manager.py
+        get_computed_blocks): its blocks were freed to the tail of the free queue, and every
+        block taken since came from its head, so the blocks taken beyond those that were
+        ahead of them evicted its blocks from its tail end. At most all tokens but one (the
+        last is computed again to sample), in whole blocks. ASSUMPTION: a request re-taking
+        its own cached blocks does not move the others' place in the queue."""
+        evicted = max(0, self.taken - r.cache_taken_at - r.cache_ahead)
+        left = r.cached_blocks - evicted
+        if left <= 0:
+            return 0
+        hit = 0
+        lo, hi = 0, min(r.cached_tokens, total - 1)
+        while lo <= hi:  # the most tokens whose blocks the surviving ones cover
+            mid = (lo + hi) // 2
+            if self.blocks[mid] <= left:
+                hit, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return hit
+
     def _preempt(self, r: _Req) -> None:
         """scheduler.py _preempt_request: blocks freed, computed tokens reset, back at the front of waiting."""
+        if self.prefix_caching and r.computed:
+            r.cached_tokens, r.cached_blocks = r.computed, r.blocks
+            r.cache_ahead, r.cache_taken_at = self.free, self.taken
         self.free += r.blocks
         r.blocks = r.computed = r.placeholders = r.drafts = r.eligible = 0
         r.epoch += 1  # outputs of batches still in flight are stale: delivered, but do not touch the counters
@@ -357,7 +394,8 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
              num_prompts: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
              seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
-             max_concurrent_batches: int | None = None, frontend_s: float = 0.0) -> SimResult:
+             max_concurrent_batches: int | None = None, frontend_s: float = 0.0,
+             prefix_caching: bool = False) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
     `request_rate` (Poisson), or both (rate capped at a concurrency)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
@@ -371,7 +409,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
     engine = _Engine(cost, pool, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len, async_scheduling=async_scheduling, k=num_speculative_tokens,
                      acceptance=acceptance_rate, seed=seed, reserve_full_input=reserve_full_input,
-                     max_concurrent_batches=max_concurrent_batches)
+                     max_concurrent_batches=max_concurrent_batches, prefix_caching=prefix_caching)
     engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req, frontend_s=frontend_s))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
