@@ -138,6 +138,7 @@ def test_threshold_sums_are_the_sums_of_min(contexts: list[int], thresholds: lis
 
 
 @pytest.mark.parametrize("model,kw", [("deepseek-v4-pro", dict(tp=8, pp=4)), ("llama-3.1-70b", dict(tp=8)),
+                                      ("deepseek-v4-pro", dict(tp=8, pp=4, num_speculative_tokens=2)),
                                       ("qwen3-235b-a22b-fp8", dict(tp=8, expert_parallel=True))])
 def test_stage_seconds_is_the_total_of_the_parts(model: str, kw: dict) -> None:
     """The simulation's fast path gives what the breakdown adds up to."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from bisect import bisect_left
-from itertools import accumulate, repeat
+from itertools import accumulate
 from operator import mul
 from typing import Sequence
 
@@ -46,13 +46,6 @@ class StepParts:
         parts = {"compute": self.compute_s, "memory": self.memory_s, "communication": self.communication_s,
                  "overhead": self.overhead_s}  # fmt: skip
         return max(parts, key=parts.get)
-
-
-def _sum_min(contexts: Sequence[int], threshold: int | None) -> int:
-    """Σ min(c, threshold) over decode contexts (Σ c without a threshold)."""
-    if threshold is None:
-        return sum(contexts)
-    return sum(map(min, contexts, repeat(threshold, len(contexts))))
 
 
 def _threshold_sums(contexts: Sequence[int], thresholds: Sequence[int]) -> dict:
@@ -141,13 +134,18 @@ class StepModel:
             for k, weight in w:
                 vector[k] += weight
             self._vectors.append(vector)
+        # The MTP drafter (the last stage's `draft`) is a model of its own, run k times a
+        # decode step inside the target's step: no CPU step of its own.
+        draft = self.stages[-1].draft if num_speculative_tokens else None
+        self._draft = None if draft is None else StepModel(
+            [draft], hw, tp=tp, eff=eff.replace(step_overhead_s=0.0, seq_overhead_s=0.0),
+            async_scheduling=async_scheduling, graph_max_tokens=graph_max_tokens,
+        )  # fmt: skip
 
     # --- the fast path: what the scheduler simulation calls every step ---------------
 
     def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[float]:
         """Each stage's `parts(...).total_s`, without building them (the simulation's hot path)."""
-        if self.num_speculative_tokens and decode_contexts:
-            return [p.total_s for p in self.parts(decode_contexts, prefills, query_len)]
         n_decode = len(decode_contexts)
         tokens = n_decode * query_len + sum(new for new, _ in prefills)
         sampled = n_decode + len(prefills)
@@ -169,6 +167,7 @@ class StepModel:
         eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
         out = [stage.kernels * eff.kernel_overhead_s + stage.layers * eager + sum(map(mul, vector, unit))
                for stage, vector in zip(self.stages, self._vectors)]  # fmt: skip
+        out[-1] += self._draft_seconds(decode_contexts)
         cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
         out[0] = max(out[0], cpu) if self.async_scheduling else out[0] + cpu
         return out
@@ -205,10 +204,8 @@ class StepModel:
                 fixed += weight * f
             overhead = fixed + stage.kernels * per_kernel + stage.layers * eager
             gpu = compute + memory + comm + overhead
-            if i == self.pp - 1 and self.num_speculative_tokens and n_decode and stage.draft is not None:
-                # The MTP drafter proposes k tokens, one forward of its layer(s) per token
-                # (vLLM v1/spec_decode/eagle.py propose): k passes of the draft stage at batch n.
-                gpu += self.num_speculative_tokens * self.parts_of(stage.draft, n_decode, decode_contexts, sums)
+            if i == self.pp - 1:
+                gpu += self._draft_seconds(decode_contexts)
             total = gpu
             if i == 0:
                 total = max(gpu, cpu) if self.async_scheduling else gpu + cpu
@@ -241,21 +238,12 @@ class StepModel:
         peak = self._moe_peak[compute, kernel] * (inter / (inter + half) if inter else 1.0)
         return _roofline(tokens * flops, peak, distinct * bytes_per_expert, self._bw)
 
-    def parts_of(self, stage: StageOps, tokens: int, contexts: Sequence[int], sums: dict) -> float:
-        """Seconds of a small stage (the MTP drafter) for a decode batch of `tokens` sequences."""
-        total = 0.0
-        for g in stage.gemms:
-            m = tokens
-            total += sum(_roofline(m * g.flops_per_token, self._peak[g.compute], g.weight_bytes, self._bw))
-        for e in stage.experts:
-            moe = (e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel, e.inter_per_rank)
-            total += e.layers * (sum(self._moe(moe, tokens)) + self.eff.moe_floor_s)
-        for a in stage.attention:
-            t = _attention_tuple(a)
-            s = sums if a.threshold in sums else {**sums, a.threshold: _sum_min(contexts, a.threshold)}
-            total += a.layers * sum(self._attention(t, s, (), 1, len(contexts)))
-        total += stage.allreduces * self._allreduce(tokens * stage.allreduce_bytes_per_token)
-        return total + stage.kernels * self.eff.kernel_overhead_s
+    def _draft_seconds(self, decode_contexts: Sequence[int]) -> float:
+        """The MTP drafter proposes k tokens, one forward of its layer(s) per token (vLLM
+        v1/spec_decode/eagle.py propose): k passes of the draft model at the decode batch."""
+        if self._draft is None or not decode_contexts:
+            return 0.0
+        return self.num_speculative_tokens * self._draft.stage_seconds(decode_contexts, (), 1)[0]
 
     def _attention(self, term: tuple, sums: dict, prefills: Sequence[tuple[int, int]], query_len: int,
                    n_decode: int) -> tuple[float, float]:  # fmt: skip
