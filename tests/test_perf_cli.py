@@ -86,3 +86,21 @@ def test_a_workload_file_gives_the_lengths(tmp_path) -> None:
     p = out["points"][0]
     # 20 requests of those lengths: 10 x (50 + 300) output tokens over the run.
     assert p["output_tokens_per_s"] * p["duration_s"] == pytest.approx(10 * 350, rel=0.01)
+
+
+def test_lengths_drawn_from_a_distribution_keep_their_means_and_vary() -> None:
+    """--random-range-ratio draws lengths uniformly around ISL / OSL, as vllm bench serve's
+    random dataset; --length-spread lognormally. Either way the mean output stays near
+    OSL, and with a spread the requests' TPOTs differ (p99 above p50 once lengths vary)."""
+    base = ("--model", "qwen3-30b-a3b", "--gpu", "H100-SXM-80GB", "--isl", "400", "--osl", "200", "--concurrency", "8",
+            "--num-prompts", "200")  # fmt: skip
+    fixed = _perf(*base)["points"][0]
+    for flag in (("--random-range-ratio", "0.5"), ("--length-spread", "0.8")):
+        p = _perf(*base, *flag)["points"][0]
+        mean_out = p["output_tokens_per_s"] * p["duration_s"] / 200
+        assert mean_out == pytest.approx(200, rel=0.15), flag
+        assert p["ttft_ms"]["p99"] > p["ttft_ms"]["p50"] and p != fixed, flag
+    result = runner.invoke(app, ["perf", *base, "--random-range-ratio", "0.5", "--length-spread", "0.8"])
+    assert result.exit_code == 2 and "not both" in result.output
+    result = runner.invoke(app, ["perf", *base, "--random-range-ratio", "1.5"])
+    assert result.exit_code == 2 and "range ratio" in result.output

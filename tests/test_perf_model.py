@@ -358,3 +358,12 @@ def test_a_kda_layer_reads_and_writes_its_whole_state_each_decode_step() -> None
     s = predict.setup(load_model("kimi-k3"), hw, predict.Serving(tp=8, pp=4, max_model_len=8192))
     kda = [a for a in s.step.stages[0].attention if not a.reads_context]
     assert len(kda) == 1 and kda[0].bytes_per_sequence == 2 * state
+
+
+@pytest.mark.parametrize("name", sorted(__import__("infra.catalog.gpus", fromlist=["GPUS"]).GPUS))
+def test_every_catalog_gpu_has_its_links_and_peaks(name: str) -> None:
+    """Each GPU of the catalog gets a link between its GPUs (NVLink, or PCIe without it) and
+    a network when an instance type carries it, and a bf16 peak to compute with."""
+    hw = for_gpu(name)
+    assert hw.intra_node_bytes_per_s > 0 and hw.peak_flops("bf16") > 0
+    assert hw.gpus_per_node >= 1 and hw.source

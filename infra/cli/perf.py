@@ -115,6 +115,8 @@ def perf(
     isl: Optional[int] = typer.Option(None, help="Input tokens per request."),
     osl: Optional[int] = typer.Option(None, help="Output tokens per request."),
     workload: Optional[Path] = typer.Option(None, help='JSON lines of {"input_tokens": N, "output_tokens": M}.'),
+    random_range_ratio: Optional[float] = typer.Option(None, "--random-range-ratio", help="Lengths uniform within ISL/OSL x (1 +- R), as vllm bench serve's random dataset."),
+    length_spread: Optional[float] = typer.Option(None, "--length-spread", help="Lengths lognormal around ISL/OSL with std / mean S (a ShareGPT-like spread)."),
     concurrency: Optional[str] = typer.Option(None, help="Closed loop at C requests in flight; a list (1,4,16,64) sweeps."),
     request_rate: Optional[str] = typer.Option(None, "--request-rate", help="Open loop, Poisson arrivals at R requests/s; a list sweeps."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help=f"Requests per point (default {PROMPTS_PER_CONCURRENCY} x C, at least {MIN_PROMPTS})."),
@@ -163,13 +165,20 @@ def perf(
         if bool(concurrencies) == bool(rates):
             raise UserError("give one of --concurrency C[,C...] or --request-rate R[,R...]")
         if workload is not None:
-            if isl or osl:
-                raise UserError("give --workload FILE or --isl and --osl, not both")
+            if isl or osl or random_range_ratio is not None or length_spread is not None:
+                raise UserError("give --workload FILE or --isl and --osl (with a spread), not both")
             load = Workload.from_jsonl(str(workload))
         else:
             if not (isl and osl) or isl < 1 or osl < 1:
                 raise UserError("give --isl and --osl (tokens, at least 1 each), or --workload FILE")
-            load = Workload.fixed(isl, osl)
+            if random_range_ratio is not None and length_spread is not None:
+                raise UserError("give --random-range-ratio or --length-spread, not both")
+            if random_range_ratio is not None:
+                load = Workload.uniform(isl, osl, random_range_ratio)
+            elif length_spread is not None:
+                load = Workload.lognormal(isl, osl, length_spread)
+            else:
+                load = Workload.fixed(isl, osl)
         from infra.catalog.models import load_model
 
         arch = load_model(model)
