@@ -62,6 +62,13 @@ def main() -> None:
     pulumi.export("vllmArgs", doc["vllm_args"])
     pulumi.export("hourlyCostUsd", cost["hourly_usd"])
     pulumi.export("monthlyCostUsd", cost["monthly_usd"])
+    # What the plan predicts at the SLA capacity (null without an SLA); the benchmark Job measures it.
+    capacity = (doc.get("performance") or {}).get("sla_capacity") or {}
+    pulumi.export("slaCapacityConcurrency", capacity.get("concurrency"))
+    pulumi.export("slaCapacityRequestsPerSecond", capacity.get("requests_per_s"))
+    pulumi.export("predictedOutputTokensPerSecond", cost["predicted_tokens_per_s"])
+    per_mtok = cost["usd_per_million_tokens"]
+    pulumi.export("predictedCostPerMillionTokensUsd", per_mtok["tco"] if per_mtok["tco"] is not None else per_mtok["cloud"])
 
 
 main()

@@ -22,6 +22,7 @@ from infra.config import (
 )
 from infra.config.fields import describe_allowed
 from infra.errors import UserError
+from infra.planning.performance import Sla, WorkloadSpec
 from infra.planning.request import PlanRequest, TcoInputs
 
 # --------------------------------------------------------------------------- the real stack files
@@ -39,7 +40,10 @@ def test_prod_stack_file_makes_the_prod_request(repo_root: Path) -> None:
     assert req.max_model_len == 131072
     assert req.gpu_memory_utilization == pytest.approx(0.90)
     assert req.kv_cache_dtype is None  # the planner decides
-    assert req.objective == "max-kv"
+    assert req.objective == "sla-throughput-per-dollar"
+    # The SLA the benchmark checked before it drove the plan, and ShareGPT-like chat traffic.
+    assert (req.sla.ttft_p99_ms, req.sla.tpot_p99_ms, req.sla.itl_p99_ms) == (250, 40, None)
+    assert req.workload.preset == "sharegpt" and req.workload.prefix_cache_hit_rate == 0
     assert req.weight_format is None
     assert (req.tp, req.pp, req.dp, req.expert_parallel) == (None, None, None, None)
     assert req.api_price_usd_per_mtok == pytest.approx(2.50)
@@ -107,10 +111,13 @@ def test_every_key_reaches_the_plan_request() -> None:
                 "objective": "min-cost",
                 "targetConcurrency": 32,
                 "coldStartTargetSeconds": 300,
+                "sla": {"ttftP99Ms": 500, "tpotP99Ms": 50, "itlP99Ms": 80},
+                "workload": {"preset": None, "inputTokens": 1000, "outputTokens": 300, "spread": 0.5, "prefixCacheHitRate": 0.25},
             },
             "cost": {
                 "apiPriceUsdPerMillionTokens": 1.5,
                 "throughputTokensPerSecond": 5000,
+                "dutyCycle": 0.5,
                 "tco": {"a": 1.0, "b": 2.0},
             },
         },
@@ -148,6 +155,9 @@ def test_every_key_reaches_the_plan_request() -> None:
         tco=TcoInputs(categories={"a": 1.0, "b": 2.0}),
         api_price_usd_per_mtok=1.5,
         throughput_tokens_per_s=5000.0,
+        sla=Sla(500.0, 50.0, 80.0),
+        workload=WorkloadSpec(1000, 300, 0.5, None, 0.25),
+        duty_cycle=0.5,
     )
 
 
@@ -156,7 +166,12 @@ def test_config_defaults_are_the_planner_defaults() -> None:
         "x",
         {"model": {"name": "m"}, "gpu": {"instanceType": "p5.48xlarge", "nodes": 1}, "lifecycle": {"production": True}},
     )
-    assert cfg.plan_request() == PlanRequest(model="m", instance_type="p5.48xlarge", nodes=1)
+    # The stack's own defaults beyond the planner's: the SLA objective, at the SLA the benchmark
+    # always had and ShareGPT-like traffic.
+    assert cfg.plan_request() == PlanRequest(
+        model="m", instance_type="p5.48xlarge", nodes=1, objective="sla-throughput-per-dollar", sla=Sla(250.0, 40.0),
+        workload=WorkloadSpec.from_preset("sharegpt"),
+    )
 
 
 def test_every_key_documents_default_range_and_meaning() -> None:

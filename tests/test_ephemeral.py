@@ -456,11 +456,11 @@ def test_the_efa_check_runs_at_bring_up_only_where_it_can(tmp_path):
         ephemeral.ephemeral_config("test", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=True, deployer_cidrs=DEPLOYER, env={})
     # two EFA nodes: on by default, off on request; the template's other check settings are kept
     _template(tmp_path, "pair", **{f"{PROJECT}:gpu": {"instanceType": "p5.48xlarge", "nodes": 2},
-                                   CHECKS_KEY: {"ttftP99Ms": 500}})
+                                   CHECKS_KEY: {"ncclBusBandwidthFloorGbps": 50}})
     config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", root=tmp_path, deployer_cidrs=DEPLOYER, env={})
-    assert json.loads(config[CHECKS_KEY].value) == {"ttftP99Ms": 500, "efa": True}
+    assert json.loads(config[CHECKS_KEY].value) == {"ncclBusBandwidthFloorGbps": 50, "efa": True}
     config, _ = ephemeral.ephemeral_config("pair", stack="eph-a", owner="o", expiry="2026-12-02T15:00:00Z", efa=False, root=tmp_path, deployer_cidrs=DEPLOYER, env={})
-    assert json.loads(config[CHECKS_KEY].value) == {"ttftP99Ms": 500, "efa": False}
+    assert json.loads(config[CHECKS_KEY].value) == {"ncclBusBandwidthFloorGbps": 50, "efa": False}
 
 
 def test_template_secrets_are_not_copied_and_hf_token_comes_from_the_environment(tmp_path):
@@ -513,7 +513,8 @@ def test_test_reports_the_thresholds_of_the_stack_config(state_dir):
     assert run_up(state_dir, factory)[0] == 0
     path = state_dir / f"{factory.ws.calls[0][1]}.json"
     state = State.load(path)
-    state.config[CHECKS_KEY] = json.dumps({"ttftP99Ms": 512, "tpotP99Ms": 64})
+    serving = json.loads(state.config.get(f"{PROJECT}:serving", "{}"))
+    state.config[f"{PROJECT}:serving"] = json.dumps({**serving, "sla": {"ttftP99Ms": 512, "tpotP99Ms": 64}})
     state.save(state_dir)
     logs: list[str] = []
     assert ephemeral.test(state_dir=state_dir, env=ENV, workspace_factory=factory, log=logs.append) == 0, logs

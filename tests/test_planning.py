@@ -185,8 +185,8 @@ def test_tco_example_breakeven():
     )
     cost = plan.to_json_dict()["cost"]
     assert cost["tco_monthly_usd"] == pytest.approx(57_000, rel=1e-6)
-    assert cost["breakeven_tokens_per_month"] == pytest.approx(22.8e9, rel=1e-3)
-    assert cost["breakeven_tokens_per_day"] == pytest.approx(760e6, rel=0.02)
+    assert cost["breakeven"]["tokens_per_month"] == pytest.approx(22.8e9, rel=1e-3)
+    assert cost["breakeven"]["tokens_per_day"] == pytest.approx(760e6, rel=0.02)
 
 
 def test_cloud_cost_is_price_times_nodes():

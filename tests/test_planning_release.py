@@ -128,12 +128,15 @@ def test_extensible_kv_cache_keeps_a_margin_below_free_memory():
     # capped by what is free at start (visible - CUDA context) less max(1 GiB, 0.75 x peak).
     from infra.planning.memory import GiB, cuda_context_bytes
 
-    plan = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1, gpu_memory_utilization=0.98))
+    # At vLLM's default --max-num-seqs (1,024), whose sampler and graphs set the activation peak.
+    plan = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1, gpu_memory_utilization=0.98,
+                                 max_num_seqs=1024))  # fmt: skip
     s = plan.stages[0]
     margin = max(GiB, int(0.75 * s.activation_bytes))
     assert s.usable_bytes > s.gpu_visible_bytes - cuda_context_bytes(False) - margin  # the cap binds
     assert s.headroom_bytes == margin  # what stays free is exactly the margin
-    low = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1, gpu_memory_utilization=0.9))
+    low = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1, gpu_memory_utilization=0.9,
+                                max_num_seqs=1024))  # fmt: skip
     assert low.stages[0].headroom_bytes > margin  # below the cap the utilisation binds
 
 
@@ -143,7 +146,7 @@ def test_utilisation_one_is_0_34s_default_and_older_releases_are_told_it_leaves_
     # resolved_gpu_memory_utilization): its margin, not the utilisation, bounds the cache.
     def at(u: float, version: str):
         return make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, tp=1,
-                                     gpu_memory_utilization=u, vllm_version=version))  # fmt: skip
+                                     gpu_memory_utilization=u, vllm_version=version, max_num_seqs=1024))  # fmt: skip
 
     full, capped = at(1.0, "0.34.0"), at(0.98, "0.34.0")
     assert full.feasible and full.stages[0].kv_cache_bytes == capped.stages[0].kv_cache_bytes > 0

@@ -56,7 +56,8 @@ def spec_of(stack: str = "prod", **overrides) -> ServingSpec:
     checks_config = load_stack_file(stack, REPO).checks
     base = dict(
         deployment=_deployment(stack), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
-        pvc_name="model-weights", ttft_p99_ms=checks_config.ttft_p99_ms, tpot_p99_ms=checks_config.tpot_p99_ms,
+        pvc_name="model-weights", ttft_p99_ms=load_stack_file(stack, REPO).serving.sla.ttft_p99_ms,
+        tpot_p99_ms=load_stack_file(stack, REPO).serving.sla.tpot_p99_ms,
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
         vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
         production=load_stack_file(stack, REPO).lifecycle.production,

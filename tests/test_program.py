@@ -29,6 +29,8 @@ KEY_FIGURES = {
     "maxConcurrency", "vllmArgs", "hourlyCostUsd", "monthlyCostUsd",
     "clusterName", "endpoint", "kubeconfig", "gpuNodeGroup", "plan",
     "imageRepository", "servingEndpoint", "servedModelName", "weightsFileSystemId",
+    "slaCapacityConcurrency", "slaCapacityRequestsPerSecond", "predictedOutputTokensPerSecond",
+    "predictedCostPerMillionTokensUsd",
 }  # fmt: skip
 
 
@@ -65,6 +67,13 @@ def test_exports_the_plan_and_the_cluster(stack):
     assert plan["feasible"] is True and plan["errors"] == []
     assert rec.outputs["nodes"] == plan["layout"]["nodes"]
     assert rec.outputs["vllmArgs"] == plan["vllm_args"]
+    # What the plan predicts at the SLA capacity, as plain outputs a dashboard or a PR reads.
+    capacity = plan["performance"]["sla_capacity"]
+    assert rec.outputs["slaCapacityConcurrency"] == capacity["concurrency"] > 0
+    assert rec.outputs["slaCapacityRequestsPerSecond"] == pytest.approx(capacity["requests_per_s"])
+    assert rec.outputs["predictedOutputTokensPerSecond"] == pytest.approx(capacity["output_tokens_per_s"])
+    per_mtok = plan["cost"]["usd_per_million_tokens"]
+    assert rec.outputs["predictedCostPerMillionTokensUsd"] == pytest.approx(per_mtok.get("tco") or per_mtok["cloud"])  # None drops out
     assert rec.outputs["clusterName"] == f"gpu-serving-{stack}"
     # The kubeconfig leaves the program only as a secret (Pulumi's wire format marks
     # a secret with the special signature key and the secret signature).

@@ -82,8 +82,9 @@ def stack_plan(stack: str) -> dict:
 @lru_cache(maxsize=None)
 def thresholds(stack: str = "prod") -> dict:
     """The benchmark's thresholds, from the stack config that owns them."""
-    checks = load_stack_file(stack, REPO).checks
-    return {"ttft_p99_ms": checks.ttft_p99_ms, "tpot_p99_ms": checks.tpot_p99_ms, "nccl_busbw_floor_gbps": checks.nccl_bus_bandwidth_floor_gbps}
+    cfg = load_stack_file(stack, REPO)
+    return {"ttft_p99_ms": cfg.serving.sla.ttft_p99_ms, "tpot_p99_ms": cfg.serving.sla.tpot_p99_ms,
+            "nccl_busbw_floor_gbps": cfg.checks.nccl_bus_bandwidth_floor_gbps}
 
 
 def make_spec(plan: dict, **overrides) -> ServingSpec:
@@ -872,7 +873,7 @@ def test_internal_load_balancer_carries_the_stack_tags():
     spec = ServingSpec(
         deployment=make_plan(cfg.plan_request()).deployment(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags, vpc_cidr=cfg.network.vpc_cidr,
-        ttft_p99_ms=cfg.checks.ttft_p99_ms, tpot_p99_ms=cfg.checks.tpot_p99_ms,
+        ttft_p99_ms=cfg.serving.sla.ttft_p99_ms, tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
         nccl_busbw_floor_gbps=cfg.checks.nccl_bus_bandwidth_floor_gbps, vllm_version=cfg.serving.vllm_version,
         production=cfg.lifecycle.production,
     )  # fmt: skip

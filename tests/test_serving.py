@@ -38,15 +38,15 @@ def _deployment(stack: str):
 
 
 def spec(stack: str = "prod", **overrides) -> ServingSpec:
-    checks_config = load_stack_file(stack, REPO).checks  # the owner of the benchmark's thresholds
+    checks_config = load_stack_file(stack, REPO).checks
     base = dict(
         deployment=_deployment(stack),
         namespace="gpu-serving",
         image="123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving/vllm:0.34.0-ray2.60.0",
         ray_version="2.60.0",
         pvc_name="model-weights",
-        ttft_p99_ms=checks_config.ttft_p99_ms,
-        tpot_p99_ms=checks_config.tpot_p99_ms,
+        ttft_p99_ms=load_stack_file(stack, REPO).serving.sla.ttft_p99_ms,  # the SLA the plan sizes for
+        tpot_p99_ms=load_stack_file(stack, REPO).serving.sla.tpot_p99_ms,
         nccl_busbw_floor_gbps=checks_config.nccl_bus_bandwidth_floor_gbps,
         vllm_version=load_stack_file(stack, REPO).serving.vllm_version,
         production=load_stack_file(stack, REPO).lifecycle.production,

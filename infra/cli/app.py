@@ -129,6 +129,8 @@ def render(plan: Plan, console: Console) -> None:
         t.caption = f"max concurrency = {kv['num_blocks']:,} blocks / {kv['blocks_per_request']:,} per request"
         console.print(t)
 
+    _render_performance(data, console)
+
     t = _facts("Serving arguments")
     t.add_row("vllm serve", " ".join(data["vllm_args"]))
     t.add_row("ray start", " ".join(f"--{k}={v}" for k, v in data["ray_start_params"].items()))
@@ -152,14 +154,24 @@ def render(plan: Plan, console: Console) -> None:
     if c["tco_monthly_usd"] is not None:
         t.add_row("TCO, monthly", _usd(c["tco_monthly_usd"]))
     if c["throughput_tokens_per_s"]:
-        t.add_row("cost per million tokens", f"{_usd(c['usd_per_million_tokens'])} at {c['throughput_tokens_per_s']:,.0f} tokens/s")
+        per = c["usd_per_million_tokens"]
+        basis = (f"{c['throughput_tokens_per_s']:,.0f} output tokens/s {c['throughput_source']}"
+                 + (f" x duty cycle {c['duty_cycle']:g}" if c["duty_cycle"] != 1 else ""))
+        t.add_row("cost per million output tokens", f"{_usd(per['cloud'])} cloud" + (f", {_usd(per['tco'])} TCO" if per["tco"] else "")
+                  + f" (at {basis})")
+        if c["measured_tokens_per_s"] and c["predicted_tokens_per_s"]:
+            t.add_row("measured / predicted", f"{c['measured_tokens_per_s']:,.0f} / {c['predicted_tokens_per_s']:,.0f} output tokens/s "
+                      f"= {c['measured_tokens_per_s'] / c['predicted_tokens_per_s']:.2f}")
+        t.add_row("tokens per month within the SLA", f"{_tokens(c['capacity_tokens_per_month'])} output tokens")
     else:
-        t.add_row("cost per million tokens", "- (set gpu-serving:cost.throughputTokensPerSecond from a benchmark)")
-    if c["breakeven_tokens_per_month"] is not None:
+        t.add_row("cost per million output tokens", "- (no SLA capacity predicted, and no gpu-serving:cost.throughputTokensPerSecond)")
+    be = c["breakeven"]
+    if be:
         t.add_row(
             f"break-even vs API at ${c['api_price_usd_per_mtok']:.2f}/M",
-            f"{_tokens(c['breakeven_tokens_per_month'])} tokens/month ({_tokens(c['breakeven_tokens_per_day'])}/day)",
+            f"{_tokens(be['tokens_per_month'])} tokens/month ({_tokens(be['tokens_per_day'])}/day)",
         )
+        t.add_row("verdict", escape(be["verdict"]))
     console.print(t)
 
     for n in data["vllm"]["notes"]:
@@ -170,6 +182,41 @@ def render(plan: Plan, console: Console) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     for a in data["assumptions"]:
         console.print(f"[dim]model assumption:[/dim] {escape(a)}")
+
+
+def _render_performance(data: dict, console: Console) -> None:
+    perf = data.get("performance")
+    if not perf:
+        return
+    sla, cap, w = perf["sla"], perf["sla_capacity"], perf["workload"]
+    itl = f", ITL p99 < {sla['itl_p99_ms']:g} ms" if sla["itl_p99_ms"] else ""
+    t = _facts(f"Performance (predicted; SLA TTFT p99 < {sla['ttft_p99_ms']:g} ms, TPOT p99 < {sla['tpot_p99_ms']:g} ms{itl})")
+    t.add_row("workload", escape(w["describe"]))
+    t.add_row("objective", escape(data["objective"]))
+    if not cap["concurrency"]:
+        t.add_row("SLA capacity", f"[red]none[/red]: {escape(perf['refusal'])}")
+    else:
+        t.add_row("SLA capacity", f"{cap['concurrency']:,} concurrent requests, or {cap['requests_per_s']:,.2f} requests/s (Poisson); "
+                  f"then {escape(cap['binding'])} binds")
+        t.add_row("throughput there", f"{cap['closed_loop_requests_per_s']:,.2f} requests/s, {cap['input_tokens_per_s']:,.0f} input + "
+                  f"{cap['output_tokens_per_s']:,.0f} output tokens/s ({cap['output_tokens_per_s_per_gpu']:,.1f} output per GPU)")
+        t.add_row("latency there", f"TTFT p50 {cap['ttft_ms']['p50']:,.0f} / p99 {cap['ttft_ms']['p99']:,.0f} ms, "
+                  f"TPOT p50 {cap['tpot_ms']['p50']:,.1f} / p99 {cap['tpot_ms']['p99']:,.1f} ms")
+    one = perf["single_request"]
+    t.add_row("one request at a time", f"TTFT p99 {one['ttft_ms']['p99']:,.0f} ms, TPOT p99 {one['tpot_ms']['p99']:,.1f} ms")
+    v = data["vllm"]
+    t.add_row("--max-num-seqs", f"{v['max_num_seqs']:,} (set by {escape(v['max_num_seqs_bound'])})")
+    if data.get("runner_up"):
+        t.add_row("runner-up", escape(data["runner_up"]["why"]))
+    console.print(t)
+    t = _table("Predicted curve (closed loop, steady state)", "concurrency", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "req/s",
+               "out tok/s", "per GPU", "SLA")
+    for p in perf["curve"]:
+        t.add_row(f"{p['concurrency']:,}", f"{p['ttft_ms']['p50']:,.0f} / {p['ttft_ms']['p99']:,.0f}",
+                  f"{p['tpot_ms']['p50']:,.1f} / {p['tpot_ms']['p99']:,.1f}", f"{p['requests_per_s']:,.2f}",
+                  f"{p['output_tokens_per_s']:,.0f}", f"{p['output_tokens_per_s_per_gpu']:,.1f}",
+                  "meets" if p["meets_sla"] else "misses " + "+".join(p["misses"]) if p["misses"] else "preempts")
+    console.print(t)
 
 
 def _render_startup(su: dict, console: Console) -> None:

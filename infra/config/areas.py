@@ -24,6 +24,7 @@ from infra.catalog.cloudwatch import (
 from infra.catalog.eks import DEFAULT_GPU_AMI_TYPE, ENDPOINT_ACCESS_MODES, PRIVATE_SSM, PRIVATE_VPC, PUBLIC_RESTRICTED, gpu_ami_types
 from infra.catalog.eks_versions import RELEASES as KUBERNETES_RELEASES, supported_versions
 from infra.errors import UserError
+from infra.planning.performance import PRESETS, WorkloadSpec
 from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import release, supported_range
 
@@ -31,7 +32,7 @@ PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of
 
 WeightFormat = Literal[WEIGHT_FORMAT_CHOICES]  # type: ignore[valid-type]
 KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
-Objective = Literal["max-kv", "min-cost"]
+Objective = Literal["sla-throughput-per-dollar", "max-kv", "min-cost"]
 # Every GPU instance type in the catalog is x86_64 (the tests check it against EC2's data).
 GpuAmiType = Literal[gpu_ami_types("x86_64")]  # type: ignore[valid-type]
 CapacityKind = Literal[CAPACITY_KINDS]  # type: ignore[valid-type]
@@ -426,6 +427,55 @@ DashboardClientsConfig = _clients(
 )
 
 
+class SlaConfig(_Area):
+    """`gpu-serving:serving.sla`: the latency the endpoint promises; the plan's search and the benchmark Job both use it."""
+
+    ttft_p99_ms: float = Field(default=250.0, gt=0, le=600_000, description="p99 time to first token, ms.")
+    tpot_p99_ms: float = Field(default=40.0, gt=0, le=60_000, description="p99 time per output token, ms.")
+    itl_p99_ms: Optional[float] = Field(
+        default=None, gt=0, le=60_000, description="p99 inter-token latency, ms; null = not part of the SLA."
+    )
+
+
+class WorkloadConfig(_Area):
+    """`gpu-serving:serving.workload`: the request lengths the plan predicts with (and the benchmark Job sends)."""
+
+    preset: Optional[Literal[tuple(PRESETS)]] = Field(  # type: ignore[valid-type]
+        default="sharegpt",
+        description="A named length distribution (`sharegpt`: 220 input / 202 output tokens on average, lognormal; "
+        "infra/planning/performance.py cites where from); null = the lengths below.",
+    )
+    input_tokens: Optional[int] = Field(
+        default=None, ge=1, le=16_777_216, description="Mean input tokens per request (with preset null)."
+    )
+    output_tokens: Optional[int] = Field(
+        default=None, ge=1, le=16_777_216, description="Mean output tokens per request (with preset null)."
+    )
+    spread: float = Field(
+        default=0.0, ge=0, le=4, description="Lognormal spread of both lengths, std / mean; 0 = every request the same (with preset null)."
+    )
+    prefix_cache_hit_rate: float = Field(
+        default=0.0, ge=0, lt=1, description="Share of each prompt already in vLLM's prefix cache (a shared system prompt)."
+    )
+
+    @model_validator(mode="after")
+    def _lengths_or_preset(self) -> "WorkloadConfig":
+        if self.preset is None and (self.input_tokens is None or self.output_tokens is None):
+            missing = "inputTokens" if self.input_tokens is None else "outputTokens"
+            raise PydanticCustomError("required_for_objective", "required when preset is null", {"key": missing})
+        if self.preset is not None and (self.input_tokens is not None or self.output_tokens is not None or self.spread):
+            raise PydanticCustomError(
+                "renamed_key", "set either preset or inputTokens/outputTokens/spread, not both (preset: null for your own)",
+                {"key": "preset"},
+            )
+        return self
+
+    def spec(self) -> WorkloadSpec:
+        if self.preset is not None:
+            return WorkloadSpec.from_preset(self.preset, self.prefix_cache_hit_rate)
+        return WorkloadSpec(self.input_tokens, self.output_tokens, self.spread, None, self.prefix_cache_hit_rate)
+
+
 class ServingConfig(_Area):
     """`gpu-serving:serving`: vLLM's knobs; null lets the planner decide."""
 
@@ -477,9 +527,16 @@ class ServingConfig(_Area):
         "The draft weights, its KV cache and its CUDA graphs count in the plan.",
     )
     objective: Objective = Field(
-        default="max-kv",
-        description="Layout search goal: `max-kv` (most KV cache on the given nodes) "
-        "or `min-cost` (fewest GPUs that reach `targetConcurrency`).",
+        default="sla-throughput-per-dollar",
+        description="Layout search goal: `sla-throughput-per-dollar` (most output tokens/s within `sla` at `workload`, "
+        "per dollar-hour), `max-kv` (most KV cache on the given nodes) or `min-cost` (fewest GPUs that reach "
+        "`targetConcurrency`).",
+    )
+    sla: SlaConfig = Field(
+        default_factory=lambda: SlaConfig(), description="The latency targets (p99 TTFT, TPOT, optional ITL) the plan sizes for."
+    )
+    workload: WorkloadConfig = Field(
+        default_factory=lambda: WorkloadConfig(), description="The request lengths the plan predicts with."
     )
     target_concurrency: Optional[int] = Field(
         default=None,
@@ -626,8 +683,20 @@ class ChecksConfig(_Area):
     benchmark: StrictBool = Field(
         default=False, description="Serving benchmark (`vllm bench serve` against the Service) after deploy."
     )
-    ttft_p99_ms: float = Field(default=250.0, gt=0, le=600_000, description="Benchmark threshold: p99 time to first token, ms.")
-    tpot_p99_ms: float = Field(default=40.0, gt=0, le=60_000, description="Benchmark threshold: p99 time per output token, ms.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_thresholds(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in (("ttftP99Ms", "ttftP99Ms"), ("tpotP99Ms", "tpotP99Ms"), ("ttft_p99_ms", "ttftP99Ms"),
+                             ("tpot_p99_ms", "tpotP99Ms")):  # fmt: skip
+                if old in data:
+                    raise PydanticCustomError(
+                        "renamed_key",
+                        f"the benchmark's thresholds moved to gpu-serving:serving.sla.{new}, which the plan sizes for too",
+                        {"key": old},
+                    )
+        return data
 
 
 class CostConfig(_Area):
@@ -643,7 +712,11 @@ class CostConfig(_Area):
         default=None,
         gt=0,
         le=1e9,
-        description="Measured cluster output tokens/s, for the cost per token; null = not known yet.",
+        description="Measured cluster output tokens/s within the SLA; when set the cost per token uses it (the plan shows "
+        "it beside its prediction); null = the prediction.",
+    )
+    duty_cycle: float = Field(
+        default=1.0, gt=0, le=1, description="Share of the month the cluster serves at its SLA capacity, for tokens per month."
     )
     tco: Optional[dict[str, UsdPerMonth]] = Field(
         default=None,

@@ -25,6 +25,7 @@ from infra.config.areas import (
     ServingConfig,
     StorageConfig,
 )
+from infra.planning.performance import Sla
 from infra.planning.request import PlanRequest, TcoInputs
 
 DEFAULT_REGION = "us-east-1"
@@ -219,4 +220,7 @@ class StackConfig(BaseModel):
             tco=TcoInputs(categories=dict(c.tco)) if c.tco is not None else None,
             api_price_usd_per_mtok=c.api_price_usd_per_million_tokens,
             throughput_tokens_per_s=c.throughput_tokens_per_second,
+            sla=Sla(s.sla.ttft_p99_ms, s.sla.tpot_p99_ms, s.sla.itl_p99_ms),
+            workload=s.workload.spec(),
+            duty_cycle=c.duty_cycle,
         )

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from infra.planning.performance import Sla, WorkloadSpec
 from infra.planning.vllm_release import PINNED
 
-Objective = Literal["max-kv", "min-cost"]
+Objective = Literal["sla-throughput-per-dollar", "max-kv", "min-cost"]
 
 # `--gpu-memory-utilization` the stack accepts. ASSUMPTION: below 0.5 a GPU is mostly idle.
 # Up to 1.0, vLLM's own bound (config/cache.py, CacheConfig.gpu_memory_utilization le=1) and
@@ -68,12 +69,16 @@ class PlanRequest:
     num_speculative_tokens: int | None = None  # tokens drafted per step (1 with a method and no count)
     kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit
     weight_format: str | None = None  # default: the checkpoint's own
-    objective: Objective = "max-kv"
+    objective: Objective = "max-kv"  # the stack config's default is sla-throughput-per-dollar
     target_concurrency: int | None = None  # sequences at max-model-len (min-cost)
     cold_start_target_s: float = 600.0  # time to read all weights from storage
     tco: TcoInputs | None = None
     api_price_usd_per_mtok: float | None = None
-    throughput_tokens_per_s: float | None = None  # cluster output tokens/s for cost per token
+    throughput_tokens_per_s: float | None = None  # measured cluster output tokens/s: the cost per token uses it
+    # What the plan predicts against (infra/planning/performance.py); no SLA: no prediction.
+    sla: Sla | None = None
+    workload: WorkloadSpec | None = None
+    duty_cycle: float = 1.0  # share of the month at the SLA capacity, for tokens per month
 
     def replace(self, **changes) -> "PlanRequest":
         return replace(self, **changes)

@@ -303,7 +303,7 @@ def test(
     cfg = program_config(state.stack, {**{k: ConfigItem(v) for k, v in state.config.items()}, **item}, source=f"ephemeral stack {state.stack}")
     ws = (workspace_factory or workspace.make_workspace)(state.backend)
     ran = (["EFA check (ran at bring-up)"] if checks.get("efa") else []) + [
-        f"serving benchmark (p99 TTFT < {cfg.checks.ttft_p99_ms:g} ms, p99 TPOT < {cfg.checks.tpot_p99_ms:g} ms)"
+        f"serving benchmark (p99 TTFT < {cfg.serving.sla.ttft_p99_ms:g} ms, p99 TPOT < {cfg.serving.sla.tpot_p99_ms:g} ms)"
     ]
     log(f"testing {state.stack}: {CHECKS_KEY}.benchmark on, then `up` so the benchmark Job runs; pulumi waits for it and fails if it fails")
     try:

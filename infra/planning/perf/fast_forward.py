@@ -172,6 +172,9 @@ def pipelined(e: _Engine, now: float, client: Client) -> float | None:
     not even one step could be replayed."""
     if not e.running or not _deterministic(e):
         return None
+    blocked = e.ff_blocked
+    if blocked is not None and any(b is blocked for b in e.in_flight):
+        return None  # that batch still holds an entry no replay can move (_groups)
     groups = _groups(e)
     if groups is None or not _admission_stays_shut(e, groups):
         return None
@@ -195,7 +198,10 @@ def _groups(e: _Engine) -> list[_Group] | None:
     for pos, b in enumerate(e.in_flight):
         for r, n, drafts, epoch in b.entries:
             # Only current decodes of running requests: no prefill chunk, stale or finished entry.
+            # Such an entry stays so while its batch is in flight (a request that leaves the
+            # running set comes back only with a new epoch): remember the batch.
             if n != q or drafts != k or epoch != r.epoch or id(r) not in running:
+                e.ff_blocked = b
                 return None
             batches[id(r)] = batches.get(id(r), ()) + (pos,)
     by_signature: dict[tuple, list] = {}

@@ -142,7 +142,7 @@ def _blocks_for(ev: Evaluation):
 
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
-        seed: int = 0) -> SimResult:  # fmt: skip
+        seed: int = 0, prefix_cache_hit_rate: float = 0.0) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
     The API server takes requests in one at a time, `Efficiency.frontend_intake_s` each
@@ -158,7 +158,7 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         max_concurrent_batches=k.release.max_concurrent_batches(
             s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
         frontend_s=s.step.eff.frontend_intake_s,
-        prefix_caching=prefix_cache_reuse(s.evaluation),
+        prefix_caching=prefix_cache_reuse(s.evaluation), prefix_hit_rate=prefix_cache_hit_rate,
     )  # fmt: skip
     extra_ms = s.step.eff.request_overhead_s * 1000
     ttft = res.ttft_ms

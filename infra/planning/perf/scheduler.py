@@ -112,6 +112,7 @@ class _Engine:
         self._stage_memo: dict[tuple, Sequence[float]] = {}
         self._stage_memo_size = 0
         self._shifted_memo: dict = {}
+        self.ff_blocked = None  # a batch in flight that keeps the pipelined fast path out (fast_forward._groups)
         self.step, self.steps, self.decodes, self.preemptions, self.step_seconds = 0, 0, 0, 0, 0.0
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
@@ -395,9 +396,15 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
              seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
              max_concurrent_batches: int | None = None, frontend_s: float = 0.0,
-             prefix_caching: bool = False) -> SimResult:
+             prefix_caching: bool = False, prefix_hit_rate: float = 0.0) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
-    `request_rate` (Poisson), or both (rate capped at a concurrency)."""
+    `request_rate` (Poisson), or both (rate capped at a concurrency).
+
+    `prefix_hit_rate`: the share of each prompt already in the prefix cache when it arrives
+    (a shared system prompt): computed tokens start there, as v1/core/kv_cache_manager.py
+    get_computed_blocks gives them (never the last token, which is computed to sample).
+    ASSUMPTION: the shared prefix stays cached (other requests keep using it), and each
+    request's blocks count in full (shared blocks counted once per request: conservative)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
     lengths = workload.sample(num_prompts, seed)
     assert all(i + o <= max_model_len for i, o in lengths), "the caller refuses requests longer than max_model_len"
@@ -410,7 +417,15 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
                      max_model_len=max_model_len, async_scheduling=async_scheduling, k=num_speculative_tokens,
                      acceptance=acceptance_rate, seed=seed, reserve_full_input=reserve_full_input,
                      max_concurrent_batches=max_concurrent_batches, prefix_caching=prefix_caching)
-    engine.run(Client(mine, send_times(len(mine), rate, seed), slots, _Req, frontend_s=frontend_s))
+    make = _Req
+    if prefix_hit_rate > 0:
+        def make(prompt: int, out: int, sent: float) -> _Req:
+            r = _Req(prompt, out, sent)
+            hit = min(int(prompt * prefix_hit_rate), prompt - 1)
+            if hit > 0:  # a cached prefix that nothing evicts (_Engine._cache_hit)
+                r.cached_tokens, r.cached_blocks, r.cache_ahead = hit, engine.blocks[hit], 1 << 62
+            return r
+    engine.run(Client(mine, send_times(len(mine), rate, seed), slots, make, frontend_s=frontend_s))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
         **serve_metrics([(r.sent, r.first, r.last, r.prompt, r.emitted) for r in done], engine.itl, replicas),

@@ -1,0 +1,245 @@
+"""The SLA drives the plan: capacity search, --max-num-seqs, cost per token, objective, config."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from infra.config import from_mapping
+from infra.errors import UserError
+from infra.planning import PlanRequest, make_plan
+from infra.planning import performance as perf
+from infra.planning.cost import HOURS_PER_MONTH, cost_lines
+from infra.planning.perf import predict
+from infra.planning.perf.hardware import hardware
+
+REPO = Path(__file__).resolve().parents[1]
+SHAREGPT = perf.WorkloadSpec.from_preset("sharegpt")
+SLA = perf.Sla(250.0, 40.0)
+
+
+# --- The search's bracket on a known load ------------------------------------------------
+
+
+@pytest.mark.parametrize("edge", [1, 7, 100, 517])
+@pytest.mark.parametrize("shape", ["linear", "sqrt", "step"])
+def test_edge_brackets_the_largest_load_that_meets(edge, shape):
+    def load(x: float) -> tuple[float, ...]:
+        if shape == "linear":
+            return (x / edge,)
+        if shape == "sqrt":
+            return (math.sqrt(x / edge), 0.1)
+        return (0.5 if x <= edge else 2.0,)
+
+    calls = []
+    lo, hi = perf._edge(lambda x: calls.append(x) or load(x), 1.0, 4096.0, integer=True)
+    assert lo <= edge < hi
+    assert hi - lo <= max(1, lo * perf.BISECT_TOLERANCE)
+    assert max(load(lo)) <= 1 < max(load(hi))
+    assert len(calls) < 20  # each call is a simulation
+
+
+def test_edge_stops_at_the_ceiling_when_it_meets():
+    lo, hi = perf._edge(lambda x: (x / 10_000,), 1.0, 300.0, integer=True)
+    assert (lo, hi) == (300.0, None)
+
+
+def test_sla_misses_each_term():
+    sla = perf.Sla(100, 10, 20)
+    assert sla.misses(100, 10, 20) == ()
+    assert sla.misses(100.1, 10, 20) == ("ttft",)
+    assert sla.misses(1, 10.1, 20.1) == ("tpot", "itl")
+    assert perf.Sla(100, 10).misses(1, 1, 1e9) == ()  # no ITL term unless the SLA sets one
+
+
+def test_the_sharegpt_preset_is_the_mean_of_the_measured_sharegpt_runs():
+    rows = [json.loads(line) for line in (REPO / "tests/fixtures/perf/measurements.jsonl").read_text().splitlines()]
+    share = [r for r in rows if r["lengths"] == "sharegpt"]
+    assert len(share) >= 30
+    assert SHAREGPT.input_tokens == round(sum(r["isl"] for r in share) / len(share))
+    assert SHAREGPT.output_tokens == round(sum(r["osl"] for r in share) / len(share))
+
+
+# --- Capacity of a layout -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small():
+    """Qwen3-0.6B on one A10G: seconds to search."""
+    from infra.catalog.models import load_model
+
+    return predict.setup(load_model("qwen3-0.6b"), hardware(instance_type="g5.xlarge"), predict.Serving(max_model_len=8192))
+
+
+def test_capacity_meets_the_sla_and_one_more_step_does_not(small):
+    cap = perf.sla_capacity(small, SHAREGPT, SLA)
+    assert cap.concurrency > 1 and cap.at.meets and cap.at.preemptions == 0
+    assert cap.beyond is not None and cap.beyond.concurrency > cap.concurrency
+    assert not cap.beyond.meets or cap.beyond.preemptions
+    assert cap.binding in {"ttft", "tpot", "kv-admission"}
+    assert cap.binding in cap.beyond.misses or cap.binding == "kv-admission"
+    # Little's law of the closed loop: throughput = concurrency / mean latency, so it grows with load.
+    assert cap.at.requests_per_s > cap.single.requests_per_s
+    # A Poisson stream at the capacity's rate is burstier than the closed loop: never more.
+    assert 0 < cap.requests_per_s <= cap.at.requests_per_s * 1.0001
+
+
+def test_a_looser_tpot_target_admits_at_least_as_many(small):
+    tight = perf.sla_capacity(small, SHAREGPT, perf.Sla(10_000, 12.0), with_rate=False)
+    loose = perf.sla_capacity(small, SHAREGPT, perf.Sla(10_000, 20.0), with_rate=False)
+    assert tight.concurrency > 0
+    assert loose.concurrency >= tight.concurrency
+    assert loose.output_tokens_per_s >= tight.output_tokens_per_s
+
+
+def test_an_sla_below_one_requests_tpot_has_no_capacity_and_says_why(small):
+    single = perf.closed_loop(small, SHAREGPT, SLA, 1)
+    cap = perf.sla_capacity(small, SHAREGPT, perf.Sla(10_000, single.tpot_p99_ms / 2))
+    assert cap.concurrency == 0 and cap.at is None and cap.requests_per_s == 0
+    assert cap.binding == "tpot"
+    assert f"TPOT p99 at concurrency 1 is {single.tpot_p99_ms:,.1f} ms" in cap.refusal()
+
+
+def test_a_cached_prefix_shortens_ttft_of_long_prompts(small):
+    cold = perf.closed_loop(small, perf.WorkloadSpec(4000, 50), SLA, 4)
+    warm = perf.closed_loop(small, perf.WorkloadSpec(4000, 50, prefix_cache_hit_rate=0.9), SLA, 4)
+    assert warm.ttft_p50_ms < cold.ttft_p50_ms * 0.7
+
+
+# --- Cost -------------------------------------------------------------------------------------
+
+
+def test_cost_per_token_uses_the_measurement_over_the_prediction_and_the_duty_cycle():
+    kw = dict(price_usd_per_hour=10.0, nodes=2, tco_categories={"all": 7300.0}, api_price_usd_per_mtok=2.0)
+    predicted = cost_lines(**kw, throughput_tokens_per_s=None, predicted_tokens_per_s=1000.0)
+    assert predicted.throughput_source == "predicted"
+    seconds = HOURS_PER_MONTH * 3600
+    assert predicted.usd_per_million_tokens["cloud"] == pytest.approx(20.0 * HOURS_PER_MONTH / (1000.0 * seconds) * 1e6)
+    assert predicted.usd_per_million_tokens["tco"] == pytest.approx(7300.0 / (1000.0 * seconds) * 1e6)
+    measured = cost_lines(**kw, throughput_tokens_per_s=500.0, predicted_tokens_per_s=1000.0, duty_cycle=0.5)
+    assert measured.throughput_source == "measured"
+    assert measured.capacity_tokens_per_month == pytest.approx(250.0 * seconds)
+    assert measured.usd_per_million_tokens["tco"] == pytest.approx(4 * predicted.usd_per_million_tokens["tco"])
+
+
+def test_breakeven_verdict_in_both_directions():
+    kw = dict(price_usd_per_hour=10.0, nodes=1, tco_categories=None, throughput_tokens_per_s=None)
+    monthly = 10.0 * HOURS_PER_MONTH
+    # Break-even = monthly / price per token; capacity = tokens/s x seconds a month.
+    easy = cost_lines(**kw, api_price_usd_per_mtok=10.0, predicted_tokens_per_s=1000.0)
+    share = (monthly / 10.0 * 1e6) / (1000.0 * HOURS_PER_MONTH * 3600)
+    assert easy.breakeven["share_of_capacity"] == pytest.approx(share)
+    assert f"needs {share:.0%} of it" in easy.breakeven["verdict"]
+    hard = cost_lines(**kw, api_price_usd_per_mtok=0.001, predicted_tokens_per_s=1000.0)
+    assert hard.breakeven["verdict"].startswith("cannot reach the break-even within the SLA")
+    unknown = cost_lines(**kw, api_price_usd_per_mtok=1.0)
+    assert unknown.breakeven["share_of_capacity"] is None and "no throughput" in unknown.breakeven["verdict"]
+
+
+# --- The plan ---------------------------------------------------------------------------------
+
+
+def _sla_request(**kw) -> PlanRequest:
+    base = dict(instance_type="p5.48xlarge", nodes=1, max_model_len=8192, objective="sla-throughput-per-dollar",
+                sla=SLA, workload=SHAREGPT, api_price_usd_per_mtok=2.0)  # fmt: skip
+    base.update(kw)
+    return PlanRequest(**base)
+
+
+def test_dense_model_on_one_node_picks_data_parallel_when_tp1_meets_the_sla():
+    plan = make_plan(_sla_request(model="qwen3-32b-awq"))
+    data = plan.to_json_dict()
+    assert (data["layout"]["tp"], data["layout"]["dp"]) == (1, 8)
+    # TP 1 meets the TPOT target one request at a time, so replicas beat splitting the model.
+    assert data["performance"]["single_request"]["tpot_ms"]["p99"] < SLA.tpot_p99_ms
+    won, lost = data["performance"]["sla_capacity"]["output_tokens_per_s"], data["runner_up"]["output_tokens_per_s"]
+    assert won > lost
+    assert f"{won:,.0f}" in data["runner_up"]["why"] and f"{lost:,.0f}" in data["runner_up"]["why"]
+
+
+def test_max_num_seqs_is_the_sla_capacity_per_replica_and_its_bound_is_named():
+    plan = make_plan(_sla_request(model="qwen3-32b-awq"))
+    cap, dp = plan.performance, plan.layout.dp
+    assert plan.max_num_seqs_bound == "sla-capacity"
+    assert plan.max_num_seqs == -(-cap.concurrency // dp)
+    assert f"--max-num-seqs {plan.max_num_seqs}" in " ".join(plan.serving_args)
+    # Never below what the max-model-len worst case admits.
+    assert plan.max_num_seqs >= int(plan.evaluation.max_concurrency_per_replica)
+
+
+def test_cost_per_token_comes_from_the_prediction():
+    plan = make_plan(_sla_request(model="qwen3-32b-awq"))
+    c = plan.to_json_dict()["cost"]
+    assert c["throughput_source"] == "predicted"
+    assert c["predicted_tokens_per_s"] == pytest.approx(plan.performance.at.output_tokens_per_s)
+    assert c["usd_per_million_tokens"]["cloud"] == pytest.approx(
+        plan.instance.price_usd_per_hour / (c["predicted_tokens_per_s"] * 3600) * 1e6)
+
+
+def test_an_sla_no_layout_meets_is_refused_with_the_best_figures():
+    with pytest.raises(UserError, match=r"no layout of 1 x p5.48xlarge meets the SLA .*TPOT p99 at concurrency 1 is [\d.]+ ms > 1.0 ms"):
+        make_plan(_sla_request(model="qwen3-32b-awq", sla=perf.Sla(250.0, 1.0)))
+
+
+def test_without_an_sla_the_plan_predicts_nothing_and_keeps_the_kv_derived_max_num_seqs():
+    plan = make_plan(PlanRequest(model="qwen3-32b-awq", instance_type="p5.48xlarge", nodes=1, max_model_len=8192))
+    assert plan.performance is None and plan.to_json_dict()["performance"] is None
+    assert plan.max_num_seqs_bound in {"kv-at-typical-context", "vllm-default", "max-num-batched-tokens"}
+
+
+# --- Config -----------------------------------------------------------------------------------
+
+
+def _cfg(**areas):
+    base = {"model": {"name": "qwen3-0.6b"}, "gpu": {"instanceType": "g5.xlarge", "nodes": 1}, "lifecycle": {"production": True}}
+    base.update(areas)
+    return from_mapping("x", base)
+
+
+def test_old_benchmark_thresholds_point_to_the_sla():
+    with pytest.raises(UserError, match=r"moved to gpu-serving:serving.sla.ttftP99Ms"):
+        _cfg(checks={"ttftP99Ms": 100})
+
+
+def test_workload_is_a_preset_or_lengths_not_both():
+    with pytest.raises(UserError, match="inputTokens"):
+        _cfg(serving={"workload": {"preset": None}})
+    with pytest.raises(UserError, match="not both"):
+        _cfg(serving={"workload": {"inputTokens": 10, "outputTokens": 10}})
+    own = _cfg(serving={"workload": {"preset": None, "inputTokens": 1000, "outputTokens": 100, "spread": 0.3}})
+    assert own.plan_request().workload == perf.WorkloadSpec(1000, 100, 0.3)
+
+
+def test_a_misspelt_sla_key_gets_a_suggestion():
+    with pytest.raises(UserError, match="did you mean 'tpotP99Ms'"):
+        _cfg(serving={"sla": {"tpotP99ms": 30}})
+
+
+def test_the_printed_concurrency_is_vllms_at_the_passed_max_num_seqs():
+    plan = make_plan(_sla_request(model="qwen3-32b-awq"))
+    from infra.planning.layout import evaluate
+
+    # Recomputed: the KV cache left once CUDA graphs and the sampler are budgeted at the
+    # --max-num-seqs the plan passes (vLLM's default would budget 1,024).
+    at_passed = evaluate(plan.model, plan.instance, plan.nodes, plan.layout, plan.knobs.replace(max_num_seqs=plan.max_num_seqs))
+    at_default = evaluate(plan.model, plan.instance, plan.nodes, plan.layout, plan.knobs.replace(max_num_seqs=1024))
+    data = plan.to_json_dict()
+    assert data["kv_cache"]["max_concurrency"] == pytest.approx(at_passed.max_concurrency)
+    assert data["per_rank"]["cudagraph_bytes"] == at_passed.constrained.cudagraph_bytes
+    assert at_passed.constrained.cudagraph_bytes < at_default.constrained.cudagraph_bytes
+    assert at_passed.max_concurrency > at_default.max_concurrency
+
+
+def test_prod_keeps_vllms_batch_defaults_for_the_sla_and_says_what_it_costs():
+    from infra.config import load_stack_file
+
+    plan = make_plan(load_stack_file("prod", REPO).plan_request())
+    data = plan.to_json_dict()
+    assert data["vllm"]["async_scheduling"] and data["vllm"]["max_num_batched_tokens"] == 8192
+    note = next(n for n in data["vllm"]["notes"] if n.startswith("vLLM's batch defaults"))
+    # The trade in figures: throughput within the SLA won, sequences at max-model-len lost.
+    assert f"{plan.performance.output_tokens_per_s:,.0f} output tokens/s within the SLA" in note
+    assert f"{plan.evaluation.max_concurrency:,.2f} sequences at max-model-len" in note
