@@ -54,6 +54,20 @@ class Stack:
     serving: Serving
 
 
+def benchmark_load(plan: Plan) -> dict:
+    """The benchmark Job's load: the stack's workload at the plan's SLA capacity, with what the
+    plan predicts for it (infra/planning/performance.py benchmark_load); the Job's defaults
+    when the plan has no SLA."""
+    b = plan.benchmark
+    if b is None:
+        return {}
+    return dict(
+        benchmark_input_len=b.input_len, benchmark_output_len=b.output_len, benchmark_range_ratio=b.range_ratio,
+        benchmark_prefix_len=b.prefix_len, benchmark_concurrency=b.concurrency, benchmark_prompts=b.prompts,
+        benchmark_predicted=b.predicted,
+    )
+
+
 def build(cfg: StackConfig, plan: Plan) -> Stack:
     deployment = plan.deployment()  # refuses a plan that cannot be served, before any resource
     name = cluster_name(cfg.stack)
@@ -237,6 +251,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 benchmark=checks.benchmark,
                 ttft_p99_ms=cfg.serving.sla.ttft_p99_ms,
                 tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
+                **benchmark_load(plan),
                 load_balancer_tags=tags,
                 api_clients=_clients(cfg.serving.api_clients),
                 metrics_clients=_clients(cfg.serving.metrics_clients),

@@ -546,3 +546,26 @@ def test_an_on_demand_group_still_rolls_in_place(tmp_path):
     d = diff(base, head)
     (group,) = [c for c in d.changed if c.type == NODE_GROUP and "-gpu-ng" in c.name]
     assert not group.replaced and group.rolls_nodes == ["releaseVersion"]
+
+
+def test_a_workload_change_calls_out_the_predicted_capacity(tmp_path):
+    base_root = _prod_variant(tmp_path / "sharegpt", "      type: on-demand")
+    head_root = _prod_variant(tmp_path / "long", "      type: on-demand")
+    stack = head_root / "Pulumi.prod.yaml"
+    text = stack.read_text()
+    assert "      preset: sharegpt\n" in text
+    # Long prompts: each request costs far more prefill, so fewer fit within the TTFT target.
+    stack.write_text(text.replace("      preset: sharegpt\n", "      preset: null\n      inputTokens: 4000\n      outputTokens: 400\n"))
+    base, head = synthesize("prod", base_root), synthesize("prod", head_root)
+    d = diff(base, head)
+    (callout,) = [c for c in d.callouts if "predicted performance changes" in c.text]
+    old, new = base["outputs"]["slaCapacityConcurrency"], head["outputs"]["slaCapacityConcurrency"]
+    assert new < old
+    assert f"SLA capacity {old:,.0f} concurrent requests → {new:,.0f} concurrent requests ({(new - old) / old:+.0%})" in callout.text
+    cost_old, cost_new = base["outputs"]["predictedCostPerMillionTokensUsd"], head["outputs"]["predictedCostPerMillionTokensUsd"]
+    assert f"${cost_old:,.2f}" in callout.text and f"${cost_new:,.2f}" in callout.text
+    # Worse by a quarter or more: a caution, at the top of the review comment.
+    assert callout.level == "CAUTION" and (old - new) / old >= 0.25
+    assert "predicted performance changes" in render_markdown(d)
+    # The same config on both sides: nothing to call out.
+    assert not [c for c in diff(base, copy.deepcopy(base)).callouts if "predicted" in c.text]

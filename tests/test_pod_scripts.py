@@ -471,6 +471,38 @@ def test_the_benchmark_job_waits_for_the_endpoint_runs_and_judges(tmp_path, endp
         assert f"< {spec.ttft_p99_ms:g}" in done.stdout  # the thresholds the stack config gave
 
 
+def test_the_benchmark_sends_the_stacks_workload_at_the_planned_capacity_and_prints_the_prediction(tmp_path, endpoint):
+    from components.stack import benchmark_load
+
+    plan = _plan("prod")
+    spec = spec_of("prod", benchmark=True, **benchmark_load(plan))
+    argv = checks.benchmark_argv(spec)
+
+    def flag(name):
+        return argv[argv.index(name) + 1]
+
+    # The workload's mean lengths and the SLA capacity, as the plan has them.
+    w, load = plan.request.workload, plan.benchmark
+    assert int(flag("--max-concurrency")) == plan.performance.concurrency == load.concurrency
+    assert int(flag("--random-input-len")) + int(flag("--random-prefix-len")) == w.input_tokens
+    assert int(flag("--random-output-len")) == w.output_tokens and "--ignore-eos" in argv
+    # ShareGPT's spread (0.8) as vLLM's uniform lengths allow: R < 1.
+    assert 0 < float(flag("--random-range-ratio")) < 1
+    predicted = dict(load.predicted)
+    assert predicted["output_throughput"] > 0 and predicted["p99_tpot_ms"] > 0
+    c = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]
+    service = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}"
+    here = [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench")) for a in local(c["command"] + c["args"])]
+    measured = {**RESULT, "completed": spec.benchmark_prompts, "output_throughput": predicted["output_throughput"] / 2}
+    env = {"PATH": f"{fake_bin(tmp_path, vllm=FAKE_BENCH)}:/usr/bin:/bin", "ARGV_LOG": str(tmp_path / "bench.json"),
+           "FAKE_RESULT": json.dumps(measured)}  # fmt: skip
+    done = subprocess.run(here, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr  # the verdict is on the measurement alone
+    row = next(line for line in done.stdout.splitlines() if line.startswith("output_throughput"))
+    assert row.split()[1:] == [f"{predicted['output_throughput']:.2f}", f"{measured['output_throughput']:.2f}", "0.50"]
+    assert "median_ttft_ms" in done.stdout and "-" in next(x for x in done.stdout.splitlines() if x.startswith("median_ttft_ms"))
+
+
 def test_the_benchmark_gives_up_on_an_endpoint_that_never_answers(tmp_path, capsys):
     argv = [
         "--health-url", "http://127.0.0.1:9/health", "--timeout-s", "0", "--result", str(tmp_path / "r.json"),

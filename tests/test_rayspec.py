@@ -745,7 +745,8 @@ def test_benchmark_command_targets_the_service_with_the_plans_model():
     assert flags["--base-url"] == "http://vllm-api.gpu-serving.svc.cluster.local:8000"
     assert flags["--served-model-name"] == plan["model"]["checkpoint"]
     assert "--save-result" in argv and argv[argv.index("--percentile-metrics") + 1] == "ttft,tpot"
-    assert argv[argv.index("--metric-percentiles") + 1] == "99"
+    # p50 and p99: the median and the tail, both printed beside the plan's prediction.
+    assert argv[argv.index("--metric-percentiles") + 1] == "50,99"
     # The Job's script runs it after `--` (the run: test_pod_scripts.py).
     args = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--") + 1 :] == argv

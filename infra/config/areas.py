@@ -681,7 +681,9 @@ class ChecksConfig(_Area):
         default=100.0, gt=0, le=10_000, description="Lowest acceptable NCCL all-reduce bus bandwidth across nodes, GB/s."
     )
     benchmark: StrictBool = Field(
-        default=False, description="Serving benchmark (`vllm bench serve` against the Service) after deploy."
+        default=False, description="Serving benchmark after deploy: `vllm bench serve` against the Service with the "
+        "stack's workload at the plan's SLA capacity; it fails when a p99 misses `serving.sla`, and prints the plan's "
+        "prediction for the same load beside the measurement."
     )
 
     @model_validator(mode="before")

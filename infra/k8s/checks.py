@@ -21,6 +21,8 @@ falls back to TCP sockets. The EFA check Job fails in exactly that case.
 
 from __future__ import annotations
 
+import json
+
 from infra.k8s import pod_security, script_files
 from infra.k8s.raycluster import (
     efa_security_context,
@@ -186,7 +188,9 @@ def benchmark_selector(spec: ServingSpec) -> dict[str, str]:
 
 
 def benchmark_argv(spec: ServingSpec) -> list[str]:
-    """`vllm bench serve` against the Service (flags of vllm/benchmarks/serve.py and datasets.py)."""
+    """`vllm bench serve` against the Service (flags of vllm/benchmarks/serve.py and datasets/datasets.py
+    add_random_dataset_args in 0.34.0: --random-range-ratio draws lengths uniformly within mean x (1 +- R),
+    --random-prefix-len prepends tokens every prompt shares)."""
     return [
         "vllm", "bench", "serve",
         "--backend", "openai",
@@ -198,11 +202,13 @@ def benchmark_argv(spec: ServingSpec) -> list[str]:
         "--dataset-name", "random",
         "--random-input-len", str(spec.benchmark_input_len),
         "--random-output-len", str(spec.benchmark_output_len),
+        "--random-range-ratio", str(spec.benchmark_range_ratio),
+        "--random-prefix-len", str(spec.benchmark_prefix_len),
         "--num-prompts", str(spec.benchmark_prompts),
         "--max-concurrency", str(spec.benchmark_concurrency),
         "--ignore-eos",
         "--percentile-metrics", "ttft,tpot",
-        "--metric-percentiles", "99",
+        "--metric-percentiles", "50,99",
         "--save-result",
         "--result-dir", BENCHMARK_RESULT_DIR,
         "--result-filename", BENCHMARK_RESULT_FILE,
@@ -218,6 +224,7 @@ def benchmark_args(spec: ServingSpec) -> list[str]:
         "--ttft-p99-ms", str(float(spec.ttft_p99_ms)),
         "--tpot-p99-ms", str(float(spec.tpot_p99_ms)),
         "--requests", str(spec.benchmark_prompts),
+        "--predicted", json.dumps(dict(spec.benchmark_predicted), sort_keys=True),
         "--",
         *benchmark_argv(spec),
     ]  # fmt: skip

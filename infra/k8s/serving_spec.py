@@ -196,6 +196,11 @@ class ServingSpec:
     benchmark_input_len: int = 1024
     benchmark_output_len: int = 256
     benchmark_concurrency: int = 16
+    benchmark_range_ratio: float = 0.0  # --random-range-ratio: lengths uniform within mean x (1 +- R)
+    benchmark_prefix_len: int = 0  # --random-prefix-len: tokens every prompt shares (prefix-cache hits)
+    # What the plan predicts `vllm bench serve` reports for that load: (result key, value) pairs,
+    # printed beside the measurement (the verdict stays on the measurement and the SLA).
+    benchmark_predicted: tuple[tuple[str, float], ...] = ()
     image_pull_policy: str = "IfNotPresent"
     load_balancer_tags: Mapping[str, str] = field(default_factory=dict)  # the stack's tags, for an internal NLB
     # Network policies (infra/k8s/network_policies.py): who may call the API port besides
@@ -233,6 +238,9 @@ class ServingSpec:
         ):
             if value < 1:
                 raise UserError(f"{label} must be at least 1, got {value}")
+        if not 0 <= self.benchmark_range_ratio < 1 or self.benchmark_prefix_len < 0:
+            raise UserError(f"benchmark range ratio must be in [0, 1) and prefix length >= 0, got "
+                            f"{self.benchmark_range_ratio} and {self.benchmark_prefix_len}")  # fmt: skip
         self._check_serve_command()
         self._check_network()
         if _version_tuple(self.ray_version) < RAY_TOKEN_AUTH_MIN_VERSION:

@@ -371,3 +371,45 @@ def performance_json(c: Capacity) -> dict:
         "curve": [_point_json(p, c.gpus) for p in c.curve],
         "refusal": c.refusal() if not c.concurrency else "",
     }
+
+
+# --- The benchmark Job's load ------------------------------------------------------------
+
+# `vllm bench serve --dataset-name random` draws each length uniformly within mean x (1 +- R),
+# R < 1 (benchmarks/datasets/utils.py get_sampling_params); a fixed prefix shared by every
+# request (--random-prefix-len) comes before the drawn part. ASSUMPTION: the workload's
+# lognormal spread s is stood in for by the uniform of the same std / mean (R = s x sqrt(3)),
+# at most BENCH_MAX_RANGE_RATIO; the prediction beside the measurement is for that load.
+BENCH_MAX_RANGE_RATIO = 0.9
+MIN_BENCH_PROMPTS = 200
+BENCH_PROMPTS_PER_SLOT = 4
+
+
+@dataclass(frozen=True)
+class BenchmarkLoad:
+    """What the benchmark Job sends (random dataset, closed loop at the SLA capacity) and what
+    the model predicts `vllm bench serve` prints for it (whole run, as the tool reports)."""
+
+    input_len: int  # --random-input-len: the drawn part, after the shared prefix
+    output_len: int  # --random-output-len (with --ignore-eos, exactly the drawn length)
+    range_ratio: float  # --random-range-ratio
+    prefix_len: int  # --random-prefix-len
+    concurrency: int  # --max-concurrency
+    prompts: int  # --num-prompts
+    predicted: tuple[tuple[str, float], ...]  # (result key as serve.py writes it, value)
+
+
+def benchmark_load(s: predict.Setup, w: WorkloadSpec, concurrency: int, *, seed: int = 0) -> BenchmarkLoad:
+    prefix = int(round(w.input_tokens * w.prefix_cache_hit_rate))
+    drawn = max(1, w.input_tokens - prefix)
+    ratio = round(min(BENCH_MAX_RANGE_RATIO, w.spread * math.sqrt(3)), 3)
+    prompts = max(MIN_BENCH_PROMPTS, BENCH_PROMPTS_PER_SLOT * concurrency)
+    load = Workload.uniform(prefix + drawn, w.output_tokens, ratio) if ratio else Workload.fixed(prefix + drawn, w.output_tokens)
+    res = predict.run(s, load, concurrency=concurrency, request_rate=None, num_prompts=prompts, seed=seed,
+                      prefix_cache_hit_rate=prefix / (prefix + drawn))  # fmt: skip
+    predicted = (
+        ("median_ttft_ms", res.ttft_ms.p50), ("p99_ttft_ms", res.ttft_ms.p99),
+        ("median_tpot_ms", res.tpot_ms.p50), ("p99_tpot_ms", res.tpot_ms.p99),
+        ("output_throughput", res.output_tokens_per_s), ("request_throughput", res.requests_per_s),
+    )  # fmt: skip
+    return BenchmarkLoad(drawn, w.output_tokens, ratio, prefix, concurrency, prompts, predicted)

@@ -561,8 +561,48 @@ def _swap_reason(old: dict, new: dict, base: dict, head: dict) -> str:
     return ""
 
 
+# Stack outputs that carry the plan's prediction at the SLA capacity (__main__.py): a change
+# there is a change in what the cluster delivers or costs, called out even when no resource
+# changes (a new workload or SLA, say). Label, format, and whether more is better.
+PREDICTION_OUTPUTS: dict[str, tuple[str, str, bool]] = {
+    "slaCapacityConcurrency": ("SLA capacity", "{:,.0f} concurrent requests", True),
+    "slaCapacityRequestsPerSecond": ("request rate within the SLA", "{:,.2f} requests/s", True),
+    "predictedOutputTokensPerSecond": ("output throughput", "{:,.0f} tokens/s", True),
+    "predictedCostPerMillionTokensUsd": ("cost", "${:,.2f} per million output tokens", False),
+}
+# A prediction that gets worse by this share (or more) is a CAUTION, else a WARNING.
+PREDICTION_CAUTION_SHARE = 0.25
+
+
+def _prediction_callout(d: Diff) -> Callout | None:
+    changed = {f.path: f for f in d.outputs if f.path in PREDICTION_OUTPUTS}
+    if not changed:
+        return None
+    parts, worse = [], 0.0
+    for key, (label, fmt, more_is_better) in PREDICTION_OUTPUTS.items():
+        f = changed.get(key)
+        if f is None:
+            continue
+        old, new = (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in (f.old, f.new))
+        show = lambda v: fmt.format(v) if v is not None else "none"  # noqa: E731
+        share = ""
+        if old and new is not None:
+            change = (new - old) / old
+            share = f" ({change:+.0%})"
+            worse = max(worse, -change if more_is_better else change)
+        elif old and new is None:
+            worse = 1.0
+        parts.append(f"{label} {show(old)} → {show(new)}{share}")
+    level = "CAUTION" if worse >= PREDICTION_CAUTION_SHARE else "WARNING"
+    return Callout(level, "**The predicted performance changes** (the plan's model, at the SLA and workload of each side): "
+                   + "; ".join(parts) + ".")
+
+
 def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
     out: list[Callout] = []
+    prediction = _prediction_callout(d)
+    if prediction is not None:
+        out.append(prediction)
     head_by_urn = {r["urn"]: r for r in head["resources"]}
 
     for c in d.changed:

@@ -1,12 +1,14 @@
 """The serving benchmark's Job (infra/k8s/checks.py): wait for the endpoint, run the benchmark, judge its result.
 
     python3 benchmark.py --health-url URL --timeout-s S --result FILE \\
-        --ttft-p99-ms X --tpot-p99-ms Y --requests N -- vllm bench serve ...
+        --ttft-p99-ms X --tpot-p99-ms Y --requests N [--predicted JSON] -- vllm bench serve ...
 
 Waits (at most S seconds) until URL answers 200, runs the command after `--`
-(`vllm bench serve ... --save-result`, which writes FILE), and exits 1 when the
-result misses a threshold (`check_benchmark_result`); a failed command's exit
-status is the Job's. Standard library only.
+(`vllm bench serve ... --save-result`, which writes FILE), prints the measured
+figures beside the plan's prediction for the same load (`--predicted`, result
+keys to values), and exits 1 when the result misses a threshold
+(`check_benchmark_result`; the prediction never decides); a failed command's
+exit status is the Job's. Standard library only.
 """
 
 import argparse
@@ -57,9 +59,24 @@ def wait_healthy(url, timeout_s):
         time.sleep(POLL_S)
 
 
-def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests):
+def comparison(result, predicted):
+    """Lines of `metric  predicted  measured  measured/predicted` for each predicted key."""
+    lines = [f"{'metric':<22} {'predicted':>12} {'measured':>12} {'measured/predicted':>20}"]
+    for key in sorted(predicted):
+        want, got = predicted[key], result.get(key)
+        measured = f"{got:12.2f}" if isinstance(got, (int, float)) else f"{'-':>12}"
+        ratio = f"{got / want:20.2f}" if isinstance(got, (int, float)) and want else f"{'-':>20}"
+        lines.append(f"{key:<22} {want:12.2f} {measured} {ratio}")
+    return lines
+
+
+def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests, predicted=None):
     with open(result_path) as f:
         result = json.load(f)
+    if predicted:
+        print("measured against the plan's prediction for this load:")
+        for line in comparison(result, predicted):
+            print(line)
     problems = check_benchmark_result(result, ttft_p99_ms, tpot_p99_ms, expected_requests)
     print(
         f"p99 TTFT {result.get('p99_ttft_ms')} ms (< {ttft_p99_ms:g}), "
@@ -83,6 +100,7 @@ def main(argv=None):
     parser.add_argument("--ttft-p99-ms", type=float, required=True)
     parser.add_argument("--tpot-p99-ms", type=float, required=True)
     parser.add_argument("--requests", type=int, required=True, help="requests the command sends; all must complete")
+    parser.add_argument("--predicted", type=json.loads, default={}, help="result key -> the plan's predicted value")
     args = parser.parse_args(options)
     if not command:
         parser.error("no benchmark command after --")
@@ -93,7 +111,7 @@ def main(argv=None):
     if done.returncode != 0:
         print(f"BENCHMARK FAILED: {command[0]} exited with {done.returncode}", file=sys.stderr)
         return done.returncode if done.returncode > 0 else 1
-    return verdict(args.result, args.ttft_p99_ms, args.tpot_p99_ms, args.requests)
+    return verdict(args.result, args.ttft_p99_ms, args.tpot_p99_ms, args.requests, args.predicted)
 
 
 if __name__ == "__main__":
