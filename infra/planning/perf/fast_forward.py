@@ -193,20 +193,21 @@ def _groups(e: _Engine) -> list[_Group] | None:
     each batch in flight must hold exactly one signature (else it is a mix the replay cannot
     move as one, e.g. after a merge, a finish or a preemption)."""
     q, k, sync = 1 + e.k, e.k, not e.async_
-    running = {id(r) for r in e.running}
-    batches: dict[int, tuple] = {}  # id(request) -> positions of the batches in flight it is in
+    # Requests are keys by identity (_Req defines no __eq__): no id() call per entry.
+    running = set(e.running)
+    batches: dict = {}  # request -> positions of the batches in flight it is in
     for pos, b in enumerate(e.in_flight):
         for r, n, drafts, epoch in b.entries:
             # Only current decodes of running requests: no prefill chunk, stale or finished entry.
             # Such an entry stays so while its batch is in flight (a request that leaves the
             # running set comes back only with a new epoch): remember the batch.
-            if n != q or drafts != k or epoch != r.epoch or id(r) not in running:
+            if n != q or drafts != k or epoch != r.epoch or r not in running:
                 e.ff_blocked = b
                 return None
-            batches[id(r)] = batches.get(id(r), ()) + (pos,)
+            batches[r] = batches.get(r, ()) + (pos,)
     by_signature: dict[tuple, list] = {}
     for r in e.running:
-        inside = batches.get(id(r), ())
+        inside = batches.get(r, ())
         if r.first < 0 or r.computed < r.prefill_end or r.inflight != len(inside):
             return None
         n = r.num_tokens + r.drafts + r.placeholders - r.computed
@@ -217,9 +218,10 @@ def _groups(e: _Engine) -> list[_Group] | None:
         by_signature.setdefault(key, []).append(r)
     for b in e.in_flight:
         if b.entries:
-            first = b.entries[0][0]
-            if any(batches[id(r)] != batches[id(first)] for r, *_ in b.entries):
-                return None
+            where = batches[b.entries[0][0]]
+            for entry in b.entries:
+                if batches[entry[0]] != where:
+                    return None
     groups = [_Group(reqs) for reqs in by_signature.values()]
     if any(len(g.reqs) * q > e.max_tokens for g in groups):  # a batch cut by the token budget
         return None
