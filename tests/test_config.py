@@ -114,6 +114,7 @@ def test_every_key_reaches_the_plan_request() -> None:
                 "sla": {"ttftP99Ms": 500, "tpotP99Ms": 50, "itlP99Ms": 80},
                 "workload": {"preset": None, "inputTokens": 1000, "outputTokens": 300, "spread": 0.5, "prefixCacheHitRate": 0.25},
             },
+            "checks": {"benchmark": True},
             "cost": {
                 "apiPriceUsdPerMillionTokens": 1.5,
                 "throughputTokensPerSecond": 5000,
@@ -158,6 +159,7 @@ def test_every_key_reaches_the_plan_request() -> None:
         sla=Sla(500.0, 50.0, 80.0),
         workload=WorkloadSpec(1000, 300, 0.5, None, 0.25),
         duty_cycle=0.5,
+        predict_benchmark=True,
     )
 
 

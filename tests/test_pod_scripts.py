@@ -474,7 +474,9 @@ def test_the_benchmark_job_waits_for_the_endpoint_runs_and_judges(tmp_path, endp
 def test_the_benchmark_sends_the_stacks_workload_at_the_planned_capacity_and_prints_the_prediction(tmp_path, endpoint):
     from components.stack import benchmark_load
 
-    plan = _plan("prod")
+    # The stack with its benchmark Job on: the plan predicts what the Job will measure.
+    plan = make_plan(load_stack_file("prod", REPO).plan_request().replace(predict_benchmark=True))
+    assert _plan("prod").benchmark is None  # prod runs no benchmark Job, so nothing to predict
     spec = spec_of("prod", benchmark=True, **benchmark_load(plan))
     argv = checks.benchmark_argv(spec)
 

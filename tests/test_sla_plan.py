@@ -243,3 +243,167 @@ def test_prod_keeps_vllms_batch_defaults_for_the_sla_and_says_what_it_costs():
     # The trade in figures: throughput within the SLA won, sequences at max-model-len lost.
     assert f"{plan.performance.output_tokens_per_s:,.0f} output tokens/s within the SLA" in note
     assert f"{plan.evaluation.max_concurrency:,.2f} sequences at max-model-len" in note
+
+
+# --- The search's details that decide what it costs and reports ----------------------------
+
+
+def test_edge_never_steps_more_than_four_times_past_what_met():
+    # Large loads cost the most to simulate: the search climbs rather than overshoots.
+    seen = []
+    perf._edge(lambda x: seen.append(x) or (x / 900,), 1.0, 4096.0, integer=True)
+    met = 1.0
+    for x in seen[1:]:
+        assert x <= 4 * met
+        if x <= 900:
+            met = max(met, x)
+
+
+def test_edge_on_a_continuous_load_and_from_a_known_miss():
+    lo, hi = perf._edge(lambda x: (x / 2.5,), 1.0, 100.0, integer=False)
+    assert lo <= 2.5 < hi and hi - lo <= lo * perf.BISECT_TOLERANCE
+    calls = []
+    lo, hi = perf._edge(lambda x: calls.append(x) or (x / 50,), 1.0, 4096.0, integer=True, hi=64.0)
+    assert all(x < 64 for x in calls) and lo <= 50 < hi <= 64
+
+
+def test_edge_stops_when_told():
+    calls = []
+    lo, hi = perf._edge(lambda x: calls.append(x) or (x / 50,), 1.0, 4096.0, integer=True,
+                        stop=lambda lo, hi: hi is not None)  # fmt: skip
+    assert hi is not None and calls[-1] == hi and hi > 50  # the first miss ends it
+
+
+def test_a_hint_from_an_equal_layout_settles_the_search_in_two_points(small):
+    full = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False)
+    hinted = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False, hint=(full.concurrency, full.beyond.concurrency))
+    assert (hinted.concurrency, hinted.binding) == (full.concurrency, full.binding)
+    assert sorted(p.concurrency for p in hinted.curve) == [1, full.concurrency, full.beyond.concurrency]
+    # A hint above the capacity is a miss to search below.
+    high = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False, hint=(full.beyond.concurrency * 2, None))
+    assert high.concurrency == pytest.approx(full.concurrency, rel=perf.BISECT_TOLERANCE)
+
+
+def test_a_layout_that_cannot_beat_the_best_stops_at_its_first_miss(small):
+    full = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False)
+    bar = full.output_tokens_per_s * 10
+    out = perf.sla_capacity(small, SHAREGPT, SLA, must_beat=bar)
+    assert out.outclassed and not out.beyond.meets and out.beyond.output_tokens_per_s <= bar
+    assert out.requests_per_s == 0 and len(out.curve) < len(full.curve)
+    passed = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False, must_beat=full.single.output_tokens_per_s)
+    assert not passed.outclassed and passed.concurrency == full.concurrency
+
+
+def test_the_rate_capacity_meets_the_sla_below_the_closed_loops_throughput(small):
+    cap = perf.sla_capacity(small, SHAREGPT, SLA)
+    rate = cap.requests_per_s
+    assert 0.6 * cap.at.requests_per_s <= rate <= cap.at.requests_per_s
+    prompts = max(perf.MIN_MEASURED * 2, 4 * cap.concurrency)
+    assert perf.open_loop(small, SHAREGPT, SLA, rate, prompts=prompts).meets
+
+
+def test_no_rate_meets_when_even_60_percent_misses(small):
+    point = perf.closed_loop(small, SHAREGPT, SLA, 64)
+    assert perf.rate_capacity(small, SHAREGPT, perf.Sla(1e-3, 1e9), point) == 0.0  # no TTFT is that short
+
+
+def test_the_benchmark_load_stands_in_for_the_workload(small):
+    w = perf.WorkloadSpec(1000, 100, 0.3, None, 0.25)
+    b = perf.benchmark_load(small, w, 8)
+    assert (b.prefix_len, b.input_len, b.output_len, b.concurrency) == (250, 750, 100, 8)
+    assert b.range_ratio == pytest.approx(0.3 * math.sqrt(3), abs=1e-3)  # the same std / mean, uniform
+    assert b.prompts == perf.MIN_BENCH_PROMPTS
+    wide = perf.benchmark_load(small, perf.WorkloadSpec(100, 10, 2.0), 100)
+    assert wide.range_ratio == perf.BENCH_MAX_RANGE_RATIO and wide.prompts == perf.BENCH_PROMPTS_PER_SLOT * 100
+    pred = dict(b.predicted)
+    assert set(pred) == {"median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "output_throughput",
+                         "request_throughput"}  # fmt: skip
+    assert 0 < pred["median_ttft_ms"] <= pred["p99_ttft_ms"] and 0 < pred["median_tpot_ms"] <= pred["p99_tpot_ms"]
+    assert pred["output_throughput"] == pytest.approx(pred["request_throughput"] * 100, rel=0.1)
+    cold = dict(perf.benchmark_load(small, perf.WorkloadSpec(1000, 100, 0.3), 8).predicted)
+    assert pred["median_ttft_ms"] < cold["median_ttft_ms"]  # the shared prefix is cached
+
+
+def test_the_performance_json_carries_the_capacity_under_the_issues_names(small):
+    cap = perf.sla_capacity(small, SHAREGPT, perf.Sla(250, 40, 1000))
+    j = perf.performance_json(cap)
+    assert j["sla"] == {"ttft_p99_ms": 250, "tpot_p99_ms": 40, "itl_p99_ms": 1000}
+    assert {k: j["workload"][k] for k in ("preset", "input_tokens", "output_tokens", "spread", "prefix_cache_hit_rate")} == {
+        "preset": "sharegpt", "input_tokens": 220, "output_tokens": 202, "spread": 0.8, "prefix_cache_hit_rate": 0.0}
+    c, at = j["sla_capacity"], cap.at
+    assert (c["concurrency"], c["requests_per_s"], c["binding"], c["ceiling"]) == (cap.concurrency, cap.requests_per_s, cap.binding, cap.ceiling)
+    assert c["closed_loop_requests_per_s"] == at.requests_per_s
+    assert (c["input_tokens_per_s"], c["output_tokens_per_s"]) == (at.input_tokens_per_s, at.output_tokens_per_s)
+    assert c["total_tokens_per_s"] == pytest.approx(at.input_tokens_per_s + at.output_tokens_per_s)
+    assert c["output_tokens_per_s_per_gpu"] == pytest.approx(at.output_tokens_per_s / small.gpus)
+    assert c["ttft_ms"] == {"p50": at.ttft_p50_ms, "p99": at.ttft_p99_ms}
+    assert c["tpot_ms"] == {"p50": at.tpot_p50_ms, "p99": at.tpot_p99_ms}
+    assert [p["concurrency"] for p in j["curve"]] == sorted(p.concurrency for p in cap.curve)
+    for p, q in zip(j["curve"], cap.curve):
+        assert (p["meets_sla"], p["misses"], p["preemptions"]) == (q.meets, list(q.misses), q.preemptions)
+        assert p["itl_ms"] == {"p99": q.itl_p99_ms} and p["request_rate"] is None
+    assert j["single_request"]["concurrency"] == 1 and j["beyond"]["meets_sla"] is False and j["refusal"] == ""
+    none = perf.performance_json(perf.sla_capacity(small, SHAREGPT, perf.Sla(1, 1)))
+    assert none["sla_capacity"]["concurrency"] == 0 and none["sla_capacity"]["ttft_ms"] is None
+    assert none["sla_capacity"]["output_tokens_per_s"] == 0.0 and none["refusal"].startswith("TTFT p99 at concurrency 1")
+
+
+def test_each_missed_term_is_named_in_the_refusal(small):
+    single = perf.closed_loop(small, SHAREGPT, SLA, 1)
+    ttft = perf.sla_capacity(small, SHAREGPT, perf.Sla(single.ttft_p99_ms / 2, 1e6))
+    assert ttft.refusal() == f"TTFT p99 at concurrency 1 is {single.ttft_p99_ms:,.0f} ms > {single.ttft_p99_ms / 2:,.0f} ms"
+    itl = perf.sla_capacity(small, SHAREGPT, perf.Sla(1e6, 1e6, single.itl_p99_ms / 2))
+    assert itl.binding == "itl" and itl.refusal().startswith(f"ITL p99 at concurrency 1 is {single.itl_p99_ms:,.1f} ms")
+
+
+def test_workload_descriptions_presets_and_lengths():
+    assert SHAREGPT.describe() == "sharegpt: 220 input / 202 output tokens, spread 0.8"
+    assert perf.WorkloadSpec(2000, 100).describe() == "fixed: 2,000 input / 100 output tokens"
+    assert perf.WorkloadSpec(2000, 100, 0.5, None, 0.25).describe() == (
+        "lognormal: 2,000 input / 100 output tokens, spread 0.5, 25% of each prompt cached")
+    with pytest.raises(UserError, match="unknown workload preset 'chat'; known: sharegpt"):
+        perf.WorkloadSpec.from_preset("chat")
+    assert perf.WorkloadSpec.from_preset("sharegpt", 0.5).prefix_cache_hit_rate == 0.5
+    from infra.planning.perf.workload import Workload
+
+    assert SHAREGPT.workload() == Workload.lognormal(220, 202, 0.8)
+    assert perf.WorkloadSpec(10, 5).workload() == Workload.fixed(10, 5)
+
+
+def test_token_counts_read_in_units_and_cost_fields_follow_their_inputs():
+    from infra.planning.cost import DAYS_PER_MONTH, _tokens
+
+    assert [_tokens(n) for n in (999, 1500, 2.5e6, 22.8e9, 1.2e12)] == ["999", "1.50k", "2.50M", "22.80B", "1.20T"]
+    c = cost_lines(price_usd_per_hour=1.0, nodes=3, tco_categories=None, api_price_usd_per_mtok=None,
+                   throughput_tokens_per_s=None, predicted_tokens_per_s=10.0)  # fmt: skip
+    assert (c.hourly_usd, c.basis_monthly_usd, c.tco_monthly_usd) == (3.0, 3.0 * HOURS_PER_MONTH, None)
+    assert c.breakeven == {} and c.usd_per_million_tokens["tco"] is None and c.predicted_tokens_per_s == 10.0
+    with_api = cost_lines(price_usd_per_hour=1.0, nodes=3, tco_categories=None, api_price_usd_per_mtok=1.0,
+                          throughput_tokens_per_s=None, predicted_tokens_per_s=10.0)  # fmt: skip
+    assert with_api.breakeven["tokens_per_day"] == pytest.approx(with_api.breakeven["tokens_per_month"] / DAYS_PER_MONTH)
+    assert with_api.breakeven_tokens_per_month == with_api.breakeven["tokens_per_month"]
+
+
+def test_data_parallel_replicas_serve_side_by_side(small):
+    # Four replicas of the one-GPU setup (4 x A10G) at four times the concurrency: each sees
+    # the same load, so latencies match and the throughput is four times as much.
+    from infra.catalog.models import load_model
+
+    four = predict.setup(load_model("qwen3-0.6b"), hardware(instance_type="g5.12xlarge"), predict.Serving(dp=4, max_model_len=8192))
+    fixed = perf.WorkloadSpec(220, 202)  # the same requests on every replica
+    one, many = perf.closed_loop(small, fixed, SLA, 8), perf.closed_loop(four, fixed, SLA, 32)
+    assert many.requests_per_s == pytest.approx(4 * one.requests_per_s, rel=0.02)
+    assert many.tpot_p99_ms == pytest.approx(one.tpot_p99_ms, rel=0.02)
+    # The search's ceiling is every replica's --max-num-seqs.
+    cap = perf.sla_capacity(four, SHAREGPT, perf.Sla(1e6, 1e6), with_rate=False)
+    assert cap.ceiling == 4 * four.knobs.max_num_seqs and cap.binding == "max-num-seqs"
+
+
+def test_tco_is_the_basis_of_the_breakeven_and_the_duty_cycle_scales_both_prices():
+    kw = dict(price_usd_per_hour=10.0, nodes=2, tco_categories={"all": 7300.0}, api_price_usd_per_mtok=2.0,
+              throughput_tokens_per_s=None)  # fmt: skip
+    full = cost_lines(**kw, predicted_tokens_per_s=1000.0)
+    half = cost_lines(**kw, predicted_tokens_per_s=1000.0, duty_cycle=0.5)
+    assert full.basis_monthly_usd == 7300.0 and full.breakeven["tokens_per_month"] == pytest.approx(7300.0 / 2.0 * 1e6)
+    assert half.usd_per_million_tokens["cloud"] == pytest.approx(2 * full.usd_per_million_tokens["cloud"])
+    assert cost_lines(**kw).throughput_source == "none" and cost_lines(**kw).capacity_tokens_per_month is None

@@ -223,4 +223,5 @@ class StackConfig(BaseModel):
             sla=Sla(s.sla.ttft_p99_ms, s.sla.tpot_p99_ms, s.sla.itl_p99_ms),
             workload=s.workload.spec(),
             duty_cycle=c.duty_cycle,
+            predict_benchmark=self.checks.benchmark,
         )

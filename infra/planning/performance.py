@@ -40,7 +40,10 @@ MIN_MEASURED = 64
 MEASURED_PER_SLOT = 2
 # The bisection stops when the bracket is within this share of its low end (or 1).
 BISECT_TOLERANCE = 1 / 8
-CURVE_POINTS = 6
+# The Poisson rate search's first tries, as shares of the closed loop's throughput at the
+# capacity: 1 - RATE_HIGH is within BISECT_TOLERANCE, so a rate that meets there is the answer.
+RATE_HIGH = 0.9
+RATE_LOW = 0.6
 
 
 @dataclass(frozen=True)
@@ -307,8 +310,10 @@ def _binding(p: LoadPoint) -> str:
 
 def rate_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, at_capacity: LoadPoint) -> float:
     """The highest Poisson rate that meets the SLA, at most the capacity concurrency's
-    throughput (an open loop's bursts never let it sustain more): tried at 90% and 60% of it
-    first, then bracketed, over requests worth ~4 of its round trips each; 0 if even 60% misses."""
+    throughput (an open loop's bursts never let it sustain more), to within the bisection's
+    tolerance: 90% of it when that meets (the rest of the bracket is within 1/8), else
+    searched between 60% and 90%; 0 if even 60% misses. Over requests worth ~4 of the
+    capacity's round trips each."""
     top = at_capacity.requests_per_s
     prompts = max(MIN_MEASURED * 2, 4 * (at_capacity.concurrency or 1))
     points: dict[float, LoadPoint] = {}
@@ -318,9 +323,9 @@ def rate_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, at_capacity: Load
             points[rate] = open_loop(s, w, sla, rate, prompts=prompts)
         return _load(sla, points[rate])
 
-    high, low = 0.9 * top, 0.6 * top
+    high, low = RATE_HIGH * top, RATE_LOW * top
     if max(load(high)) <= 1.0:
-        return _edge(load, high, top, integer=False)[0]
+        return high
     if max(load(low)) > 1.0:
         return 0.0
     return _edge(load, low, top, integer=False, hi=high)[0]

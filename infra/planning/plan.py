@@ -515,7 +515,7 @@ def make_plan(req: PlanRequest) -> Plan:
     if tuned_twin is not None:
         best.notes.append(defaults_note(best, capacity, *tuned_twin))
     bench = None
-    if capacity is not None and capacity.concurrency and best.feasible:
+    if req.predict_benchmark and capacity is not None and capacity.concurrency and best.feasible:
         # At the engine as deployed (its settled --max-num-seqs), the load the Job sends.
         bench = performance.benchmark_load(perf_setup(arch, itype, best), req.workload, capacity.concurrency)
     if capacity is not None and capacity.concurrency == 0:

@@ -79,6 +79,7 @@ class PlanRequest:
     sla: Sla | None = None
     workload: WorkloadSpec | None = None
     duty_cycle: float = 1.0  # share of the month at the SLA capacity, for tokens per month
+    predict_benchmark: bool = False  # the benchmark Job runs: predict what it will measure (one more simulation)
 
     def replace(self, **changes) -> "PlanRequest":
         return replace(self, **changes)

@@ -147,7 +147,9 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
 
     The API server takes requests in one at a time, `Efficiency.frontend_intake_s` each
     (chat template, tokenizing; workload.Client): a burst queues there first. Its time
-    that does not queue (`request_overhead_s`) is added to every TTFT."""
+    that does not queue (`request_overhead_s`) is added to every TTFT. With DP each replica
+    has its own: vLLM 0.34 starts one API server per replica by default
+    (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB)."""
     k = s.knobs
     res = simulate(
         s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
