@@ -233,7 +233,7 @@ def sla_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, *, with_rate: bool
         else:
             top = float(hint[0])
     lo, hi = (start, top) if beaten(start, top) else _edge(
-        lambda c: _load(sla, at(int(c))), start, float(ceiling), integer=True, hi=top, stop=beaten)
+        lambda c: sla_ratios(sla, at(int(c))), start, float(ceiling), integer=True, hi=top, stop=beaten)
     best = at(int(lo))
     beyond = at(int(hi)) if hi is not None else None
     binding = _binding(beyond) if beyond is not None else "max-num-seqs"
@@ -247,7 +247,7 @@ def _ok(p: LoadPoint) -> bool:
     return p.meets and p.preemptions == 0
 
 
-def _load(sla: Sla, p: LoadPoint) -> tuple[float, ...]:
+def sla_ratios(sla: Sla, p: LoadPoint) -> tuple[float, ...]:
     """How close a point is to the SLA: each p99 over its threshold (1 = at it); a point
     that preempts counts as over (the KV cache is full)."""
     ratios = (p.ttft_p99_ms / sla.ttft_p99_ms, p.tpot_p99_ms / sla.tpot_p99_ms) + (
@@ -321,7 +321,7 @@ def rate_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, at_capacity: Load
     def load(rate: float) -> tuple[float, ...]:
         if rate not in points:
             points[rate] = open_loop(s, w, sla, rate, prompts=prompts)
-        return _load(sla, points[rate])
+        return sla_ratios(sla, points[rate])
 
     high, low = RATE_HIGH * top, RATE_LOW * top
     if max(load(high)) <= 1.0:

@@ -9,6 +9,8 @@ from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import kv_cache, performance, serving
 from infra.planning.layout import Evaluation, Knobs, evaluate
+from infra.planning.perf import predict
+from infra.planning.perf.hardware import hardware
 from infra.planning.request import PlanRequest
 
 # Feasible layouts the SLA objective simulates, best by the memory ranking first: each
@@ -22,9 +24,6 @@ _RATES: dict = {}
 
 def perf_setup(arch: ModelArch, itype: InstanceType, ev: Evaluation):
     """The performance model's setup of an evaluated layout at its knobs (perf/predict.py)."""
-    from infra.planning.perf import predict
-    from infra.planning.perf.hardware import hardware
-
     k, lay = ev.knobs, ev.layout
     srv = predict.Serving(
         tp=lay.tp, pp=lay.pp, dp=lay.dp, expert_parallel=lay.expert_parallel, kv_cache_dtype=lay.kv_cache_dtype,
@@ -43,13 +42,14 @@ def layout_capacity(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: 
     `must_beat` at least what its first miss served."""
     key = (arch.name, arch.weight_format, arch.model_type, itype.name, ev.layout, ev.knobs, req.workload, req.sla)
     cap = _CAPACITIES.get(key)
+    setup = None
     if cap is None or (cap.outclassed and cap.beyond.output_tokens_per_s > must_beat):
-        cap = performance.sla_capacity(perf_setup(arch, itype, ev), req.workload, req.sla, with_rate=False,
-                                       must_beat=must_beat, hint=hint)  # fmt: skip
+        setup = perf_setup(arch, itype, ev)
+        cap = performance.sla_capacity(setup, req.workload, req.sla, with_rate=False, must_beat=must_beat, hint=hint)
         _CAPACITIES[key] = cap
     if with_rate and cap.concurrency and not cap.outclassed:
         if key not in _RATES:
-            _RATES[key] = performance.rate_capacity(perf_setup(arch, itype, ev), req.workload, req.sla, cap.at)
+            _RATES[key] = performance.rate_capacity(setup or perf_setup(arch, itype, ev), req.workload, req.sla, cap.at)
         cap = cap.with_rate(_RATES[key])
     return cap
 
@@ -94,7 +94,7 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
             hint = (cap.concurrency, cap.beyond.concurrency if cap.beyond else None)
     meeting = sorted((ec for ec in caps if ec[1].concurrency > 0), key=lambda ec: -_best_case(ec[1]))
     if not meeting:
-        ev, cap = min(caps, key=lambda ec: max(performance._load(req.sla, ec[1].single)))
+        ev, cap = min(caps, key=lambda ec: max(performance.sla_ratios(req.sla, ec[1].single)))
         raise UserError(
             f"no layout of {nodes} x {itype.name} meets the SLA for {arch.name} ({req.workload.describe()}): the closest, "
             f"{describe_layout(ev)}, misses it one request at a time: {cap.refusal()}"
@@ -183,20 +183,19 @@ def choose_max_num_seqs(req: PlanRequest, ev: Evaluation, knobs: Knobs, cap: per
         return knobs.max_num_seqs, "pinned"
     if not ev.feasible:
         return knobs.max_num_seqs, "vllm-default"
-    groups, adm, r = list(ev.kv.groups), ev.admission, knobs.release
-    extra = knobs.num_speculative_tokens
     bounds = {"vllm-default": knobs.max_num_seqs, "max-num-batched-tokens": knobs.max_num_batched_tokens}
-    if cap is not None and req.workload is not None:
-        length = min(knobs.max_model_len, req.workload.input_tokens + req.workload.output_tokens + extra)
-        bounds["kv-at-workload"] = ev.num_blocks // max(kv_cache.request_blocks(groups, adm, release=r, max_len=length), 1)
-        if cap.concurrency and cap.binding != "max-num-seqs":
-            bounds["sla-capacity"] = -(-cap.concurrency // ev.layout.dp)
-    else:
-        length = min(knobs.max_model_len, serving.TYPICAL_CONTEXT_TOKENS + extra)
-        bounds["kv-at-typical-context"] = ev.num_blocks // max(kv_cache.request_blocks(groups, adm, release=r, max_len=length), 1)
+    with_workload = cap is not None and req.workload is not None
+    # The requests the KV cache holds at one length (each charged its groups' blocks there,
+    # plus the drafter's lookahead slots).
+    tokens = (req.workload.input_tokens + req.workload.output_tokens) if with_workload else serving.TYPICAL_CONTEXT_TOKENS
+    length = min(knobs.max_model_len, tokens + knobs.num_speculative_tokens)
+    per_request = kv_cache.request_blocks(list(ev.kv.groups), ev.admission, release=knobs.release, max_len=length)
+    bounds["kv-at-workload" if with_workload else "kv-at-typical-context"] = ev.num_blocks // max(per_request, 1)
+    if with_workload and cap.concurrency and cap.binding != "max-num-seqs":
+        bounds["sla-capacity"] = -(-cap.concurrency // ev.layout.dp)
     bound = min(bounds, key=lambda b: (bounds[b], b != "sla-capacity"))
     value = bounds[bound]
     floor = max(1, int(ev.max_concurrency_per_replica))
-    if cap is not None and value < floor:
+    if with_workload and value < floor:
         return floor, "max-model-len-floor"
     return max(1, value), bound
