@@ -264,6 +264,12 @@ def test_infeasible_plan_stops_with_the_numbers():
     _refused(config, "kimi-k3", "4 x p5.48xlarge", "no feasible plan", "TB")
 
 
+def test_an_sla_no_layout_meets_stops_the_program_with_the_best_reachable():
+    config = _with(engine_config("prod", REPO), "serving", sla={"ttftP99Ms": 250, "tpotP99Ms": 2})
+    _refused(config, "no layout of 4 x p5.48xlarge meets the SLA", "TPOT p99 at concurrency 1 is", "> 2.0 ms",
+             "the best it reaches: TTFT p99")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "area, changes, expected",
     [

@@ -407,3 +407,29 @@ def test_tco_is_the_basis_of_the_breakeven_and_the_duty_cycle_scales_both_prices
     assert full.basis_monthly_usd == 7300.0 and full.breakeven["tokens_per_month"] == pytest.approx(7300.0 / 2.0 * 1e6)
     assert half.usd_per_million_tokens["cloud"] == pytest.approx(2 * full.usd_per_million_tokens["cloud"])
     assert cost_lines(**kw).throughput_source == "none" and cost_lines(**kw).capacity_tokens_per_month is None
+
+
+def test_the_json_names_the_largest_graph_capture_at_the_passed_max_num_seqs():
+    from infra.planning import cudagraph
+
+    plan = make_plan(_sla_request(model="qwen3-32b-awq"))
+    got = plan.to_json_dict()["vllm"]["cudagraph_max_capture_size"]
+    # vLLM 0.34 (config/vllm.py _set_cudagraph_sizes): up to min(2 x max-num-seqs, 512), on the
+    # 8-step then 16-step grid, capped by max-num-batched-tokens.
+    sizes = cudagraph.capture_sizes(plan.knobs.release, max_num_seqs=plan.max_num_seqs,
+                                    max_num_batched_tokens=plan.knobs.max_num_batched_tokens)  # fmt: skip
+    assert got == max(sizes) <= min(2 * plan.max_num_seqs, 512)
+
+
+def test_the_plan_shows_a_measurement_beside_the_prediction():
+    from rich.console import Console
+
+    from infra.cli.app import render
+
+    predicted = make_plan(_sla_request(model="qwen3-32b-awq")).performance.output_tokens_per_s
+    plan = make_plan(_sla_request(model="qwen3-32b-awq", throughput_tokens_per_s=predicted / 2))
+    console = Console(record=True, width=200)
+    render(plan, console)
+    text = console.export_text()
+    assert f"{predicted / 2:,.0f} / {predicted:,.0f} output tokens/s = 0.50" in text
+    assert plan.cost.throughput_source == "measured"

@@ -16,7 +16,7 @@ from infra.catalog.models import (
     weight_bytes,
 )
 from infra.errors import UserError
-from infra.planning import kv_cache, memory, model_serving, performance, serving, startup
+from infra.planning import cudagraph, kv_cache, memory, model_serving, performance, serving, startup
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
@@ -148,6 +148,15 @@ class Plan:
             serve=ServeCommand(checkpoint=self.checkpoint, vllm_args=tuple(self.serving_args)),
         )
 
+    def _max_capture_size(self) -> int:
+        """The largest batch vLLM captures a CUDA graph for at the --max-num-seqs passed
+        (cudagraph.capture_sizes, as the memory budget counts them)."""
+        k, gpu = self.knobs, self.instance.gpu
+        return max(cudagraph.capture_sizes(
+            k.release, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens,
+            decode_query_len=1 + k.num_speculative_tokens, sm100=gpu.compute_capability.startswith("10"),
+            ceiling=cudagraph.model_ceiling(k.release, self.model.model_type)))  # fmt: skip
+
     def to_json_dict(self) -> dict:
         arch, lay, tight, ev = self.model, self.layout, self.constrained, self.evaluation
         per_rank = {}
@@ -195,6 +204,7 @@ class Plan:
                 "max_num_batched_tokens": self.knobs.max_num_batched_tokens,
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_seqs_bound": self.max_num_seqs_bound,
+                "cudagraph_max_capture_size": self._max_capture_size(),
                 "speculative": self.speculative,
                 "extensible_kv_cache": self.knobs.release.extensible_kv_cache,
                 "cudagraph_accounting": _cudagraph_accounting(self.knobs.release),

@@ -97,7 +97,8 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
         ev, cap = min(caps, key=lambda ec: max(performance.sla_ratios(req.sla, ec[1].single)))
         raise UserError(
             f"no layout of {nodes} x {itype.name} meets the SLA for {arch.name} ({req.workload.describe()}): the closest, "
-            f"{describe_layout(ev)}, misses it one request at a time: {cap.refusal()}"
+            f"{describe_layout(ev)}, misses it one request at a time: {cap.refusal()} (the best it reaches: TTFT p99 "
+            f"{cap.single.ttft_p99_ms:,.0f} ms, TPOT p99 {cap.single.tpot_p99_ms:,.1f} ms)"
         )
     meeting[0] = (meeting[0][0], layout_capacity(req, arch, itype, meeting[0][0]))
     usd_hour = itype.price_usd_per_hour * nodes
