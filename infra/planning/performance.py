@@ -412,6 +412,8 @@ def benchmark_load(s: predict.Setup, w: WorkloadSpec, concurrency: int, *, seed:
     load = Workload.uniform(prefix + drawn, w.output_tokens, ratio) if ratio else Workload.fixed(prefix + drawn, w.output_tokens)
     res = predict.run(s, load, concurrency=concurrency, request_rate=None, num_prompts=prompts, seed=seed,
                       prefix_cache_hit_rate=prefix / (prefix + drawn))  # fmt: skip
+    # The keys `vllm bench serve --save-result` writes (0.34.0 benchmarks/serve.py: median_<metric>_ms
+    # always, p<p>_<metric>_ms per --metric-percentiles, output_throughput, request_throughput).
     predicted = (
         ("median_ttft_ms", res.ttft_ms.p50), ("p99_ttft_ms", res.ttft_ms.p99),
         ("median_tpot_ms", res.tpot_ms.p50), ("p99_tpot_ms", res.tpot_ms.p99),
