@@ -455,7 +455,8 @@ def test_the_benchmark_job_waits_for_the_endpoint_runs_and_judges(tmp_path, endp
     service = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}"
 
     def here(argv):
-        return [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench")) for a in local(argv)]
+        return [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench"))
+                .replace(checks.BENCHMARK_SUMMARY_PATH, str(tmp_path / "termination-log")) for a in local(argv)]  # fmt: skip
 
     env = {
         "PATH": f"{fake_bin(tmp_path, vllm=FAKE_BENCH)}:/usr/bin:/bin",
@@ -469,6 +470,13 @@ def test_the_benchmark_job_waits_for_the_endpoint_runs_and_judges(tmp_path, endp
     assert json.loads((tmp_path / "bench.json").read_text()) == here(checks.benchmark_argv(spec))[1:]
     if rc == 0:
         assert f"< {spec.ttft_p99_ms:g}" in done.stdout  # the thresholds the stack config gave
+    # The outcome is the container's termination message (Kubernetes keeps it in the pod's status).
+    assert c["terminationMessagePath"] == checks.BENCHMARK_SUMMARY_PATH
+    summary = json.loads((tmp_path / "termination-log").read_text())
+    assert summary["passed"] == (rc == 0) and summary["sla"] == {"ttft_p99_ms": spec.ttft_p99_ms, "tpot_p99_ms": spec.tpot_p99_ms}
+    assert (message.removeprefix("BENCHMARK FAILED: ") in " ".join(summary["problems"])) == (rc != 0)
+    if bench_rc == 0:
+        assert summary["measured"]["p99_tpot_ms"] == result["p99_tpot_ms"]
 
 
 def test_the_benchmark_sends_the_stacks_workload_at_the_planned_capacity_and_prints_the_prediction(tmp_path, endpoint):
@@ -494,7 +502,8 @@ def test_the_benchmark_sends_the_stacks_workload_at_the_planned_capacity_and_pri
     assert predicted["output_throughput"] > 0 and predicted["p99_tpot_ms"] > 0
     c = checks.benchmark_job(spec)["spec"]["template"]["spec"]["containers"][0]
     service = f"http://{spec.service_name}.{spec.namespace}.svc.cluster.local:{serving_spec.API_PORT}"
-    here = [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench")) for a in local(c["command"] + c["args"])]
+    here = [a.replace(service, endpoint).replace(checks.BENCHMARK_RESULT_DIR, str(tmp_path / "bench"))
+            .replace(checks.BENCHMARK_SUMMARY_PATH, str(tmp_path / "termination-log")) for a in local(c["command"] + c["args"])]  # fmt: skip
     measured = {**RESULT, "completed": spec.benchmark_prompts, "output_throughput": predicted["output_throughput"] / 2}
     env = {"PATH": f"{fake_bin(tmp_path, vllm=FAKE_BENCH)}:/usr/bin:/bin", "ARGV_LOG": str(tmp_path / "bench.json"),
            "FAKE_RESULT": json.dumps(measured)}  # fmt: skip
@@ -503,6 +512,45 @@ def test_the_benchmark_sends_the_stacks_workload_at_the_planned_capacity_and_pri
     row = next(line for line in done.stdout.splitlines() if line.startswith("output_throughput"))
     assert row.split()[1:] == [f"{predicted['output_throughput']:.2f}", f"{measured['output_throughput']:.2f}", "0.50"]
     assert "median_ttft_ms" in done.stdout and "-" in next(x for x in done.stdout.splitlines() if x.startswith("median_ttft_ms"))
+    # MTP is on in prod's plan: the assumed acceptance rate is printed for the measured one to sit beside.
+    assert plan.knobs.num_speculative_tokens and "spec_decode_acceptance_rate" in predicted
+
+    # Read back as `kubectl get pods -o json` shows it, the outcome is priced in the plan's terms.
+    pod = {"kind": "List", "items": [{"kind": "Pod", "metadata": {"name": "b-1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                                      "status": {"containerStatuses": [{"name": "benchmark", "state": {"terminated": {
+                                          "exitCode": 0, "message": (tmp_path / "termination-log").read_text()}}}]}}]}  # fmt: skip
+    report = subprocess.run([sys.executable, "-m", "infra", "benchmark-report", "-", "--stack", "prod"], input=json.dumps(pod),
+                            capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    out = " ".join(report.stdout.replace("│", " ").split())
+    assert f"output_throughput {predicted['output_throughput']:,.2f} {measured['output_throughput']:,.2f} 0.50" in out
+    hourly = plan.instance.price_usd_per_hour * plan.nodes
+    assert f"${hourly / (measured['output_throughput'] * 3600) * 1e6:,.2f} cloud" in out
+    assert f"gpu-serving:cost.throughputTokensPerSecond: {measured['output_throughput']:.0f}" in out
+
+
+def test_the_benchmark_report_reads_the_log_too_and_names_what_is_missing():
+    from infra.cli import benchmark_report as br
+    from infra.errors import UserError
+
+    outcome = benchmark.summary({"completed": 10, "p99_ttft_ms": 300.0, "p99_tpot_ms": 20.0}, {"p99_ttft_ms": 200.0},
+                                250.0, 40.0, ["p99 TTFT 300.0 ms is not below 250 ms"])  # fmt: skip
+    log = f"starting\n{benchmark.SUMMARY_PREFIX}{json.dumps(outcome)}\n"
+    read = br.read_summary(log)
+    assert not read["passed"] and "missed: p99 TTFT 300.0 ms" in br.verdict_line(read)
+    ttft = next(r for r in br.rows(read) if r.metric == "p99_ttft_ms")
+    assert ttft.ratio == pytest.approx(1.5)
+    running = {"kind": "Pod", "metadata": {"name": "b-1"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}}
+    with pytest.raises(UserError, match="b-1 has not finished"):
+        br.read_summary(json.dumps(running))
+    crashed = {"kind": "Pod", "metadata": {"name": "b-2"}, "status": {"containerStatuses": [
+        {"state": {"terminated": {"exitCode": 137, "message": "Killed"}}}]}}  # fmt: skip
+    with pytest.raises(UserError, match="b-2 ended \\(exit 137\\) without a summary; its log's tail: Killed"):
+        br.read_summary(json.dumps(crashed))
+    with pytest.raises(UserError, match="no 'benchmark summary:' line"):
+        br.read_summary("INFO some other log\n")
+    with pytest.raises(UserError, match="no pod"):
+        br.read_summary(json.dumps({"kind": "List", "items": []}))
 
 
 def test_the_benchmark_gives_up_on_an_endpoint_that_never_answers(tmp_path, capsys):

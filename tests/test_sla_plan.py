@@ -233,16 +233,48 @@ def test_the_printed_concurrency_is_vllms_at_the_passed_max_num_seqs():
     assert at_passed.max_concurrency > at_default.max_concurrency
 
 
-def test_prod_keeps_vllms_batch_defaults_for_the_sla_and_says_what_it_costs():
+def test_prod_turns_mtp_on_at_vllms_batch_defaults_and_says_what_that_rests_on():
+    from dataclasses import replace
+
     from infra.config import load_stack_file
 
-    plan = make_plan(load_stack_file("prod", REPO).plan_request())
+    req = load_stack_file("prod", REPO).plan_request()
+    assert req.speculative_method is None  # prod leaves speculative decoding to the search
+    plan = make_plan(req)
     data = plan.to_json_dict()
     assert data["vllm"]["async_scheduling"] and data["vllm"]["max_num_batched_tokens"] == 8192
-    note = next(n for n in data["vllm"]["notes"] if n.startswith("vLLM's batch defaults"))
-    # The trade in figures: throughput within the SLA won, sequences at max-model-len lost.
+    assert data["vllm"]["speculative"] == {"method": "mtp", "num_speculative_tokens": 1}
+    args = plan.serving_args
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 1}
+    note = next(n for n in data["vllm"]["notes"] if n.startswith("MTP speculative decoding on"))
     assert f"{plan.performance.output_tokens_per_s:,.0f} output tokens/s within the SLA" in note
-    assert f"{plan.evaluation.max_concurrency:,.2f} sequences at max-model-len" in note
+    assert f"ASSUMPTION: {predict.DEFAULT_MTP_ACCEPTANCE:.0%} of drafted tokens accepted" in note
+    # The runner-up is the same layout without the drafter, and `off` plans exactly that.
+    runner = data["runner_up"]
+    assert "MTP" not in runner["layout"] and runner["output_tokens_per_s"] < plan.performance.output_tokens_per_s
+    off = make_plan(replace(req, speculative_method="off"))
+    assert off.speculative is None and "--speculative-config" not in off.serving_args
+    assert off.performance.output_tokens_per_s == pytest.approx(runner["output_tokens_per_s"])
+    assert f"against {off.performance.output_tokens_per_s:,.0f} without it" in note
+    # Without MTP, vLLM's batch defaults still beat the knobs that hold the most sequences, and say so.
+    off_notes = off.to_json_dict()["vllm"]["notes"]
+    defaults = next(n for n in off_notes if n.startswith("vLLM's batch defaults"))
+    assert f"{off.performance.output_tokens_per_s:,.0f} output tokens/s within the SLA" in defaults
+    assert f"{off.evaluation.max_concurrency:,.2f} sequences at max-model-len" in defaults
+
+
+def test_the_benchmark_compares_the_measured_acceptance_with_the_assumed(small):
+    s = _setup_with_mtp()
+    load = perf.benchmark_load(s, SHAREGPT, 4)
+    assert dict(load.predicted)["spec_decode_acceptance_rate"] == pytest.approx(100 * predict.DEFAULT_MTP_ACCEPTANCE)
+    assert "spec_decode_acceptance_rate" not in dict(perf.benchmark_load(small, SHAREGPT, 4).predicted)
+
+
+def _setup_with_mtp():
+    from infra.catalog.models import load_model
+
+    return predict.setup(load_model("deepseek-r1"), hardware(gpu="H200-141GB"),
+                         predict.Serving(tp=8, max_model_len=8192, num_speculative_tokens=1))  # fmt: skip
 
 
 # --- The search's details that decide what it costs and reports ----------------------------

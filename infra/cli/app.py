@@ -26,7 +26,7 @@ from rich.table import Table
 
 from infra.errors import UserError
 from infra.planning import Plan, PlanRequest, make_plan
-from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_METHODS, WEIGHT_FORMAT_CHOICES
+from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_CHOICES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import supported_range
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline tools of the GPU serving stack.")
@@ -116,6 +116,9 @@ def render(plan: Plan, console: Console) -> None:
         t.add_row("tokens (all replicas)", f"{kv['tokens']:,}")
         t.add_row("batching", f"--max-num-batched-tokens {v['max_num_batched_tokens']:,}, async scheduling "
                   f"{'on' if v['async_scheduling'] else 'off'}: sliding windows hold {v['sliding_window_in_flight_tokens']:,} in-flight tokens")
+        if v.get("speculative"):
+            t.add_row("speculative decoding", f"{v['speculative']['method']}, {v['speculative']['num_speculative_tokens']} draft "
+                      "token(s) a step: the draft layer's weights, KV cache and CUDA graphs counted")
         t.add_row("CUDA graphs", v["cudagraph_accounting"])
         console.print(t)
 
@@ -255,7 +258,7 @@ def plan(
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="Default: searched (vLLM's unless a smaller chunk admits markedly more)."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Default: what the KV cache admits at a typical context."),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help=f"vLLM release whose accounting to follow ({supported_range()})."),
-    speculative_method: Optional[str] = typer.Option(None, "--speculative-method", help=f"Speculative decoding: {', '.join(SPECULATIVE_METHODS)} (the model's MTP layers)."),
+    speculative_method: Optional[str] = typer.Option(None, "--speculative-method", help=f"Speculative decoding: {', '.join(SPECULATIVE_CHOICES)} (mtp: the model's MTP layers; unset: the sla-throughput-per-dollar search tries it)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="Tokens drafted per step (default 1 with a method)."),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help=f"One of: {', '.join(KV_CACHE_DTYPES)}."),
     weight_format: Optional[str] = typer.Option(None, "--weight-format", help=f"One of: {', '.join(WEIGHT_FORMAT_CHOICES)} (default: the checkpoint's own)."),
@@ -353,6 +356,40 @@ def diff_command(
     except UserError as err:
         _fail(str(err))
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@app.command(name="benchmark-report", no_args_is_help=True)
+def benchmark_report_command(
+    source: str = typer.Argument(..., help="File, or - for stdin: `kubectl get pods -l job-name=NAME-benchmark -o json`, or the Job's log."),
+    stack: Optional[str] = typer.Option(None, help="Price the measured throughput with Pulumi.<stack>.yaml's cost inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the Job's summary as JSON."),
+) -> None:
+    """The benchmark Job's outcome, measured beside predicted, in the plan's terms. Exit 1 when it missed the SLA."""
+    from infra.cli import benchmark_report as br
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as err:
+        _fail(f"cannot read {source}: {err.strerror or err}")
+    try:
+        summary = br.read_summary(text)
+        extra = br.cost_at_measurement(summary, stack) if stack else []
+    except UserError as err:
+        _fail(str(err))
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    else:
+        console = Console()
+        t = _table("Benchmark: measured against the plan's prediction for the same load",
+                   "metric", "predicted", "measured", "measured / predicted")  # fmt: skip
+        for r in br.rows(summary):
+            t.add_row(r.metric, "-" if r.predicted is None else f"{r.predicted:,.2f}",
+                      "-" if r.measured is None else f"{r.measured:,.2f}", "-" if r.ratio is None else f"{r.ratio:.2f}")  # fmt: skip
+        console.print(t)
+        console.print(escape(br.verdict_line(summary)))
+        for line in extra:
+            console.print(escape(line))
+    raise typer.Exit(0 if summary.get("passed") else 1)
 
 
 @app.command(no_args_is_help=True)

@@ -398,9 +398,10 @@ class LifecycleConfig(_Area):
 class SpeculativeConfig(_Area):
     """`gpu-serving:serving.speculative`: speculative decoding (vLLM `--speculative-config`)."""
 
-    method: Literal["mtp"] = Field(
+    method: Literal["mtp", "off"] = Field(
         default="mtp",
-        description="Drafter: `mtp`, the model's own multi-token-prediction layers (the model must have them).",
+        description="Drafter: `mtp`, the model's own multi-token-prediction layers (the model must have them); "
+        "`off`: none, whatever the search would choose.",
     )
     num_speculative_tokens: int = Field(
         default=1, ge=1, le=16, description="Tokens drafted per step (`num_speculative_tokens`)."
@@ -523,8 +524,9 @@ class ServingConfig(_Area):
     )
     speculative: Optional[SpeculativeConfig] = Field(
         default=None,
-        description="Speculative decoding with the model's MTP layers (`--speculative-config`); null = none. "
-        "The draft weights, its KV cache and its CUDA graphs count in the plan.",
+        description="Speculative decoding with the model's MTP layers (`--speculative-config`); null = the "
+        "`sla-throughput-per-dollar` search tries one draft token against none where the model has MTP layers "
+        "(other objectives: none). The draft weights, its KV cache and its CUDA graphs count in the plan.",
     )
     objective: Objective = Field(
         default="sla-throughput-per-dollar",

@@ -212,7 +212,7 @@ class StackConfig(BaseModel):
             async_scheduling=s.async_scheduling,
             vllm_version=s.vllm_version,
             speculative_method=s.speculative.method if s.speculative else None,
-            num_speculative_tokens=s.speculative.num_speculative_tokens if s.speculative else None,
+            num_speculative_tokens=s.speculative.num_speculative_tokens if s.speculative and s.speculative.method != "off" else None,
             weight_format=self.model.weight_format,
             objective=s.objective,
             target_concurrency=s.target_concurrency,

@@ -60,6 +60,10 @@ EFA_CHECK_AWAIT = {"pulumi.com/skipAwait": "true", "pulumi.com/deletionPropagati
 
 BENCHMARK_RESULT_DIR = "/tmp/bench"
 BENCHMARK_RESULT_FILE = "result.json"
+# The container's termination message (Container.terminationMessagePath's default): the
+# kubelet keeps what the script writes there in the pod's status after it exits, for
+# `python -m infra benchmark-report`; no API token or RBAC needed to publish it.
+BENCHMARK_SUMMARY_PATH = "/dev/termination-log"
 BENCHMARK_RUN_ALLOWANCE_S = 1800
 # `vllm bench serve` is one asyncio process (vllm/benchmarks/serve.py, asyncio.run(main_async)): a
 # core of its own keeps the client from adding to the latencies it measures, and a limit of two
@@ -225,6 +229,7 @@ def benchmark_args(spec: ServingSpec) -> list[str]:
         "--tpot-p99-ms", str(float(spec.tpot_p99_ms)),
         "--requests", str(spec.benchmark_prompts),
         "--predicted", json.dumps(dict(spec.benchmark_predicted), sort_keys=True),
+        "--summary", BENCHMARK_SUMMARY_PATH,
         "--",
         *benchmark_argv(spec),
     ]  # fmt: skip
@@ -248,6 +253,9 @@ def benchmark_job(spec: ServingSpec) -> dict:
         "resources": {k: dict(v) for k, v in BENCHMARK_RESOURCES.items()},
         "securityContext": pod_security.container_security_context(),
         "volumeMounts": [weights_mount(spec), script_files.volume_mount(), tmp_mount()],
+        # The summary written there is the message; if the script dies first, the log's tail is.
+        "terminationMessagePath": BENCHMARK_SUMMARY_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     return {
         "apiVersion": "batch/v1",

@@ -419,4 +419,8 @@ def benchmark_load(s: predict.Setup, w: WorkloadSpec, concurrency: int, *, seed:
         ("median_tpot_ms", res.tpot_ms.p50), ("p99_tpot_ms", res.tpot_ms.p99),
         ("output_throughput", res.output_tokens_per_s), ("request_throughput", res.requests_per_s),
     )  # fmt: skip
+    if s.knobs.num_speculative_tokens:
+        # serve.py (0.34.0) writes the drafts accepted over the run, in percent, when the
+        # server exports vllm:spec_decode_* metrics; the model assumes the rate it is given.
+        predicted += (("spec_decode_acceptance_rate", 100 * s.serving.acceptance_rate),)
     return BenchmarkLoad(drawn, w.output_tokens, ratio, prefix, concurrency, prompts, predicted)

@@ -24,6 +24,7 @@ from infra.planning.memory import KV_DTYPE_BYTES, GiB, RankBudget
 from infra.planning.request import (
     GPU_MEMORY_UTILIZATION_RANGE,
     KV_CACHE_DTYPES,
+    SPECULATIVE_CHOICES,
     SPECULATIVE_METHODS,
     WEIGHT_FORMAT_CHOICES,
     PlanRequest,
@@ -33,6 +34,7 @@ from infra.planning.sla_search import (
     by_sla_throughput,
     choose_max_num_seqs,
     defaults_note,
+    mtp_note,
     describe_layout,
     layout_capacity,
     perf_setup,
@@ -246,9 +248,9 @@ def _check_request(req: PlanRequest) -> None:
         value = getattr(req, name)
         need(value is None or value >= 1, f"{name.replace('_', '-')} must be at least 1, got {value}")
     release(req.vllm_version)  # refuses a release outside the supported range
-    need(req.speculative_method is None or req.speculative_method in SPECULATIVE_METHODS,
-         f"speculative method {req.speculative_method!r} is not one the planner accounts for: {', '.join(SPECULATIVE_METHODS)}")  # fmt: skip
-    need(req.num_speculative_tokens is None or req.speculative_method is not None,
+    need(req.speculative_method is None or req.speculative_method in SPECULATIVE_CHOICES,
+         f"speculative method {req.speculative_method!r} is not one the planner accounts for: {', '.join(SPECULATIVE_CHOICES)}")  # fmt: skip
+    need(req.num_speculative_tokens is None or req.speculative_method in SPECULATIVE_METHODS,
          "num-speculative-tokens needs a speculative method (mtp)")  # fmt: skip
     if req.max_num_batched_tokens and req.max_num_seqs:
         # config/scheduler.py SchedulerConfig.verify_max_model_len
@@ -262,7 +264,7 @@ def _check_request(req: PlanRequest) -> None:
 
 
 def _speculative_tokens(req: PlanRequest, arch: ModelArch) -> int:
-    if not req.speculative_method:
+    if req.speculative_method in (None, "off"):
         return 0
     if not arch.mtp_layers:
         raise UserError(f"{arch.name} has no multi-token-prediction layers: speculative method {req.speculative_method!r} needs them")
@@ -523,7 +525,11 @@ def make_plan(req: PlanRequest) -> Plan:
             req, arch, itype, nodes, best, capacity, max_num_seqs, max_num_seqs_bound)
         knobs = best.knobs
     if tuned_twin is not None:
-        best.notes.append(defaults_note(best, capacity, *tuned_twin))
+        # The twin at the --max-num-seqs passed too, so the two KV figures compare like for like.
+        twin, twin_cap = tuned_twin
+        same = evaluate(arch, itype, nodes, twin.layout, twin.knobs.replace(max_num_seqs=knobs.max_num_seqs))
+        note = mtp_note if knobs.num_speculative_tokens else defaults_note
+        best.notes.append(note(best, capacity, same if same.feasible else twin, twin_cap))
     bench = None
     if req.predict_benchmark and capacity is not None and capacity.concurrency and best.feasible:
         # At the engine as deployed (its settled --max-num-seqs), the load the Job sends.
@@ -531,7 +537,7 @@ def make_plan(req: PlanRequest) -> Plan:
     if capacity is not None and capacity.concurrency == 0:
         warnings.append(f"{describe_layout(best)} misses the SLA even one request at a time: {capacity.refusal()}")
     speculative = (
-        {"method": req.speculative_method, "num_speculative_tokens": knobs.num_speculative_tokens}
+        {"method": req.speculative_method or "mtp", "num_speculative_tokens": knobs.num_speculative_tokens}
         if knobs.num_speculative_tokens
         else None
     )

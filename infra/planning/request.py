@@ -28,6 +28,10 @@ WEIGHT_FORMAT_CHOICES = ("bf16", "fp8", "mxfp4", "nvfp4", "int4")
 # Speculative decoding the planner accounts for: the model's own multi-token-
 # prediction layers as the drafter (vLLM config/speculative.py method "mtp").
 SPECULATIVE_METHODS = ("mtp",)
+# What a request may say of speculative decoding: a drafter, or "off"; unset (None), the
+# sla-throughput-per-dollar search tries the model's MTP layers with one draft token against
+# none (sla_search.by_sla_throughput) and every other objective plans none.
+SPECULATIVE_CHOICES = SPECULATIVE_METHODS + ("off",)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class PlanRequest:
     max_num_seqs: int | None = None  # default: derived from KV capacity
     async_scheduling: bool | None = None  # default: vLLM's, unless turning it off admits markedly more
     vllm_version: str = PINNED  # the release whose accounting the plan follows (infra/planning/vllm_release.py)
-    speculative_method: str | None = None  # "mtp": the model's MTP layers draft
+    speculative_method: str | None = None  # "mtp": the model's MTP layers draft; "off"; None: searched (SPECULATIVE_CHOICES)
     num_speculative_tokens: int | None = None  # tokens drafted per step (1 with a method and no count)
     kv_cache_dtype: str | None = None  # None: the model's own ("auto"), FP8 only if that does not fit
     weight_format: str | None = None  # default: the checkpoint's own

@@ -59,8 +59,37 @@ def describe_layout(ev: Evaluation) -> str:
     ep = " with expert parallel" if lay.expert_parallel else ""
     kv = f", {lay.kv_cache_dtype} KV" if lay.kv_cache_dtype != "auto" else ""
     k = ev.knobs
-    knobs = f" (--max-num-batched-tokens {k.max_num_batched_tokens}, {'async' if k.async_scheduling else 'no async'} scheduling)" if k else ""
+    mtp = f", MTP drafting {k.num_speculative_tokens}" if k and k.num_speculative_tokens else ""
+    knobs = f" (--max-num-batched-tokens {k.max_num_batched_tokens}, {'async' if k.async_scheduling else 'no async'} scheduling{mtp})" if k else ""
     return f"TP {lay.tp} x PP {lay.pp} x DP {lay.dp}{ep}{kv}{knobs}"
+
+
+# Draft tokens the search tries MTP with: one, the depth DeepSeek's MTP module is trained for
+# (DeepSeek-V3 report, arXiv 2412.19437, section 2.2: D = 1) and the acceptance
+# predict.DEFAULT_MTP_ACCEPTANCE cites is for.
+SEARCHED_DRAFT_TOKENS = 1
+
+
+def mtp_variant(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, ev: Evaluation | None) -> Evaluation | None:
+    """The layout with the model's MTP layers drafting SEARCHED_DRAFT_TOKENS, when the request
+    leaves speculative decoding to the search and the model has MTP layers and it fits."""
+    if ev is None or req.speculative_method is not None or not arch.mtp_layers or ev.knobs.num_speculative_tokens:
+        return None
+    drafted = evaluate(arch, itype, nodes, ev.layout, ev.knobs.replace(num_speculative_tokens=SEARCHED_DRAFT_TOKENS))
+    return drafted if drafted.feasible else None
+
+
+def mtp_note(chosen: Evaluation, cap: performance.Capacity, plain: Evaluation, plain_cap: performance.Capacity) -> str:
+    """Why the plan turns MTP on, and what that rests on."""
+    other = f"less than {_best_case(plain_cap):,.0f}" if plain_cap.outclassed else f"{plain_cap.output_tokens_per_s:,.0f}"
+    return (
+        f"MTP speculative decoding on (--speculative-config method mtp, {chosen.knobs.num_speculative_tokens} draft "
+        f"token): {cap.output_tokens_per_s:,.0f} output tokens/s within the SLA against {other} without it, for "
+        f"{chosen.max_concurrency:,.2f} sequences at max-model-len instead of {plain.max_concurrency:,.2f} (the draft layer's "
+        f"weights, KV cache and CUDA graphs). ASSUMPTION: {predict.DEFAULT_MTP_ACCEPTANCE:.0%} of drafted tokens accepted "
+        "(DeepSeek-V3 report, section 5.4.3); the benchmark Job prints the measured rate beside it "
+        "(spec_decode_acceptance_rate); set gpu-serving:serving.speculative.method off to plan without it"
+    )
 
 
 def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, ranked: list[Evaluation],
@@ -85,13 +114,18 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     # Each candidate only has to beat the best so far: its search stops at a miss that serves
     # less (performance.sla_capacity must_beat). The Poisson rate only for the winner.
     # The best so far's bracket is each next one's first guess (performance.sla_capacity hint).
-    caps, top, hint = [], 0.0, None
+    caps, top, hint, lead = [], 0.0, None, None
     for ev in pool:
         cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint)
         caps.append((ev, cap))
         if cap.concurrency and not cap.outclassed and cap.output_tokens_per_s > top:
-            top = cap.output_tokens_per_s
+            top, lead = cap.output_tokens_per_s, ev
             hint = (cap.concurrency, cap.beyond.concurrency if cap.beyond else None)
+    # MTP on/off: the leader with the model's MTP layers drafting one token, when the request
+    # leaves speculative decoding open (its memory: the draft layer's weights, KV and graphs).
+    drafted = mtp_variant(req, arch, itype, nodes, lead)
+    if drafted is not None:
+        caps.append((drafted, layout_capacity(req, arch, itype, drafted, with_rate=False, must_beat=top, hint=hint)))
     meeting = sorted((ec for ec in caps if ec[1].concurrency > 0), key=lambda ec: -_best_case(ec[1]))
     if not meeting:
         ev, cap = min(caps, key=lambda ec: max(performance.sla_ratios(req.sla, ec[1].single)))
@@ -127,9 +161,12 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
             "output_tokens_per_s_is_upper_bound": cap2.outclassed,
             "output_tokens_per_s_per_usd_hour": best2 / usd_hour if usd_hour else None, "why": why,
         }  # fmt: skip
-    # The same layout at the knobs tune() chose for KV, beaten by vLLM's defaults: the plan says so.
+    # The same layout at the knobs tune() chose for KV, beaten by vLLM's defaults; or without
+    # the MTP drafter that won: the plan says so.
     twin = next(((ev, cap) for ev, cap in caps if ev is not win_ev and ev.layout == win_ev.layout
                  and ev.knobs != win_ev.knobs and win_ev.knobs == defaults), None)  # fmt: skip
+    if win_ev is drafted:
+        twin = next((ev, cap) for ev, cap in caps if ev is lead)
     order = [win_ev] + [ev for ev in ranked if ev is not win_ev]
     return order, win, runner_up, twin
 

@@ -1,14 +1,18 @@
 """The serving benchmark's Job (infra/k8s/checks.py): wait for the endpoint, run the benchmark, judge its result.
 
     python3 benchmark.py --health-url URL --timeout-s S --result FILE \\
-        --ttft-p99-ms X --tpot-p99-ms Y --requests N [--predicted JSON] -- vllm bench serve ...
+        --ttft-p99-ms X --tpot-p99-ms Y --requests N [--predicted JSON] [--summary PATH] -- vllm bench serve ...
 
 Waits (at most S seconds) until URL answers 200, runs the command after `--`
 (`vllm bench serve ... --save-result`, which writes FILE), prints the measured
 figures beside the plan's prediction for the same load (`--predicted`, result
 keys to values), and exits 1 when the result misses a threshold
 (`check_benchmark_result`; the prediction never decides); a failed command's
-exit status is the Job's. Standard library only.
+exit status is the Job's. The outcome, measured and predicted side by side, goes
+to PATH as one JSON object (`summary`): the Job points it at the container's
+termination message, which Kubernetes keeps in the pod's status for
+`python -m infra benchmark-report` to read back; it is also the log's last line.
+Standard library only.
 """
 
 import argparse
@@ -70,7 +74,37 @@ def comparison(result, predicted):
     return lines
 
 
-def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests, predicted=None):
+# The log line that carries the summary (benchmark-report finds it in `kubectl logs` too).
+SUMMARY_PREFIX = "benchmark summary: "
+# Kubernetes keeps at most 4,096 bytes of a termination message.
+SUMMARY_MAX_BYTES = 4096
+
+
+def summary(result, predicted, ttft_p99_ms, tpot_p99_ms, problems):
+    """The outcome in one small JSON object: each predicted key's measurement (None when the
+    result lacks it), the prediction, the thresholds, and what failed (empty: passed)."""
+    keys = sorted(set(predicted) | {"completed", "p99_ttft_ms", "p99_tpot_ms"})
+    measured = {k: result.get(k) if isinstance(result.get(k), (int, float)) else None for k in keys}
+    return {
+        "measured": measured,
+        "predicted": dict(predicted),
+        "sla": {"ttft_p99_ms": ttft_p99_ms, "tpot_p99_ms": tpot_p99_ms},
+        "problems": list(problems),
+        "passed": not problems,
+    }
+
+
+def write_summary(path, outcome):
+    text = json.dumps(outcome, sort_keys=True, separators=(",", ":"))
+    print(SUMMARY_PREFIX + text, flush=True)
+    if path:
+        if len(text.encode()) > SUMMARY_MAX_BYTES:  # keep the verdict; drop the figures
+            text = json.dumps({k: outcome[k] for k in ("sla", "problems", "passed")}, sort_keys=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests, predicted=None, summary_path=None):
     with open(result_path) as f:
         result = json.load(f)
     if predicted:
@@ -84,6 +118,7 @@ def verdict(result_path, ttft_p99_ms, tpot_p99_ms, expected_requests, predicted=
     )
     for p in problems:
         print("BENCHMARK FAILED:", p, file=sys.stderr)
+    write_summary(summary_path, summary(result, predicted or {}, ttft_p99_ms, tpot_p99_ms, problems))
     return 1 if problems else 0
 
 
@@ -101,17 +136,23 @@ def main(argv=None):
     parser.add_argument("--tpot-p99-ms", type=float, required=True)
     parser.add_argument("--requests", type=int, required=True, help="requests the command sends; all must complete")
     parser.add_argument("--predicted", type=json.loads, default={}, help="result key -> the plan's predicted value")
+    parser.add_argument("--summary", default=None, help="where to write the outcome as JSON (the termination message)")
     args = parser.parse_args(options)
     if not command:
         parser.error("no benchmark command after --")
+
+    def failed(problem):
+        print("BENCHMARK FAILED:", problem, file=sys.stderr)
+        write_summary(args.summary, summary({}, args.predicted, args.ttft_p99_ms, args.tpot_p99_ms, [problem]))
+
     if not wait_healthy(args.health_url, args.timeout_s):
-        print("the endpoint did not become healthy", file=sys.stderr)
+        failed("the endpoint did not become healthy")
         return 1
     done = subprocess.run(command)
     if done.returncode != 0:
-        print(f"BENCHMARK FAILED: {command[0]} exited with {done.returncode}", file=sys.stderr)
+        failed(f"{command[0]} exited with {done.returncode}")
         return done.returncode if done.returncode > 0 else 1
-    return verdict(args.result, args.ttft_p99_ms, args.tpot_p99_ms, args.requests, args.predicted)
+    return verdict(args.result, args.ttft_p99_ms, args.tpot_p99_ms, args.requests, args.predicted, args.summary)
 
 
 if __name__ == "__main__":
