@@ -46,6 +46,8 @@ def main() -> None:
     pulumi.export("clusterName", stack.cluster.cluster_name)
     pulumi.export("endpoint", stack.cluster.endpoint)
     pulumi.export("kubeconfig", stack.cluster.kubeconfig)  # a secret
+    if stack.cluster.api_tunnel_command is not None:  # private-ssm: open it before kubectl, helm or pulumi
+        pulumi.export("apiTunnelCommand", stack.cluster.api_tunnel_command)
     pulumi.export("gpuNodeGroup", stack.gpu_nodes.node_group_name)
     pulumi.export("imageRepository", stack.image_repository.repository_url)
     pulumi.export("servingEndpoint", stack.serving.endpoint)  # OpenAI-compatible, inside the cluster

@@ -55,6 +55,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -137,6 +138,7 @@ class ClusterArgs:
     endpoint_access: str = access.PRIVATE_SSM
     deployer_cidrs: tuple[str, ...] = ()
     api_tunnel_port: int = 9443
+    aws_profile: Optional[str] = None  # `aws:profile`, for the kubeconfig's `aws eks get-token`
     bastion_subnet_id: Optional[pulumi.Input[str]] = None  # private-ssm: the bastion's private subnet
     admin_principal_arns: tuple[str, ...] = ()
     system_instance_type: str = "m7i.xlarge"
@@ -505,16 +507,23 @@ class EksCluster(pulumi.ComponentResource):
         # -- the deployer's way in ------------------------------------------------------------
         self.bastion: Optional[aws.ec2.Instance] = None
         way_in = self._way_in(name, cluster_name, args, child)
-        mode, port = args.endpoint_access, args.api_tunnel_port
-        bastion_id = self.bastion.id if self.bastion is not None else None
+        mode, port, profile = args.endpoint_access, args.api_tunnel_port, args.aws_profile
+        # Only what lasts as long as the cluster (infra/aws/access.py kubeconfig_document): a new bastion
+        # must not change the provider's kubeconfig, which would replace the provider and all it deploys.
         self.kubeconfig = pulumi.Output.secret(
-            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data, bastion_id).apply(
+            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data).apply(
                 lambda v: json.dumps(
-                    access.kubeconfig_document(v[0], v[1], v[2], region, mode=mode, local_port=port, bastion_id=v[3]),
+                    access.kubeconfig_document(v[0], v[1], v[2], region, mode=mode, local_port=port, profile=profile),
                     sort_keys=True,
                 )
             )
         )
+        # private-ssm: the command that opens the tunnel (a stack output; it names the bastion, which may change).
+        self.api_tunnel_command: Optional[pulumi.Output[str]] = None
+        if self.bastion is not None:
+            self.api_tunnel_command = pulumi.Output.all(self.bastion.id, self.cluster.endpoint).apply(
+                lambda v: shlex.join(access.tunnel_command(v[0], v[1], region, port, profile=profile))
+            )
         # Everything deployed through this provider waits for a node, the add-ons (DNS,
         # CSI) and the way in and, on destroy, is deleted while they still exist.
         self.k8s_provider = k8s.Provider(
@@ -537,6 +546,7 @@ class EksCluster(pulumi.ComponentResource):
                 "node_role_arn": self.node_role_arn,
                 "node_role_name": self.node_role_name,
                 "oidc_issuer": self.oidc_issuer,
+                "api_tunnel_command": self.api_tunnel_command,
             }
         )
 

@@ -25,7 +25,7 @@ from infra.planning.contract import Deployment
 from infra.k8s import network_policies, pod_security
 from infra.k8s.serving_spec import Clients, ServingSpec
 from infra.k8s.staging import staging_image_tag
-from infra.aws.tags import cluster_name as stack_cluster_name, default_tags
+from infra.aws.tags import cluster_name as stack_cluster_name, default_tags, launch_template_tags
 from infra.catalog import eks_versions
 
 
@@ -81,7 +81,11 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         production=life.production,
         expires_at=life.expires_at,
     )
-    provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags))
+    # An explicit provider reads no `aws:` stack config of its own: the profile is passed, when set.
+    provider = aws.Provider(
+        "aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=tags),
+        **({"profile": cfg.aws_profile} if cfg.aws_profile else {}),
+    )  # fmt: skip
     opts = pulumi.ResourceOptions(providers={"aws": provider})
     # The account the provider deploys into (STS GetCallerIdentity), for the key policies and the flow-log role.
     account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
@@ -124,9 +128,10 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             endpoint_access=cl.endpoint_access,
             deployer_cidrs=tuple(cl.deployer_cidrs),
             api_tunnel_port=cl.api_tunnel_port,
+            aws_profile=cfg.aws_profile,
             bastion_subnet_id=network.private_subnet_ids.apply(lambda ids: ids[0]),
             system_release_version=cfg.system_ami_release_version(day),
-            instance_tags=tags,
+            instance_tags=launch_template_tags(tags),  # only tags that never change: a change rolls nodes
             admin_principal_arns=tuple(cl.admin_principal_arns),
             system_instance_type=cl.system_instance_type,
             system_node_count=cl.system_node_count,
@@ -154,7 +159,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             placement_group_name=network.placement_group_name,
             kubernetes_version=kubernetes_version,
             release_version=cfg.ami_release_version(day),
-            tags=tags,
+            tags=launch_template_tags(tags),  # into the launch template: only tags that never change
         ),
         # A GPU node without the VPC CNI (efa-only support), kube-proxy and the pod
         # identity agent never becomes Ready.

@@ -14,7 +14,9 @@ document (infra/aws/access.py names the sources).
 from __future__ import annotations
 
 import json
+import re
 import runpy
+import shlex
 from functools import lru_cache
 from pathlib import Path
 
@@ -130,8 +132,8 @@ def test_private_ssm_gives_a_bastion_a_rule_and_a_tunnelled_kubeconfig():
     cluster = config["clusters"][0]["cluster"]
     assert cluster["server"] == "https://localhost:9443"
     assert cluster["tls-server-name"] == ENDPOINT_HOST  # the name on the API server's certificate
-    (ext,) = cluster["extensions"]
-    command = ext["extension"]["command"]
+    assert "extensions" not in cluster  # nothing of the bastion (test_the_kubeconfig_outlives_the_bastion)
+    command = _tunnel(rec)
     assert command[:3] == ["aws", "ssm", "start-session"]
     assert command[command.index("--target") + 1] == placeholder("id", "gpu-serving-test-bastion")
     assert command[command.index("--document-name") + 1] == "AWS-StartPortForwardingSessionToRemoteHost"
@@ -140,11 +142,44 @@ def test_private_ssm_gives_a_bastion_a_rule_and_a_tunnelled_kubeconfig():
     assert {"gpu-serving-test-bastion", "gpu-serving-test-api-from-bastion"} <= _provider_waits_for(rec)
 
 
+def _tunnel(rec: Recording) -> list[str]:
+    return shlex.split(rec.outputs["apiTunnelCommand"])
+
+
+def _provider_kubeconfig(rec: Recording) -> str:
+    raw = rec.one(K8S_PROVIDER).inputs["kubeconfig"]
+    return unwrap_rpc_secret(raw) if is_rpc_secret(raw) else raw
+
+
+@pytest.mark.parametrize("mode", access.MODES)
+def test_the_kubeconfig_outlives_the_bastion(mode):
+    # pulumi-kubernetes replaces a provider whose kubeconfig cluster changes, and with it every object it
+    # manages. What the provider is given may name the cluster (replaced only with the whole stack), never
+    # another resource: the bastion is replaced by any new version of its launch template (a tag, its AMI).
+    rec = _mode(mode)
+    named = set(re.findall(r"<[a-z-]+:([^>]+)>", _provider_kubeconfig(rec)))
+    assert named == {"gpu-serving-test-eks"}, named
+    assert json.loads(_provider_kubeconfig(rec)) == _kubeconfig(rec)  # the exported one is the provider's
+    assert ("apiTunnelCommand" in rec.outputs) == (mode == access.PRIVATE_SSM)
+
+
+def test_the_kubeconfig_and_the_tunnel_use_the_stacks_aws_profile():
+    rec = _run({**_config({"endpointAccess": "private-ssm"}), "aws:profile": "serving-admin"})
+    exec_args = _kubeconfig(rec)["users"][0]["user"]["exec"]["args"]
+    assert exec_args[exec_args.index("--profile") + 1] == "serving-admin"
+    command = _tunnel(rec)
+    assert command[command.index("--profile") + 1] == "serving-admin"
+    (aws_provider,) = [r for r in rec.resources if r.type == "pulumi:providers:aws"]
+    assert aws_provider.inputs["profile"] == "serving-admin"  # an explicit provider reads no aws: config itself
+    # Without it, no profile anywhere: the standard credential chain.
+    assert "--profile" not in _kubeconfig(_mode(access.PRIVATE_SSM))["users"][0]["user"]["exec"]["args"]
+
+
 def test_private_ssm_tunnel_port_is_the_configs():
     rec = _run(_config({"endpointAccess": "private-ssm", "apiTunnelPort": 18443}))
     cluster = _kubeconfig(rec)["clusters"][0]["cluster"]
     assert cluster["server"] == "https://localhost:18443"
-    assert cluster["extensions"][0]["extension"]["command"][-1].endswith("localPortNumber=18443")
+    assert _tunnel(rec)[-1].endswith("localPortNumber=18443")
 
 
 def test_private_vpc_admits_the_in_vpc_deployer_on_443():
@@ -161,8 +196,8 @@ def test_private_vpc_admits_the_in_vpc_deployer_on_443():
 
 def test_the_exported_kubeconfig_is_a_valid_kubeconfig_in_every_mode():
     # client-go's kubeconfig (clientcmd/api/v1): clusters[].cluster takes server, tls-server-name,
-    # certificate-authority-data and extensions (NamedExtension: name, extension).
-    allowed = {"server", "tls-server-name", "certificate-authority-data", "extensions"}
+    # certificate-authority-data (and extensions, which the stack no longer writes).
+    allowed = {"server", "tls-server-name", "certificate-authority-data"}
     for mode in access.MODES:
         config = _kubeconfig(_mode(mode))
         assert config["apiVersion"] == "v1" and config["kind"] == "Config"

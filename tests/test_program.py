@@ -31,6 +31,7 @@ KEY_FIGURES = {
     "imageRepository", "servingEndpoint", "servedModelName", "weightsFileSystemId",
     "slaCapacityConcurrency", "slaCapacityRequestsPerSecond", "predictedOutputTokensPerSecond",
     "predictedCostPerMillionTokensUsd",
+    "apiTunnelCommand",  # both stacks reach the API through the SSM bastion (private-ssm, the default)
 }  # fmt: skip
 
 

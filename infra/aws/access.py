@@ -21,8 +21,10 @@ deployer out):
   `https://localhost:<apiTunnelPort>` with `tls-server-name` set to the
   endpoint's host, so the API server's certificate still verifies, and is used
   through `aws ssm start-session --document-name
-  AWS-StartPortForwardingSessionToRemoteHost` (the command is in the
-  kubeconfig's `extensions`, and in the README's step-by-step).
+  AWS-StartPortForwardingSessionToRemoteHost` (the stack output
+  `apiTunnelCommand`, and the README's step-by-step). The kubeconfig holds
+  nothing of the bastion, so a new bastion leaves the Kubernetes provider as
+  it is.
 - `private-vpc`: private endpoint only, the deployer runs inside the existing
   VPC (a runner or VPN); `deployerCidrs` get 443 on the cluster security group.
 
@@ -32,8 +34,8 @@ endpoint's name resolves to private addresses inside the VPC only, so access
 from outside needs a bastion, a VPN or a connected network); AWS Systems
 Manager User Guide, "Port forwarding using remote host" (the
 AWS-StartPortForwardingSessionToRemoteHost document, parameters host,
-portNumber, localPortNumber); the kubeconfig's `tls-server-name` and
-`extensions` fields (Kubernetes client-go `clientcmd/api/v1` Cluster).
+portNumber, localPortNumber); the kubeconfig's `tls-server-name` field
+(Kubernetes client-go `clientcmd/api/v1` Cluster).
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from infra.catalog.eks import ENDPOINT_ACCESS_MODES as MODES, PRIVATE_SSM, PRIVA
 
 API_PORT = 443
 TUNNEL_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
-TUNNEL_EXTENSION = "gpu-serving/api-tunnel"  # name of the kubeconfig extension that says how to open the tunnel
 
 # The bastion: the smallest current x86 burstable type, the latest AL2023 (its SSM agent is preinstalled),
 # resolved by EC2 at launch from the public SSM parameter (EC2 User Guide, "Use a Systems Manager parameter
@@ -99,11 +100,11 @@ def endpoint_host(endpoint: str) -> str:
     return re.sub(r"^https?://", "", endpoint).split("/", 1)[0]
 
 
-def tunnel_command(bastion_id: str, endpoint: str, region: str, local_port: int) -> list[str]:
+def tunnel_command(bastion_id: str, endpoint: str, region: str, local_port: int, *, profile: Optional[str] = None) -> list[str]:
     """The command that opens the API tunnel through the bastion (run it, keep it open while using the cluster)."""
     return [
-        "aws", "ssm", "start-session", "--region", region, "--target", bastion_id,
-        "--document-name", TUNNEL_DOCUMENT,
+        "aws", "ssm", "start-session", "--region", region, *(("--profile", profile) if profile else ()),
+        "--target", bastion_id, "--document-name", TUNNEL_DOCUMENT,
         "--parameters", f"host={endpoint_host(endpoint)},portNumber={API_PORT},localPortNumber={local_port}",
     ]  # fmt: skip
 
@@ -116,35 +117,32 @@ def kubeconfig_document(
     *,
     mode: str = PUBLIC_RESTRICTED,
     local_port: Optional[int] = None,
-    bastion_id: Optional[str] = None,
+    profile: Optional[str] = None,
 ) -> dict[str, Any]:
     """A kubeconfig for `mode` that gets a token from `aws eks get-token` (the AWS CLI must be installed).
 
-    `private-ssm` needs `local_port` and `bastion_id`: the server is the local
-    end of the tunnel, `tls-server-name` the endpoint's host (the name on the
-    API server's certificate), and the extension `gpu-serving/api-tunnel`
-    carries the command that opens the tunnel.
+    It holds only what lasts as long as the cluster: the server (the endpoint, or for
+    `private-ssm` the local end of the tunnel, `local_port`, with `tls-server-name` the
+    endpoint's host, the name on the API server's certificate), the CA, and the exec
+    command with the region and, when set, the profile. Nothing of the bastion: the
+    Kubernetes provider is configured with this document, and pulumi-kubernetes replaces a
+    provider whose kubeconfig cluster changes, and with it every object it manages
+    (Helm releases, the weights volume, the RayCluster). A new bastion must not do that;
+    its tunnel command is a stack output of its own (`tunnel_command`).
     """
     _check_mode(mode)
     cluster: dict[str, Any] = {"server": endpoint, "certificate-authority-data": ca_data}
     if mode == PRIVATE_SSM:
-        if local_port is None or not bastion_id:
-            raise ValueError("a private-ssm kubeconfig needs the tunnel's local port and the bastion's instance id")
+        if local_port is None:
+            raise ValueError("a private-ssm kubeconfig needs the tunnel's local port")
         cluster = {
             "server": f"https://localhost:{local_port}",
             "tls-server-name": endpoint_host(endpoint),
             "certificate-authority-data": ca_data,
-            "extensions": [
-                {
-                    "name": TUNNEL_EXTENSION,
-                    "extension": {
-                        "command": tunnel_command(bastion_id, endpoint, region, local_port),
-                        "note": "open this tunnel first and keep it open; kubectl, helm and pulumi then reach the "
-                        "private API endpoint through it",
-                    },
-                }
-            ],
         }
+    args = ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"]
+    if profile:
+        args += ["--profile", profile]  # aws eks get-token takes the AWS CLI's global --profile
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -159,7 +157,7 @@ def kubeconfig_document(
                     "exec": {
                         "apiVersion": "client.authentication.k8s.io/v1beta1",
                         "command": "aws",
-                        "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
+                        "args": args,
                         "interactiveMode": "Never",
                     }
                 },

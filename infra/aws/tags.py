@@ -2,7 +2,8 @@
 
 The provider's default tags reach the resources Pulumi creates, not what an
 Auto Scaling group launches from a launch template (EKS node groups): those get
-the same tags through the template's tag specifications (`tag_specifications`).
+the stack's lasting tags, project and stack, through the template's tag
+specifications (`launch_template_tags`, `tag_specifications`).
 
 The leak sweeper finds a stack's resources by `project` and `stack`, and deletes
 those tagged `lifecycle: ephemeral` once the time in `expires-at` has passed; it
@@ -29,6 +30,22 @@ def default_tags(*, project: str, stack: str, owner: str, production: bool, expi
             raise ValueError("a non-production stack needs an expiry time")
         tags[EXPIRES_TAG] = expires_at
     return tags
+
+
+# The tags a launch template gives what it launches: only those that never change in a stack's life. Any
+# change to a template's tag specifications is a new template version (EC2 CreateLaunchTemplateVersion: the tag
+# specifications are launch data), and a node group that follows the latest version replaces every node onto it
+# (EKS UpdateNodegroupVersion): an owner or expiry edit would roll the GPU nodes and take serving down. The
+# instances still carry project and stack, enough to attribute their cost to the stack (activate both as cost
+# allocation tags in the Billing console); owner, lifecycle and expires-at are on the stack's own resources (the
+# node group, the cluster), and the leak sweeper removes an expired stack's instances with its node groups and
+# their Auto Scaling groups, not one by one.
+LAUNCH_TEMPLATE_TAGS = (PROJECT_TAG, STACK_TAG)
+
+
+def launch_template_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """The stack's tags that may go into a launch template's tag specifications (LAUNCH_TEMPLATE_TAGS)."""
+    return {k: tags[k] for k in LAUNCH_TEMPLATE_TAGS if k in tags}
 
 
 # EC2 ResourceType values a launch template tags at launch: the instance, its volumes and its interfaces.

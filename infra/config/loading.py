@@ -79,6 +79,7 @@ def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
     source = stack_file_name(stack)
     areas: dict[str, Any] = {}
     region: Any = None
+    profile: Any = None
     for key, value in config.items():
         key = str(key)
         if ":" not in key:
@@ -88,6 +89,8 @@ def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
         namespace, _, name = key.partition(":")
         if key == "aws:region":
             region = value
+        elif key == "aws:profile":
+            profile = value
         elif namespace == PROJECT and name in SECRET_KEYS:
             if not (isinstance(value, dict) and set(value) == {"secure"}):
                 raise UserError(f"{source}: {key} must be a secret: set it with `pulumi config set --secret {key}`")
@@ -96,8 +99,8 @@ def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
             if isinstance(value, dict) and set(value) == {"secure"}:
                 raise UserError(f"{source}: {key} is a secret; whole-area secrets are not supported")
             areas[name] = value
-        # Keys of other namespaces (aws:profile, kubernetes:..., etc.) belong to providers.
-    return from_mapping(stack, areas, region=region, source=source)
+        # Keys of other namespaces (kubernetes:..., etc.) belong to providers.
+    return from_mapping(stack, areas, region=region, profile=profile, source=source)
 
 
 def from_pulumi_config() -> StackConfig:
@@ -117,8 +120,8 @@ def from_pulumi_config() -> StackConfig:
             value = cfg.get(name)  # a plain value under an unknown name: reported below
         if value is not None:
             areas[name] = value
-    region = pulumi.Config("aws").get("region")
-    return from_mapping(stack, areas, region=region, source=source)
+    aws_config = pulumi.Config("aws")
+    return from_mapping(stack, areas, region=aws_config.get("region"), profile=aws_config.get("profile"), source=source)
 
 
 def secret(name: str):
@@ -156,6 +159,7 @@ def from_mapping(
     areas: dict[str, Any],
     region: Any = None,
     source: str | None = None,
+    profile: Any = None,
 ) -> StackConfig:
     """Validate a mapping of area name -> object (the values of `gpu-serving:<area>`)."""
     source = source or stack_file_name(stack)
@@ -166,6 +170,8 @@ def from_mapping(
     data: dict[str, Any] = {"stack": stack, **{k: v for k, v in areas.items() if v is not None}}
     if region is not None:
         data["region"] = region
+    if profile is not None:
+        data["aws_profile"] = profile
     try:
         return StackConfig.model_validate(data)
     except ValidationError as exc:

@@ -75,12 +75,10 @@ def reference_markdown() -> str:
     for name, meaning in SECRET_KEYS.items():
         out.append(f"| `{PROJECT}:{name}` | {meaning} |")
     out.append("")
-    region = StackConfig.model_fields["region"]
-    out.append("#### `aws:region`\n")
+    out.append("#### `aws:region`, `aws:profile`\n")
     out.append("| key | type | default | range | meaning |")
     out.append("|---|---|---|---|---|")
-    out.append(
-        f"| `aws:region` | string | {describe_default(region)} | {describe_allowed(region)} | "
-        f"{region.description} |"
-    )
+    for key, field_name in (("aws:region", "region"), ("aws:profile", "aws_profile")):
+        f = StackConfig.model_fields[field_name]
+        out.append(f"| `{key}` | string | {describe_default(f)} | {describe_allowed(f)} | {f.description} |")
     return "\n".join(out) + "\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -42,6 +42,13 @@ class StackConfig(BaseModel):
         pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+$",
         description="`aws:region`: the AWS region to deploy into.",
         json_schema_extra={"allowed": "an AWS region name such as us-east-1"},
+    )
+    aws_profile: Optional[str] = Field(
+        default=None,
+        min_length=1,
+        description="`aws:profile`: the AWS CLI profile the AWS provider and the kubeconfig's `aws eks get-token` use; "
+        "unset: the standard credential chain.",
+        json_schema_extra={"allowed": "a profile name of ~/.aws/config"},
     )
     model: ModelConfig
     gpu: GpuConfig
