@@ -534,8 +534,10 @@ class EksCluster(pulumi.ComponentResource):
                 pulumi.ResourceOptions(depends_on=k8s_provider_depends_on(self.system_node_group, self.addons, way_in)),
             ),
         )
-        # For GPU node groups: they must wait for the add-ons a node needs, as the system group does.
-        self.node_prerequisites: list[pulumi.Resource] = [self.addons[a] for a in ADDONS_BEFORE_NODES]
+        # For GPU node groups, as for the system group: the node role's policies (without the worker and CNI
+        # policies a node never joins, and on destroy they must outlive the nodes, or the ENIs the CNI holds
+        # block the VPC's deletion) and the add-ons a node needs.
+        self.node_prerequisites: list[pulumi.Resource] = [*node_attachments, *(self.addons[a] for a in ADDONS_BEFORE_NODES)]
         self.register_outputs(
             {
                 "cluster_name": self.cluster_name,

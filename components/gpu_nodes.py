@@ -121,6 +121,10 @@ class GpuNodeGroupArgs:
     release_version: Optional[str] = None
     imds_hop_limit: int = 1
     tags: Optional[Mapping[str, str]] = None
+    # What the node group itself waits for (and, on destroy, outlives): the node role's policy attachments
+    # and the add-ons a node needs. On the node group, not the component: a component's depends_on does not
+    # reach the resources inside it.
+    prerequisites: Sequence[pulumi.Resource] = ()
 
 
 def node_group_options(capacity_kind: str) -> pulumi.ResourceOptions:
@@ -250,7 +254,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in gpu_taints()],
             labels=gpu_labels(args.instance_type),
             tags=instance_tags,
-            opts=pulumi.ResourceOptions.merge(child, node_group_options(args.capacity_kind)),
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions.merge(
+                    node_group_options(args.capacity_kind), pulumi.ResourceOptions(depends_on=list(args.prerequisites))
+                ),
+            ),
         )
 
         self.node_group_name = self.node_group.node_group_name

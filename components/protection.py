@@ -13,7 +13,7 @@ flow-log key and flow logs), made the same way wherever they are.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import pulumi
 import pulumi_aws as aws
@@ -62,11 +62,35 @@ def encrypted_log_group(
     Logs checks that when the group is associated with the key, so the group
     waits for the key (through `kms_key_id`).
     """
+    existing = existing_log_group_names(name, opts) if production else []
     return aws.cloudwatch.LogGroup(
         resource_name,
         name=name,
         retention_in_days=retention_in_days,
         kms_key_id=key.arn,
         tags=dict(tags),
-        opts=pulumi.ResourceOptions.merge(opts, kept(production)),
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions.merge(kept(production), adopt(production, name, existing))),
     )
+
+
+def adopt(production: bool, name: str, existing: Iterable[str]) -> pulumi.ResourceOptions:
+    """Import the log group a production stack kept from an earlier life, instead of failing to create it.
+
+    A production log group is retained on delete under a name fixed by the stack (EKS writes the control
+    plane's to /aws/eks/<cluster>/cluster, whatever we would call it), so a prod stack destroyed and created
+    again would meet ResourceAlreadyExistsException. With `import_` set to the group's name (a log group's
+    id), the engine adopts the group when the stack does not hold it yet, and treats it like any other
+    resource once it does (pulumi/pulumi developer-docs/architecture/import.md: "If the resource exists
+    and has the same ID ... treated like any other resource"); the program's retention, key and tags are
+    then applied to it. Never on a group that does not exist: an import of nothing fails.
+    """
+    if production and name in set(existing):
+        return pulumi.ResourceOptions(import_=name)
+    return pulumi.ResourceOptions()
+
+
+def existing_log_group_names(name: str, opts: pulumi.ResourceOptions) -> list[str]:
+    """The log groups whose names start with `name` (CloudWatch Logs DescribeLogGroups, through the stack's
+    AWS provider): a read, the same in preview and update."""
+    found = aws.cloudwatch.get_log_groups(log_group_name_prefix=name, opts=pulumi.InvokeOptions(parent=opts.parent))
+    return list(found.log_group_names or [])

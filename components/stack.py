@@ -160,10 +160,11 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             kubernetes_version=kubernetes_version,
             release_version=cfg.ami_release_version(day),
             tags=launch_template_tags(tags),  # into the launch template: only tags that never change
+            # A GPU node without the node role's policies, the VPC CNI (efa-only support), kube-proxy and
+            # the pod identity agent never becomes Ready.
+            prerequisites=tuple(cluster.node_prerequisites),
         ),
-        # A GPU node without the VPC CNI (efa-only support), kube-proxy and the pod
-        # identity agent never becomes Ready.
-        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=cluster.node_prerequisites)),
+        opts=opts,
     )
     # The serving image (images/vllm/Dockerfile), pushed by bin/build-image.
     repository = aws.ecr.Repository(

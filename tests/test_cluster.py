@@ -384,7 +384,7 @@ def test_component_outputs():
         ).apply(lambda v: seen.update(zip(("name", "vpc", "endpoint", "sg", "role_arn", "role_name", "oidc"), v)))
         pulumi.Output.all(cluster.kubeconfig).apply(lambda v: secret.update(kubeconfig=v[0]))
         secret["future"] = asyncio.ensure_future(cluster.kubeconfig.is_secret())
-        assert len(cluster.node_prerequisites) == len(ADDONS_BEFORE_NODES)
+        assert len(cluster.node_prerequisites) == len(ADDONS_BEFORE_NODES) + 3  # and the node role's three policies
 
     record(program)
     assert seen == {

@@ -197,6 +197,8 @@ CALL_RESULTS: dict[str, Callable[[dict], dict]] = {
     },
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": "us-east-1", "region": "us-east-1", "id": "us-east-1"},
+    # A stack that has never existed: no log group kept from an earlier life (components/protection.py adopt).
+    "aws:cloudwatch/getLogGroups:getLogGroups": lambda a: {"arns": [], "logGroupNames": [], "id": "us-east-1"},
 }
 
 
@@ -279,6 +281,7 @@ def _options(request) -> dict[str, Any]:
         "additional_secret_outputs": sorted(request.additionalSecretOutputs),
         "aliases": _alias_urns(request),
         "custom_timeouts": {k: v for k, v in (("create", timeouts.create), ("update", timeouts.update), ("delete", timeouts.delete)) if v},
+        **({"import": request.importId} if request.importId else {}),  # adopt an existing resource by its id
     }
 
 
