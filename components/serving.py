@@ -3,9 +3,13 @@
 One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
 `infra/k8s/raycluster.py`, `exposure.py` and `checks.py` (built from the plan) into Kubernetes objects:
 
-- the RayCluster (`ray.io/v1`, a `CustomResource`), which pulumi-kubernetes
-  waits on until KubeRay reports `HeadPodReady` (the head passes vLLM's /health),
-  with a timeout from the plan's cold-start estimate;
+- the RayCluster (`ray.io/v1`, a `CustomResource`), created and not awaited
+  (`pulumi.com/skipAwait`, infra/k8s/raycluster.py): its pods wait for the
+  weights themselves, then Ray joins and vLLM loads, which takes the staging
+  time plus the plan's cold start; `python -m infra rollout` follows that and
+  says when the endpoint answers. Its deletion is still awaited (the provider
+  skips deletion waits only for built-in workload kinds), so on destroy KubeRay
+  removes its pods and finalizers before the operators go;
 - the Service for port 8000 (ClusterIP, or an internal NLB);
 - the PodDisruptionBudget;
 - a PodMonitor when `monitoring` is "podmonitor" (the pods carry scrape
@@ -16,12 +20,19 @@ One `Serving` component (`gpu-serving:serving:Serving`) turns the manifests of
   (`pulumi.com/skipAwait`): an update of the RayCluster never waits on a check
   that cannot be scheduled. It depends only on the operators and the namespace
   (`check_depends_on`), not on the weights, so at first bring-up it is created
-  while the weights are still being staged, when the GPU nodes are free, and
-  normally finishes before the serving pods exist. Its verdict is the Job's
+  while the weights are still being staged, before the RayCluster, whose pods
+  are created later (by KubeRay) and then wait for the weights. Nothing
+  guarantees the check's pods are scheduled first: if the serving pods take the
+  GPU nodes, the check waits for two free nodes until its deadline. Its verdict is the Job's
   status (`kubectl -n <namespace> get job <name>-efa-check`, and its logs);
   a changed check (new image or scripts) replaces the Job, which runs again once
   two GPU nodes are free (a maintenance window);
-- the serving benchmark Job when enabled, after the RayCluster and the Service;
+- the serving benchmark Job when enabled, after the RayCluster and the Service.
+  Pulumi waits for it (its verdict is the `up`'s). Since the RayCluster is not
+  awaited, it starts when the RayCluster is created, so its wait for /health
+  (the plan's `ready_wait_s`) and its deadline now also cover the weights'
+  staging: on a first `up` of a large checkpoint it can give up before vLLM
+  is ready. Turn it on once the stack serves;
 - the ConfigMap of the scripts those pods run (`infra/k8s/scripts/`), before
   any of them;
 - the serving layer's NetworkPolicies (infra/k8s/network_policies.py): the
@@ -36,7 +47,8 @@ first, while KubeRay still runs and can tear its pods and services down; an
 operator removed before its custom resources leaves finalizers and stuck
 namespaces behind (issue trackers of pulumi-eks, pulumi-kubernetes and KubeRay). The same
 edges order creation: no RayCluster before KubeRay and the device plugins are
-installed and the weights are staged.
+installed and the staging Job exists; that the weights are staged is the pods'
+own wait (`wait_for_weights.sh`), not Pulumi's.
 """
 
 from __future__ import annotations
@@ -136,7 +148,6 @@ class Serving(pulumi.ComponentResource):
             )
 
         rc = raycluster.raycluster(spec)
-        wait = _timeout(serving_spec.ready_timeout_s(spec))
         self.raycluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=rc["apiVersion"],
@@ -148,7 +159,6 @@ class Serving(pulumi.ComponentResource):
                 pulumi.ResourceOptions(
                     # Created after, deleted before, the operators and the weights (module doc).
                     depends_on=prerequisites,
-                    custom_timeouts=pulumi.CustomTimeouts(create=wait, update=wait),
                 ),
             ),
         )

@@ -250,11 +250,12 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 marker_path=storage.marker_path,
                 service_type=cfg.serving.service_type,
                 monitoring=cfg.serving.monitoring,
+                suspended=cfg.serving.suspended,
                 efa_check=checks.efa,
                 nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
                 vllm_version=cfg.serving.vllm_version,
                 production=life.production,
-                benchmark=checks.benchmark,
+                benchmark=checks.benchmark and not cfg.serving.suspended,  # nothing to measure while suspended
                 ttft_p99_ms=cfg.serving.sla.ttft_p99_ms,
                 tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
                 **benchmark_load(plan),

@@ -41,13 +41,17 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   skipping complete files, checking sizes, and writing the completion marker
   the serving pods wait for. Its name changes with the program, the image,
   the arguments and its generation (`staging_run`); its deadline and retries
-  come from the plan's checkpoint size and cold-start target. `pulumi up` waits
-  for it to complete (unless `await_staging=False`). Every retry, and every new
-  Job, resumes the partial downloads the last one left (stage_weights.py).
-  A Job past its deadline has failed for good and a second `pulumi up` would
-  find nothing changed (a preview cannot see a Job's status), so the way to run
-  it again is to raise `gpu-serving:storage.stagingRun`: a new name, a new Job,
-  and the failed one deleted after it.
+  come from the plan's checkpoint size and cold-start target. `pulumi up` does
+  not wait for it (`pulumi.com/skipAwait`): staging takes hours for a large
+  checkpoint, and an `up` that waited held the way in (the SSM tunnel) that
+  long. The serving pods wait for the completion marker themselves
+  (`wait_for_weights.sh`), and `python -m infra rollout` follows the Job's
+  progress (the program's progress lines) and reports its failure. Every retry,
+  and every new Job, resumes the partial downloads the last one left
+  (stage_weights.py). A Job past its deadline has failed for good and a second
+  `pulumi up` would find nothing changed (a preview cannot see a Job's status),
+  so the way to run it again is to raise `gpu-serving:storage.stagingRun`: a
+  new name, a new Job, and the failed one deleted after it.
 
 Reclaim policy: always `Retain`. A static volume's `Delete` would not delete an
 EFS file system (the EFS CSI driver deletes only access points; our volume
@@ -89,7 +93,6 @@ from infra.k8s.staging import (
     source_url,
     split_checkpoint,
     staging_args,
-    staging_await_timeout_s,
     staging_command,
     staging_config_map,
     staging_deadline_s,
@@ -112,6 +115,10 @@ LUSTRE_VERSION = "2.15"
 EFS_CSI_DRIVER = "efs.csi.aws.com"
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 RECLAIM_POLICY = "Retain"
+# The staging Job's await annotation: `pulumi up` creates it and moves on (module doc).
+STAGING_AWAIT = {"pulumi.com/skipAwait": "true"}
+# The staging Job's labels beside the shared ones; `python -m infra rollout` finds the Job by them.
+STAGING_COMPONENT = {"app.kubernetes.io/component": "weight-staging"}
 ACCESS_MODES = ["ReadWriteMany"]
 
 Kind = Literal["efs", "fsx"]
@@ -158,7 +165,6 @@ class ModelStorageArgs:
     # The staging Job's generation (gpu-serving:storage.stagingRun): part of its name,
     # so raising it replaces a failed Job with a new one that resumes.
     staging_run: int = 0
-    await_staging: bool = True
     tags: dict[str, str] = field(default_factory=dict)
     # The file system's KMS key (the stack's key); None: the service's AWS managed key. Create-only on EFS and FSx.
     kms_key_arn: Optional[pulumi.Input[str]] = None
@@ -374,8 +380,11 @@ class ModelStorage(pulumi.ComponentResource):
         job_args = staging_args(
             source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
         )
+        # The file system's kind is part of what the Job writes to: a stack moved to another kind has a new,
+        # empty file system, which a Job of the same name (already complete) would never fill.
         self.staging_job_name = job_name(
             args.pvc_name, staging_scripts_hash(), str(staging_image_id(args)), *command, *job_args, f"run {args.staging_run}",
+            *(() if args.kind == "efs" else (f"file system {args.kind}",)),  # efs: the names running stacks have
         )
         # The program, mounted read-only into the Job's pod (created before the Job).
         scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)
@@ -395,7 +404,7 @@ class ModelStorage(pulumi.ComponentResource):
             scripts_config_map=scripts["metadata"]["name"],
             node_selector=system_node_selector(),
         )
-        job_labels = {**labels, "app.kubernetes.io/component": "weight-staging"}
+        job_labels = {**labels, **STAGING_COMPONENT}
         # What the staging pods may reach (infra/k8s/network_policies.py), in place before the Job.
         egress = network_policies.staging_policy(
             f"{args.pvc_name}-staging",
@@ -409,21 +418,21 @@ class ModelStorage(pulumi.ComponentResource):
             f"{name}-staging-egress", metadata=egress["metadata"], spec=egress["spec"], opts=child
         )
         staging_deps.append(self.staging_network_policy)
-        annotations = {"gpu-serving/checkpoint": args.checkpoint, "gpu-serving/marker": self.marker_path}
-        if not args.await_staging:
-            annotations["pulumi.com/skipAwait"] = "true"
-        timeout = f"{staging_await_timeout_s(self.staging_deadline_s)}s"
+        annotations = {
+            "gpu-serving/checkpoint": args.checkpoint,
+            "gpu-serving/marker": self.marker_path,
+            # Created, not awaited (module doc): pulumi-kubernetes skips the Job's completion wait
+            # (provider/pkg/await/awaiters.go) and, for a Job, its deletion wait too
+            # (provider/pkg/metadata/overrides.go, allowsSkipAwaitWithDelete). Harmless here: a
+            # new Job has a new name (job_name), so it never waits on the old one's tombstone,
+            # and the claim it mounts is only deleted once its pods are gone (pvc-protection).
+            **STAGING_AWAIT,
+        }
         self.staging_job = k8s.batch.v1.Job(
             f"{name}-staging",
             metadata={"name": self.staging_job_name, "namespace": args.namespace, "labels": job_labels, "annotations": annotations},
             spec=staging_job_spec(pod_spec, deadline_s=self.staging_deadline_s, labels=job_labels),
-            opts=pulumi.ResourceOptions.merge(
-                child,
-                pulumi.ResourceOptions(
-                    depends_on=staging_deps,
-                    custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
-                ),
-            ),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=staging_deps)),
         )
 
         # -- outputs ------------------------------------------------------------------------------------

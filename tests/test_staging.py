@@ -653,3 +653,64 @@ def test_staging_and_fsx_sizing_are_pure():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# ---- progress lines (python -m infra rollout reads them) ------------------------------------------------
+
+
+def progress_lines(stdout: str) -> list[dict]:
+    from infra.cli.rollout import parse_progress
+
+    return [p for p in map(parse_progress, stdout.splitlines()) if p]
+
+
+def test_progress_lines_count_bytes_and_files_to_the_end(source, tmp_path):
+    dest = tmp_path / "dest"
+    proc = run_stage(source, dest, "--progress-interval", "0.01")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = progress_lines(proc.stdout)
+    first, last = lines[0], lines[-1]
+    # Printed once the listing is known, before anything moved: nothing done, time left unknown.
+    assert (first["state"], first["bytes_done"], first["files_done"], first["eta_s"]) == ("running", 0, 0, None)
+    assert all(p["bytes_total"] == TOTAL and p["files_total"] == len(FILES) for p in lines)
+    done = [p["bytes_done"] for p in lines]
+    assert done == sorted(done), "bytes done never go back"
+    assert (last["state"], last["bytes_done"], last["files_done"], last["eta_s"]) == ("complete", TOTAL, len(FILES), 0)
+
+
+def test_progress_moves_while_a_large_file_is_still_arriving(tmp_path):
+    """A shard of several GB is written in chunks: each chunk counts as it lands, not the file when it ends."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    size = 8 * stage_weights.CHUNK
+    (src / "model.safetensors").write_bytes(b"w" * size)
+    chunks: list[int] = []
+
+    class Trickle(stage_weights.FileSource):
+        def fetch(self, rel, info, out, offset):  # noqa: ANN001
+            with open(Path(self.root, rel), "rb") as f:
+                f.seek(offset)
+                return stage_weights.copy_stream(lambda n: chunks.append(n) or f.read(n), out)
+
+    seen: list[int] = []
+    progress = stage_weights.Progress({"model.safetensors": size}, [])
+    source = Trickle(str(src))
+    stage_weights.fetch_file(source, "model.safetensors", {"size": size}, str(dest / ".staging"), str(dest),
+                             tally=lambda n: (progress.moved(n), seen.append(progress.bytes_done)))  # fmt: skip
+    assert len(chunks) > 2 and seen[0] == stage_weights.CHUNK, "the first chunk counted before the file ended"
+    assert progress.bytes_done == size == progress.transferred, "and nothing counted twice"
+
+
+def test_a_resumed_partial_counts_as_done_but_not_as_moved(source, tmp_path):
+    dest = tmp_path / "dest"
+    half = len(FILES[BIG]) // 2
+    failed = _fail_half_way(source, dest, {rel: len(d) for rel, d in FILES.items()})
+    # The failed run's last line: everything but the partial file, and the state that says so.
+    last = progress_lines(failed.stdout)[-1]
+    assert (last["state"], last["files_done"], last["bytes_done"]) == ("incomplete", len(FILES) - 1, TOTAL - len(FILES[BIG]))
+    (source / BIG).write_bytes(FILES[BIG])
+    progress = stage_weights.Progress({rel: len(d) for rel, d in FILES.items()}, [rel for rel in FILES if rel != BIG])
+    stage_weights.fetch_file(stage_weights.FileSource(str(source)), BIG, {"size": len(FILES[BIG])},
+                             str(dest / STAGING_DIR_NAME), str(dest), progress.moved, progress.kept)  # fmt: skip
+    # What the partial held is done without being this run's transfer (the rate counts transfers only).
+    assert progress.bytes_done == TOTAL and progress.transferred == len(FILES[BIG]) - half

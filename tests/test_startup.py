@@ -1,8 +1,8 @@
 """infra/planning/startup.py: what a node reads at a cold start, and the budgets that follow from one estimate.
 
 The read model follows vLLM 0.34's loader (every rank reads every shard), so a
-node's read does not shrink with pipeline stages; the probe, Pulumi's wait and
-the two vLLM timeouts are derived from the same cold start and move with it.
+node's read does not shrink with pipeline stages; the probe, the wait for the
+head (rollout's) and the two vLLM timeouts are derived from the same cold start and move with it.
 """
 
 from __future__ import annotations
@@ -81,4 +81,7 @@ def test_the_plan_shows_the_calculation():
     assert "Start-up" in text and "VLLM_ENGINE_READY_TIMEOUT_S" in text
     assert f"{data['startup']['engine_ready_timeout_s']:,}" in text
     assert f"{data['startup']['startup_budget_s']:,} s" in text
+    # What waits for the head is the rollout command, not `pulumi up` (README, Deploying).
+    assert "head Ready within" in text and f"{data['startup']['ready_wait_s']:,} s once placed" in text
+    assert "Pulumi waits" not in text
     assert math.isclose(data["startup"]["weights_read_s"] + data["startup"]["engine_init_s"], data["startup"]["cold_start_s"])

@@ -553,8 +553,9 @@ def test_staging_job(efs_prod, prod_storage):
     assert owner["image"] == container["image"] and owner["args"] == [comp.model_path, f"{STAGING_UID}:{STAGING_UID}"]
     mounted, script = owner["command"][1].rsplit("/", 1)
     assert owner["command"][0] == "sh" and mounted == script_files.MOUNT_PATH and script in config_map["data"]
-    # Pulumi waits for completion as long as the Job may run, and only after its storage exists.
-    assert res.options["custom_timeouts"]["create"] == f"{comp.staging_deadline_s + 600}s"
+    # Created after its storage exists, and not awaited: `pulumi up` moves on (python -m infra rollout follows it).
+    assert job["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    assert not res.options.get("custom_timeouts")
     needs = {u.rsplit("::", 1)[-1] for u in res.options["depends_on"]}
     assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts", "weights-staging-egress"} <= needs
     # Its egress: HTTPS to the hub, and nothing else (no VPC CIDR given: no exception; no Pod Identity for hf).

@@ -10,6 +10,7 @@
     python -m infra ephemeral up [--from test] [--ttl 6] | test | down   (Pulumi CLI + AWS credentials)
     python -m infra preflight --stack prod [--region R] [--json] [--allow-unknown]   (AWS credentials, read-only)
     python -m infra sweep [--yes] [--region R ...] [--wait S] [--json]               (AWS credentials)
+    python -m infra rollout --stack prod [--kubeconfig PATH] [--namespace NS] [--timeout S] [--once]   (the cluster's API, read-only)
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def _render_performance(data: dict, console: Console) -> None:
 
 def _render_startup(su: dict, console: Console) -> None:
     """The head's start, from one calculation (infra/planning/startup.py)."""
-    t = _facts("Start-up (one calculation: probe, Pulumi's wait and vLLM's timeouts follow the cold start)")
+    t = _facts("Start-up (one calculation: probe, the wait for the head and vLLM's timeouts follow the cold start)")
     cache = "holds it" if su["page_cache_holds_checkpoint"] else "[yellow]does not hold it: parts may be read twice[/yellow]"
     t.add_row("each node reads", f"{su['node_read_bytes'] / 1e9:,.0f} GB (the whole checkpoint) at {su['node_read_bytes_per_s'] / 2**20:,.0f} MiB/s: {su['weights_read_s']:,.0f} s")
     t.add_row("page cache", f"{_gib(su['page_cache_bytes'])} per pod, {cache}")
@@ -233,7 +234,8 @@ def _render_startup(su: dict, console: Console) -> None:
     t.add_row("startup probe", f"{su['startup_budget_s']:,} s ({su['startup_probe_failure_threshold']} x {su['startup_probe_period_s']} s): {su['ray_join_timeout_s']:,} s Ray join + the engine's {su['engine_ready_timeout_s']:,} s")
     t.add_row("VLLM_ENGINE_READY_TIMEOUT_S", f"{su['engine_ready_timeout_s']:,}")
     t.add_row("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", f"{su['execute_model_timeout_s']:,}")
-    t.add_row("Pulumi waits", f"{su['ready_wait_s']:,} s: the startup probe + {su['image_pull_allowance_s']:,} s image pull")
+    t.add_row("head Ready within", f"{su['ready_wait_s']:,} s once placed: the startup probe + {su['image_pull_allowance_s']:,} s image pull "
+              "(`rollout` waits that long; `pulumi up` waits for neither the weights nor the head)")
     console.print(t)
 
 
@@ -390,6 +392,33 @@ def benchmark_report_command(
         for line in extra:
             console.print(escape(line))
     raise typer.Exit(0 if summary.get("passed") else 1)
+
+
+@app.command(no_args_is_help=True)
+def rollout(
+    stack: str = typer.Option(..., help="Follow the stack of Pulumi.<stack>.yaml."),
+    kubeconfig: Optional[Path] = typer.Option(None, help="The stack's kubeconfig (default: $KUBECONFIG, else ~/.kube/config)."),
+    namespace: Optional[str] = typer.Option(None, help="The serving namespace (default: the stack's)."),
+    timeout: Optional[float] = typer.Option(None, min=0, help="Give up after this many seconds (default: the staging deadline + the head's start)."),
+    once: bool = typer.Option(False, "--once", help="Look once, print every step, exit (4 while under way)."),
+    poll: float = typer.Option(10.0, min=0, hidden=True, help="Seconds between looks."),
+    root: Optional[Path] = typer.Option(None, hidden=True, help="Directory holding the stack files."),
+) -> None:
+    """Follow what `pulumi up` leaves running: staging, the RayCluster's pods, Ray, vLLM, the endpoint (read-only).
+
+    Exit status: 0 the endpoint answers, 1 a step failed or time ran out, 2 usage or API unreachable,
+    3 serving but not reachable through the API server's Service proxy, 4 (--once) still under way.
+    """
+    from infra.cli import rollout as ro
+    from infra.ops.kubeapi import KubeApi, default_kubeconfig_path
+
+    try:
+        api = KubeApi.from_kubeconfig(kubeconfig or default_kubeconfig_path())
+        targets = ro.targets_for_stack(stack, root, namespace)
+        code = ro.follow(api, targets, timeout_s=timeout, once=once, poll_s=poll, out=lambda line: print(line, flush=True))
+    except UserError as err:
+        _fail(str(err))
+    raise typer.Exit(code)
 
 
 @app.command(no_args_is_help=True)

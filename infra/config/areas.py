@@ -583,6 +583,12 @@ class ServingConfig(_Area):
         default="cluster-ip",
         description="How the OpenAI-compatible endpoint (port 8000) is exposed: inside the cluster only, or an internal load balancer in the VPC.",
     )
+    suspended: StrictBool = Field(
+        default=False,
+        description="Serving suspended: the RayCluster stays, KubeRay deletes its pods (`spec.suspend`), the GPU nodes "
+        "idle. Set it, and `pulumi up`, before a change that rolls the GPU nodes (the serving PodDisruptionBudget "
+        "blocks every eviction); clear it after (README, Changing a running stack).",
+    )
     monitoring: Literal["podmonitor", "annotations"] = Field(
         default="annotations",
         description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",

@@ -598,6 +598,12 @@ def raycluster_spec(spec: ServingSpec) -> dict:
             "template": head_pod_template(spec),
         },
     }
+    if spec.suspended:
+        # KubeRay deletes every pod and keeps the RayCluster; without the field it creates them again
+        # (ray-project/kuberay#1711; docs.ray.io, KubeRay Observability: state Suspended). With no serving
+        # pod left, a GPU node roll has nothing for the PodDisruptionBudget to block. Absent, not false,
+        # when serving: a running stack's RayCluster stays exactly as it was.
+        body["suspend"] = True
     workers = spec.nodes - 1
     if workers > 0:
         body["workerGroupSpecs"] = [
@@ -619,12 +625,14 @@ def raycluster_metadata(spec: ServingSpec) -> dict:
         "name": spec.name,
         "namespace": spec.namespace,
         "labels": dict(PART_OF),
-        # pulumi-kubernetes waits for this condition (its `condition=` form:
-        # provider/pkg/await/awaiters.go). KubeRay 1.7.0 sets HeadPodReady from the
-        # head pod's readiness, i.e. vLLM's /health (apis/ray/v1/raycluster_types.go;
-        # raycluster_controller.go): `pulumi up` ends when the endpoint serves, or
-        # fails after the resource's custom timeout.
-        "annotations": {"pulumi.com/waitFor": "condition=HeadPodReady"},
+        # `pulumi up` creates it and moves on (pulumi-kubernetes provider/pkg/await/awaiters.go,
+        # SkipAwaitLogic): the pods wait for the weights (hours on a first `up`), then Ray and vLLM
+        # start, and an `up` that waited held the way in (the SSM tunnel) that long.
+        # `python -m infra rollout` follows it instead, to the head's readiness (vLLM's /health;
+        # KubeRay 1.7.0 reports it as the HeadPodReady condition) and the endpoint's answer.
+        # A custom resource's deletion is still awaited (provider/pkg/metadata/overrides.go,
+        # allowsSkipAwaitWithDelete lists built-in kinds only): KubeRay's finalizers go first.
+        "annotations": {"pulumi.com/skipAwait": "true"},
     }
 
 

@@ -192,6 +192,7 @@ class ServingSpec:
     monitor_labels: Mapping[str, str] = field(default_factory=dict)  # labels a Prometheus selects PodMonitors by
     efa_check: bool = False
     benchmark: bool = False
+    suspended: bool = False  # RayCluster spec.suspend: KubeRay deletes the pods (before a GPU node roll)
     benchmark_prompts: int = 200
     benchmark_input_len: int = 1024
     benchmark_output_len: int = 256

@@ -2,7 +2,9 @@
 
 One calculation, so the figures cannot drift apart: the plan's cold-start
 estimate, the storage throughput it needs, the head's startup probe, how long
-Pulumi waits for the head, and the two vLLM timeouts set in the pods
+the head may take to be Ready once placed (what `python -m infra rollout` and
+the benchmark Job allow; `pulumi up` waits for neither the weights nor the
+head), and the two vLLM timeouts set in the pods
 (`VLLM_ENGINE_READY_TIMEOUT_S`, `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`). `plan`
 prints them ("Start-up") and the plan's JSON carries them (`startup`).
 
@@ -61,7 +63,7 @@ COMPILE_S = 90.0
 COLD_START_MARGIN = 1.5
 RAY_JOIN_TIMEOUT_S = 600  # the head waits this long for every GPU node to join Ray (ray_wait.py)
 STARTUP_PERIOD_S = 10  # the head's startupProbe period
-# What Pulumi waits beyond the startup budget: pulling the serving image onto
+# What the head may take beyond the startup budget: pulling the serving image onto
 # fresh nodes. ASSUMPTION: 20 minutes covers a ~20 GiB image from ECR in region.
 IMAGE_PULL_ALLOWANCE_S = 1200
 VLLM_EXECUTE_MODEL_TIMEOUT_DEFAULT_S = 300  # vllm/envs.py
@@ -106,7 +108,7 @@ class Startup:
     startup_probe_failure_threshold: int
     startup_budget_s: int  # the head's startup probe: container start to a healthy engine
     image_pull_allowance_s: int
-    ready_wait_s: int  # how long Pulumi waits for the head to be Ready
+    ready_wait_s: int  # how long the head may take to be Ready once its pod is placed (rollout, benchmark)
 
 
 def startup_plan(storage: Storage, pod: PodResources) -> Startup:

@@ -1,6 +1,6 @@
 """Stages a model checkpoint onto the weights volume (the weight-staging Job runs it).
 
-    python3 stage_weights.py --source URL --dest DIR [--workers N] [--exclude GLOB ...]
+    python3 stage_weights.py --source URL --dest DIR [--workers N] [--exclude GLOB ...] [--progress-interval S]
 
 Copies a checkpoint into DIR (`<mount>/<checkpoint>`):
 
@@ -35,6 +35,16 @@ than the file, or a resumed file whose sha256 disagrees is thrown away and
 fetched again. A transfer that breaks is retried in-process (`ATTEMPTS`), each
 time from where it stopped.
 
+Progress: once the source is listed, every `--progress-interval` seconds while
+files are fetched, and once more when the run ends, the program prints a line
+`PROGRESS_PREFIX` + one JSON object: `bytes_done`/`bytes_total` (complete
+files, resumed partials and what this run transferred, of the listing's
+total), `files_done`/`files_total`, `rate_bytes_per_s` (this run's transfers
+over the time since they started), `eta_s` (what is left at that rate, null
+until something moved), `elapsed_s` and `state` (`running`, then `complete` or
+`incomplete`; the last line counts only complete files). `python -m infra
+rollout` reads the newest one from the pod's log (infra/cli/rollout.py).
+
 When files must be fetched and an old marker exists, the marker is removed
 first: the serving pods never see a marker over a half-updated checkpoint.
 Files at the destination that the source does not list are left alone.
@@ -57,6 +67,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 
 MARKER_NAME = ".gpu-serving-complete"  # the serving pods wait for it (wait_for_weights.sh)
 STAGING_DIR_NAME = ".gpu-serving-staging"
@@ -71,13 +82,20 @@ EXIT_INCOMPLETE = 1  # some file missing or of the wrong size: retry (resumes)
 EXIT_SOURCE = 3  # the source cannot be listed (no repo/bucket, no access): final
 
 DEFAULT_WORKERS = 8
+# Progress lines (module doc, "Progress"); infra/cli/rollout.py parses them.
+PROGRESS_PREFIX = "stage: progress "
+PROGRESS_INTERVAL_S = 30.0
 CHUNK = 8 * 1024 * 1024
 _print_lock = threading.Lock()
 
 
-def log(msg):
+def emit(line):
     with _print_lock:
-        print("stage: " + msg, flush=True)
+        print(line, flush=True)
+
+
+def log(msg):
+    emit("stage: " + msg)
 
 
 class SourceError(Exception):
@@ -319,15 +337,35 @@ def resume_offset(partial, sidecar, info):
     return offset
 
 
-def fetch_file(source, rel, info, staging, dest, tally=lambda n: None):
+class _Tallied:
+    """The partial file as a source writes to it: every write is tallied as it lands, so progress
+    lines move during a multi-gigabyte shard, not only when it ends. Everything else is the file's."""
+
+    def __init__(self, out, tally):
+        self.out, self.tally, self.count = out, tally, 0
+
+    def write(self, data):
+        written = self.out.write(data)
+        n = len(data) if written is None else written
+        self.count += n
+        self.tally(n)
+        return written
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+
+def fetch_file(source, rel, info, staging, dest, tally=lambda n: None, kept=lambda n: None):
     """Complete one file from its partial; returns (bytes transferred, offset it resumed at).
 
-    `tally(n)` hears of every transfer, also those of a file that ends incomplete."""
+    `tally(n)` hears of every transfer, also those of a file that ends incomplete;
+    `kept(n)` of the bytes a partial from an earlier run already holds."""
     size = info["size"]
     partial = os.path.join(staging, rel + PARTIAL_SUFFIX)
     sidecar = partial + ".json"
     os.makedirs(os.path.dirname(partial), exist_ok=True)
     resumed_at = offset = resume_offset(partial, sidecar, info)
+    kept(resumed_at)
     transferred = 0
     for attempt in range(1, ATTEMPTS + 1):
         if offset >= size:
@@ -335,13 +373,14 @@ def fetch_file(source, rel, info, staging, dest, tally=lambda n: None):
         try:
             with open(partial, "ab") as out:
                 start = out.tell()
+                counted = _Tallied(out, tally)
                 try:
-                    source.fetch(rel, info, out, offset)
+                    source.fetch(rel, info, counted, offset)
                 finally:
                     out.flush()
                     moved = max(out.tell() - start, 0)
                     transferred += moved
-                    tally(moved)
+                    tally(moved - counted.count)  # what reached the file by another way than write()
         except Exception as exc:  # a broken transfer: resume from what arrived
             if attempt == ATTEMPTS:
                 raise Incomplete("%s: %s (%d of %d bytes kept for the next run)" % (rel, exc, os.path.getsize(partial), size))
@@ -383,7 +422,57 @@ def write_marker(dest, source, listing):
     os.replace(tmp, os.path.join(dest, MARKER_NAME))
 
 
-def stage(source, dest, workers, excludes):
+class Progress:
+    """What a run has done, for the progress lines (module doc, "Progress"). Thread-safe."""
+
+    def __init__(self, sizes, complete_files, clock=time.monotonic):
+        self.clock = clock
+        self.started = clock()
+        self.lock = threading.Lock()
+        self.bytes_total = sum(sizes.values())
+        self.files_total = len(sizes)
+        self.bytes_done = sum(sizes[rel] for rel in complete_files)
+        self.files_done = len(complete_files)
+        self.transferred = 0
+
+    def kept(self, n):
+        with self.lock:
+            self.bytes_done += n
+
+    def moved(self, n):
+        with self.lock:
+            self.bytes_done += n
+            self.transferred += n
+
+    def file_done(self):
+        with self.lock:
+            self.files_done += 1
+
+    def line(self, state):
+        with self.lock:
+            elapsed = max(self.clock() - self.started, 1e-9)
+            rate = self.transferred / elapsed
+            left = max(self.bytes_total - self.bytes_done, 0)
+            doc = {
+                "state": state,
+                "bytes_done": self.bytes_done,
+                "bytes_total": self.bytes_total,
+                "files_done": self.files_done,
+                "files_total": self.files_total,
+                "rate_bytes_per_s": round(rate),
+                "eta_s": round(left / rate) if rate > 0 else (0 if left == 0 else None),
+                "elapsed_s": round(elapsed, 1),
+            }
+        return PROGRESS_PREFIX + json.dumps(doc, sort_keys=True)
+
+
+def _report_every(progress, interval_s, stop):
+    """Print a progress line every `interval_s` until `stop` is set (a daemon thread's loop)."""
+    while not stop.wait(interval_s):
+        emit(progress.line("running"))
+
+
+def stage(source, dest, workers, excludes, progress_interval_s=PROGRESS_INTERVAL_S):
     listing = source.listing()
     listing = {rel: info for rel, info in listing.items() if not any(fnmatch.fnmatch(rel, p) for p in excludes)}
     check_names(listing)
@@ -401,13 +490,18 @@ def stage(source, dest, workers, excludes):
     staging = os.path.join(dest, STAGING_DIR_NAME)
     moved = {"bytes": 0, "resumed": 0}
     lock = threading.Lock()
+    pending = set(todo)
+    progress = Progress(sizes, [rel for rel in listing if rel not in pending])
+    emit(progress.line("running"))
 
     def tally(n):
         with lock:
             moved["bytes"] += n
+        progress.moved(n)
 
     def fetch(rel):
-        transferred, resumed_at = fetch_file(source, rel, listing[rel], staging, dest, tally)
+        transferred, resumed_at = fetch_file(source, rel, listing[rel], staging, dest, tally, progress.kept)
+        progress.file_done()
         with lock:
             moved["resumed"] += 1 if resumed_at else 0
         how = " (resumed at byte %d)" % resumed_at if resumed_at else ""
@@ -415,15 +509,26 @@ def stage(source, dest, workers, excludes):
 
     failed = []
     if todo:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(fetch, rel): rel for rel in todo}
-            for future in concurrent.futures.as_completed(futures):
-                exc = future.exception()
-                if exc is not None:
-                    failed.append(futures[future])
-                    log("FAILED %s: %s" % (futures[future], exc))
+        stop = threading.Event()
+        reporter = threading.Thread(target=_report_every, args=(progress, progress_interval_s, stop), daemon=True)
+        reporter.start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                futures = {pool.submit(fetch, rel): rel for rel in todo}
+                for future in concurrent.futures.as_completed(futures):
+                    exc = future.exception()
+                    if exc is not None:
+                        failed.append(futures[future])
+                        log("FAILED %s: %s" % (futures[future], exc))
+        finally:
+            stop.set()
+            reporter.join()
     fetched = len(todo) - len(failed)
     bad = [rel for rel in sorted(listing) if not complete(os.path.join(dest, rel), sizes[rel])]
+    # The last line counts what is at its final name, whatever the run's tallies said.
+    progress.files_done = len(listing) - len(bad)
+    missing = set(bad)
+    progress.bytes_done = sum(sizes[rel] for rel in listing if rel not in missing)
     log(
         "summary: files=%d fetched=%d skipped=%d failed=%d bad=%d resumed=%d transferred=%d"
         % (len(listing), fetched, skipped, len(failed), len(bad), moved["resumed"], moved["bytes"])
@@ -434,10 +539,12 @@ def stage(source, dest, workers, excludes):
             have = os.path.getsize(path) if os.path.isfile(path) else None
             log("incomplete: %s has %s bytes, the source lists %d" % (rel, have, sizes[rel]))
         log("no completion marker written")
+        emit(progress.line("incomplete"))
         return EXIT_INCOMPLETE
     write_marker(dest, source, sizes)
     shutil.rmtree(staging, ignore_errors=True)
     log("complete: wrote " + marker)
+    emit(progress.line("complete"))
     return 0
 
 
@@ -447,10 +554,13 @@ def main(argv=None):
     parser.add_argument("--dest", required=True, help="directory on the weights volume")
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="files downloaded in parallel")
     parser.add_argument("--exclude", action="append", default=[], help="glob of source files to leave out")
+    parser.add_argument("--progress-interval", type=float, default=PROGRESS_INTERVAL_S, help="seconds between progress lines")
     args = parser.parse_args(argv)
+    if not args.progress_interval > 0:
+        parser.error("--progress-interval must be positive")
     try:
         source = make_source(args.source)
-        return stage(source, args.dest, args.workers, args.exclude)
+        return stage(source, args.dest, args.workers, args.exclude, args.progress_interval)
     except SourceError as exc:
         log("cannot use the source: %s" % exc)
         return EXIT_SOURCE

@@ -1,0 +1,86 @@
+"""The README's table of common changes matches what the diff tool reports for each.
+
+Every row of `infra.preview.changes.CHANGES` is synthesized before and after its edit (the
+real program, the stack file's own lines edited) and diffed; the effects the diff reports
+must be the row's, and the README must carry the table those rows render.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.preview.changes import CHANGES, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
+from infra.preview.diff import diff, render_markdown
+from infra.preview.synth import synthesize
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _project(root: Path, stack: str, edits) -> Path:
+    """A copy of the project (links) whose stack file has each (line, replacement) applied."""
+    root.mkdir(parents=True)
+    for f in REPO.iterdir():
+        if f.name in ("venv", ".git") or f.name.startswith("Pulumi."):
+            continue
+        (root / f.name).symlink_to(f)
+    for f in REPO.glob("Pulumi.*yaml"):
+        text = f.read_text()
+        if f.name == f"Pulumi.{stack}.yaml":
+            for old, new in edits:
+                assert text.count(old) == 1, f"{old!r} is not one line of {f.name}"
+                text = text.replace(old, new)
+        (root / f.name).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def diffs(tmp_path_factory) -> dict:
+    out, docs = {}, {}
+    for c in CHANGES:
+        root = tmp_path_factory.mktemp(c.name.replace(" ", "-"))
+
+        def synth(edits, side):
+            key = (c.stack, edits)
+            if key not in docs:
+                docs[key] = synthesize(c.stack, _project(root / side, c.stack, edits) if edits else REPO)
+            return docs[key]
+
+        base = synth(c.base, "base")
+        head = synth(c.base + c.head, "head")
+        out[c.name] = (diff(base, head), base, head)
+    return out
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
+def test_each_change_does_what_the_table_says(change, diffs):
+    d, _, head = diffs[change.name]
+    assert d.changed or d.added or d.removed, "the edit changed nothing"
+    assert effects(d, head) == change.expected
+
+
+@pytest.mark.parametrize("change", [c for c in CHANGES if ROLLS_GPU in c.expected or SWAPS_GPU in c.expected], ids=lambda c: c.name)
+def test_a_gpu_roll_names_the_outage_its_length_and_the_procedure(change, diffs):
+    d, _, head = diffs[change.name]
+    cold = head["outputs"]["plan"]["startup"]["cold_start_s"]
+    text = render_markdown(d)
+    assert "**Serving goes down** for about" in text and f"cold start of {cold:,.0f} s" in text
+    assert "gpu-serving:serving.suspended: true" in text and "PodEvictionFailure" in text
+
+
+def test_a_roll_with_serving_already_suspended_does_not_stall(tmp_path):
+    suspended = ("    coldStartTargetSeconds: 750\n", "    coldStartTargetSeconds: 750\n    suspended: true\n")
+    release = ("    amiType: AL2023_x86_64_NVIDIA\n", "    amiType: AL2023_x86_64_NVIDIA\n    amiReleaseVersion: 1.35.6-20260625\n")
+    base = synthesize("prod", _project(tmp_path / "a", "prod", (suspended,)))
+    head = synthesize("prod", _project(tmp_path / "b", "prod", (suspended, release)))
+    (raycluster,) = [r for r in base["resources"] if r["type"] == "kubernetes:ray.io/v1:RayCluster"]
+    assert raycluster["inputs"]["spec"]["suspend"] is True  # KubeRay deletes the pods and keeps the cluster
+    assert not [r for r in base["resources"] if r["type"] == "kubernetes:batch/v1:Job" and "benchmark" in r["name"]]
+    d = diff(base, head)
+    (roll,) = [c for c in d.callouts if c.text.startswith("**Rolls every node**") and "-gpu" in c.text]
+    assert roll.level == "WARNING" and "Serving is suspended" in roll.text and "PodEvictionFailure" not in roll.text
+
+
+def test_the_readme_carries_the_table():
+    assert table_markdown() in (REPO / "README.md").read_text(), "README's change table is stale: paste infra.preview.changes.table_markdown()"
