@@ -69,9 +69,9 @@ from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, manage
 from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
-from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, FSX_CSI_ADDON, addon_names
+from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, FSX_CSI_ADDON, NODE_MONITORING_ADDON, addon_names
 from infra.errors import UserError
-from infra.k8s.scheduling import system_labels
+from infra.k8s.scheduling import gpu_tolerations, system_labels
 
 TYPE = "gpu-serving:cluster:EksCluster"
 
@@ -94,7 +94,15 @@ VPC_CNI_MIN_EFA_ONLY = (1, 18, 4)
 # traffic with Kubernetes network policies", step 4: `{"enableNetworkPolicy": "true"}`, VPC CNI 1.14 or
 # later; the network policy controller runs in the EKS control plane). Standard mode: a new pod starts
 # allowed until its policies are in place; strict mode would need a policy for CoreDNS and every add-on.
-ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+# eks-node-monitoring-agent (chart v1.7.0, tests/fixtures/eks-node-monitoring-agent-v1.7.0): the agent
+# DaemonSet tolerates every taint by default (`nodeAgent.tolerations: [operator: Exists]`), but the DCGM host
+# engine it reads GPU health from (`dcgm-server`, hostPort 5555) tolerates none, so on our tainted GPU nodes it
+# would never run and the agent would latch AcceleratedHardwareReady=False with reason DCGMError (upstream issue
+# aws/eks-node-monitoring-agent#243 shows that state). Exactly the GPU taint, like the GPU operator's operands.
+ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {
+    "vpc-cni": {"enableNetworkPolicy": "true"},
+    NODE_MONITORING_ADDON: {"dcgmAgent": {"tolerations": gpu_tolerations()}},
+}
 VPC_CNI_MIN_NETWORK_POLICY = (1, 14, 0)
 
 
@@ -464,6 +472,7 @@ class EksCluster(pulumi.ComponentResource):
         # -- add-ons that run on nodes -------------------------------------------------
         after_nodes = [self.system_node_group]
         self.addons["coredns"] = self._addon(name, "coredns", args, child, depends_on=after_nodes)
+        self.addons[NODE_MONITORING_ADDON] = self._addon(name, NODE_MONITORING_ADDON, args, child, depends_on=after_nodes)
         self.pod_identity_roles: dict[str, aws.iam.Role] = {}
         for driver in csi_drivers(args.enable_fsx_csi):
             association = self._pod_identity(name, driver, args, tags, child)

@@ -168,6 +168,7 @@ def test_vpc_cni_enforces_network_policies(private_cluster, public_cluster):
     for rec in (private_cluster, public_cluster):
         config = {r.inputs["addonName"]: r.inputs.get("configurationValues") for r in rec.of_type(ADDON)}
         assert json.loads(config.pop("vpc-cni")) == {"enableNetworkPolicy": "true"}
+        assert set(json.loads(config.pop("eks-node-monitoring-agent"))) == {"dcgmAgent"}  # tests/test_node_health.py
         assert set(config.values()) == {None}  # the other add-ons keep their defaults
     cni = next(r.inputs for r in private_cluster.of_type(ADDON) if r.inputs["addonName"] == "vpc-cni")
     assert parse_addon_version(cni["addonVersion"]) >= VPC_CNI_MIN_NETWORK_POLICY
@@ -228,13 +229,16 @@ def _known_addon_names(fixture_file) -> set[str]:
     doc = yaml.safe_load(fixture_file("eks_addons.yaml").read_text())
     names = {addon["name"] for addon in doc["addons"]}
     assert "vpc-cni" in names and len(names) >= 6, names
-    return names
+    # Not in the reference notes' list: the node monitoring agent, an EKS add-on (EKS User Guide, "Detect node
+    # health issues and enable automatic node repair") named as its chart (the fixture's Chart.yaml).
+    agent = yaml.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"]
+    return names | {agent}
 
 
 def test_addon_names_are_known_to_eks(private_cluster, public_cluster, fixture_file):
     known = _known_addon_names(fixture_file)
     base = {r.inputs["addonName"] for r in private_cluster.of_type(ADDON)}
-    assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver"}
+    assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver", "eks-node-monitoring-agent"}
     with_fsx = {r.inputs["addonName"] for r in public_cluster.of_type(ADDON)}
     assert with_fsx == base | {"aws-fsx-csi-driver"}
     assert with_fsx <= known
@@ -359,7 +363,7 @@ def test_kubeconfig_is_secret_and_feeds_a_kubernetes_provider(private_cluster):
     # (and, on destroy, goes before them: the tunnel stays up until the last object is deleted).
     waits_for = _depends_on(private_cluster, "gs-k8s")
     addons = {r.name for r in private_cluster.of_type(ADDON)}
-    assert len(addons) == 5
+    assert len(addons) == 6
     assert {"gs-eks", "gs-system", *addons, "gs-bastion", "gs-api-from-bastion", "gs-bastion-out-https"} <= waits_for
     exec_ = config["users"][0]["user"]["exec"]
     assert exec_["command"] == "aws"

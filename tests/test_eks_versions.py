@@ -71,6 +71,7 @@ def test_default_version_is_a_function_of_the_day(day, expected):
 
 def test_every_usable_version_pins_every_addon_the_cluster_installs(fixture_file):
     known = {a["name"] for a in yaml.safe_load(fixture_file("eks_addons.yaml").read_text())["addons"]}
+    known.add(yaml.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"])  # test_cluster
     installed = set(addon_names(enable_fsx_csi=True))
     assert installed == set(ev.PINNED_ADDONS) and installed <= known
     assert ev.supported_versions() == ("1.33", "1.34", "1.35")

@@ -70,7 +70,14 @@ def ami_family(ami_type: str) -> str:
 ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 # Add-ons whose pods need a node to schedule on: creating them before any node
 # exists leaves them DEGRADED and the create times out.
-ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver")
+# The node monitoring agent (a DaemonSet on every node, and a DCGM host engine on
+# the GPU nodes) reports GPU faults (XID errors, DCGM health) as the node condition
+# AcceleratedHardwareReady, which node auto repair acts on (EKS User Guide,
+# "Detect node health issues and enable automatic node repair"; "Automatically
+# repair nodes in EKS clusters": AcceleratedHardwareReady false for 10 minutes,
+# replace or reboot). Without it auto repair sees only a NotReady node.
+NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
+ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver", NODE_MONITORING_ADDON)
 FSX_CSI_ADDON = "aws-fsx-csi-driver"  # only when the stack asks for FSx for Lustre
 
 

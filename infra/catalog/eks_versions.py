@@ -34,7 +34,8 @@ cluster's Kubernetes version. Each pin carries its source:
 - vpc-cni, coredns, kube-proxy: the EKS User Guide's "latest version for each
   Kubernetes version" tables ("Amazon VPC CNI versions", "CoreDNS versions",
   "kube-proxy versions");
-- eks-pod-identity-agent, aws-efs-csi-driver, aws-fsx-csi-driver: the guide
+- eks-pod-identity-agent, aws-efs-csi-driver, aws-fsx-csi-driver,
+  eks-node-monitoring-agent: the guide
   publishes no table for these (their versions are what DescribeAddonVersions
   returns); the pins are versions seen in public use on EKS, each labelled
   ASSUMPTION below, and pre-flight's DescribeAddonVersions check is what
@@ -135,6 +136,11 @@ _EFS_CSI = (
     "ASSUMPTION: the add-on version a public EKS platform moved to before its upgrade to 1.36 "
     "(ministryofjustice/modernisation-platform-environments pull request 18211, 2026-08-14)"
 )
+_NODE_MONITORING = (
+    "ASSUMPTION: the add-on image the agent's own chart pins at its release v1.7.0 (aws/eks-node-monitoring-agent "
+    "charts/eks-node-monitoring-agent/values.yaml, nodeAgent.image.tag, tag v1.7.0, 2026-08-04); the agent's "
+    "versions are not tied to a Kubernetes version in the guide"
+)
 _FSX_CSI = (
     "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver (hybrid nodes add-on "
     "table, awsdocs/amazon-eks-user-guide pull request 1215, 2026-01)"
@@ -148,6 +154,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+        "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
     },
     "1.34": {
         "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
@@ -156,6 +163,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+        "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
     },
     "1.35": {
         "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
@@ -164,6 +172,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
+        "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
     },
 }
 

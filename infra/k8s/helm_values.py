@@ -169,6 +169,13 @@ def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
             # explicitly, so no default can turn it on.
             "env": [{"name": "MOFED_ENABLED", "value": "false"}],
         },
+        # The operator's standalone DCGM host engine stays off (the chart's default, stated because it must
+        # hold): its DaemonSet binds hostPort 5555, as does the EKS node monitoring agent's `dcgm-server`
+        # (components/cluster.py, ADDON_CONFIGURATION), and two pods asking for one host port never share a
+        # node. The exporter keeps its embedded engine. ASSUMPTION: health and field watches work from both
+        # engines; the profiling fields (DCGM_FI_PROF_*) are exclusive to one engine per GPU
+        # (aws/eks-node-monitoring-agent#256), so the exporter may report them empty on GPU nodes.
+        "dcgm": {"enabled": False},
         "dcgmExporter": {
             # GPU metrics (utilisation, memory, XID errors, NVLink) for Prometheus.
             "enabled": True,
