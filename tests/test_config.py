@@ -115,6 +115,8 @@ def test_every_key_reaches_the_plan_request() -> None:
                 "workload": {"preset": None, "inputTokens": 1000, "outputTokens": 300, "spread": 0.5, "prefixCacheHitRate": 0.25},
             },
             "checks": {"benchmark": True},
+            "storage": {"type": "fsx"},
+            "cluster": {"fsxCsi": True},
             "cost": {
                 "apiPriceUsdPerMillionTokens": 1.5,
                 "throughputTokensPerSecond": 5000,
@@ -153,6 +155,7 @@ def test_every_key_reaches_the_plan_request() -> None:
         objective="min-cost",
         target_concurrency=32,
         cold_start_target_s=300.0,
+        storage_kind="fsx",
         tco=TcoInputs(categories={"a": 1.0, "b": 2.0}),
         api_price_usd_per_mtok=1.5,
         throughput_tokens_per_s=5000.0,

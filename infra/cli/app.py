@@ -153,6 +153,7 @@ def render(plan: Plan, console: Console) -> None:
     t = _facts("Cost")
     t.add_row("cloud, hourly", _usd(c["hourly_usd"]))
     t.add_row("cloud, monthly (730 h)", _usd(c["monthly_usd"]))
+    _render_cold_start_cost(data["cold_start_cost"], t)
     for name, value in c["tco_categories"].items():
         t.add_row(f"TCO: {name}", _usd(value))
     if c["tco_monthly_usd"] is not None:
@@ -221,6 +222,19 @@ def _render_performance(data: dict, console: Console) -> None:
                   f"{p['output_tokens_per_s']:,.0f}", f"{p['output_tokens_per_s_per_gpu']:,.1f}",
                   "meets" if p["meets_sla"] else "misses " + "+".join(p["misses"]) if p["misses"] else "preempts")
     console.print(t)
+
+
+def _render_cold_start_cost(cs: dict, t: Table) -> None:
+    """What one cold start costs, and the first `up` on top (infra/planning/cold_start_cost.py)."""
+    store = "EFS" if cs["storage_kind"] == "efs" else "FSx for Lustre"
+    reads = (f"{store} reads {cs['read_bytes'] / 2**30:,.0f} GiB (the checkpoint once per node) {_usd(cs['read_usd'])}"
+             if cs["read_usd"] else f"{store} reads: no per-read charge")  # fmt: skip
+    t.add_row("one cold start", f"{_usd(cs['usd'])}: GPU nodes {cs['gpu_wait_s']:,.0f} s before serving "
+              f"{_usd(cs['gpu_wait_usd'])} + {reads}")  # fmt: skip
+    writes = (f"staging writes {cs['staging_write_bytes'] / 2**30:,.0f} GiB {_usd(cs['staging_write_usd'])}; "
+              if cs["staging_write_usd"] else "")  # fmt: skip
+    t.add_row("first `up`, besides", f"{writes}GPU nodes idle while the weights stage: up to {cs['staging_s_at_most'] / 3600:,.1f} h, "
+              f"{_usd(cs['staging_gpu_idle_usd_at_most'])} (at 100 MiB/s, the slowest download staging accepts)")  # fmt: skip
 
 
 def _render_startup(su: dict, console: Console) -> None:

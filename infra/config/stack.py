@@ -224,6 +224,7 @@ class StackConfig(BaseModel):
             objective=s.objective,
             target_concurrency=s.target_concurrency,
             cold_start_target_s=s.cold_start_target_seconds,
+            storage_kind=self.storage.type,
             tco=TcoInputs(categories=dict(c.tco)) if c.tco is not None else None,
             api_price_usd_per_mtok=c.api_price_usd_per_million_tokens,
             throughput_tokens_per_s=c.throughput_tokens_per_second,

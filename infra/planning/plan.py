@@ -19,6 +19,7 @@ from infra.errors import UserError
 from infra.planning import cudagraph, kv_cache, memory, model_serving, performance, serving, startup
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
+from infra.planning.cold_start_cost import ColdStartCost, cold_start_cost
 from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
 from infra.planning.memory import KV_DTYPE_BYTES, GiB, RankBudget
 from infra.planning.request import (
@@ -73,6 +74,17 @@ class Plan:
     def startup(self) -> startup.Startup:
         """Cold start, probe budget, Pulumi's wait and vLLM's timeouts (infra/planning/startup.py)."""
         return startup.startup_plan(self.storage, self.pod)
+
+    @property
+    def cold_start_cost(self) -> ColdStartCost:
+        """One cold start's storage reads and GPU wait, and the first `up`'s staging (infra/planning/cold_start_cost.py)."""
+        return cold_start_cost(
+            storage_kind=self.request.storage_kind,
+            checkpoint_bytes=self.storage.checkpoint_bytes,
+            nodes=self.nodes,
+            cold_start_s=self.startup.cold_start_s,
+            gpu_usd_per_hour=self.cost.hourly_usd,
+        )
 
     @property
     def layout(self) -> Layout:
@@ -224,6 +236,7 @@ class Plan:
             "warnings": list(self.warnings),
             "assumptions": list(self.model.notes),
             "cost": asdict(self.cost),
+            "cold_start_cost": asdict(self.cold_start_cost),
             "objective": self.request.objective,
             "runner_up": self.runner_up,
             "performance": {**performance_json(self.performance), "benchmark": asdict(self.benchmark) if self.benchmark else None}

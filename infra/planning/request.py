@@ -76,6 +76,7 @@ class PlanRequest:
     objective: Objective = "max-kv"  # the stack config's default is sla-throughput-per-dollar
     target_concurrency: int | None = None  # sequences at max-model-len (min-cost)
     cold_start_target_s: float = 600.0  # time to read all weights from storage
+    storage_kind: str = "efs"  # the weight store ("efs" or "fsx"): what a cold start's reads cost
     tco: TcoInputs | None = None
     api_price_usd_per_mtok: float | None = None
     throughput_tokens_per_s: float | None = None  # measured cluster output tokens/s: the cost per token uses it
