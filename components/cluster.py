@@ -104,6 +104,8 @@ ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {
     NODE_MONITORING_ADDON: {"dcgmAgent": {"tolerations": gpu_tolerations()}},
 }
 VPC_CNI_MIN_NETWORK_POLICY = (1, 14, 0)
+# The cluster's upgrade policy (botocore eks, shape SupportType).
+SUPPORT_TYPES = ("STANDARD", "EXTENDED")
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,9 @@ class ClusterArgs:
     system_subnet_ids: Optional[pulumi.Input[Sequence[pulumi.Input[str]]]] = None  # None: subnet_ids
     system_release_version: Optional[str] = None  # the AL2023 AMI release of the system nodes; None: EKS's latest
     enable_fsx_csi: bool = False
+    # The upgrade policy at the end of standard support (gpu-serving:cluster.supportType). Stated, never
+    # left to EKS's default (EXTENDED, botocore eks UpgradePolicyRequest), so the bill it implies is a choice.
+    support_type: str = "EXTENDED"
     protect: bool = False
     cluster_name: Optional[str] = None  # None: the component's name (must match the network's subnet tags)
     node_ssm_access: bool = False  # AmazonSSMManagedInstanceCore on the node role (shell on nodes without SSH)
@@ -191,6 +196,8 @@ def validate_cluster_args(args: ClusterArgs) -> None:
         raise UserError("cluster: private-vpc needs the deployer's in-VPC CIDRs (the cluster security group admits 443 only from itself)")
     if access.needs_bastion(args.endpoint_access) and args.bastion_subnet_id is None:
         raise UserError("cluster: private-ssm needs bastion_subnet_id, a private subnet for the SSM bastion")
+    if args.support_type not in SUPPORT_TYPES:
+        raise UserError(f"cluster: support type {args.support_type!r} is not one of {', '.join(SUPPORT_TYPES)}")
     missing = [a for a in addon_names(args.enable_fsx_csi) if a not in args.addon_versions]
     if missing:
         raise UserError(f"cluster: no pinned version for the add-on(s) {', '.join(missing)} (infra/catalog/eks_versions.py)")
@@ -387,6 +394,7 @@ class EksCluster(pulumi.ComponentResource):
                 bootstrap_cluster_creator_admin_permissions=True,
             ),
             bootstrap_self_managed_addons=False,
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.support_type),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=self.kms_key.arn),
                 resources=list(ENCRYPTED_RESOURCES),

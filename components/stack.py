@@ -136,6 +136,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             system_instance_type=cl.system_instance_type,
             system_node_count=cl.system_node_count,
             enable_fsx_csi=cl.fsx_csi,
+            support_type=cl.support_type,
             protect=life.production,
             cluster_name=name,
         ),

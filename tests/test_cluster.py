@@ -29,6 +29,7 @@ from components.cluster import (
     cluster_ignore_changes,
     parse_addon_version,
     principal_slug,
+    SUPPORT_TYPES,
 )
 from components.protection import kept
 from infra.catalog.eks_versions import ADDON_VERSIONS, addon_versions
@@ -455,3 +456,28 @@ def test_partitions_and_trust_policies():
 def test_bad_cluster_args_fail_before_any_resource(overrides, match):
     with pytest.raises(UserError, match=match):
         _args(**overrides)
+
+
+# ---- the upgrade policy ----------------------------------------------------------------------------
+
+
+def test_the_upgrade_policy_is_stated_and_one_eks_knows(private_cluster, eks_model):
+    """EKS's own default is EXTENDED (botocore's UpgradePolicyRequest doc); the stack states it rather than inherit it."""
+    policy = private_cluster.one(CLUSTER).inputs["upgradePolicy"]
+    assert policy == {"supportType": "EXTENDED"}
+    enum = set(eks_model.shape_for("SupportType").enum)
+    assert set(SUPPORT_TYPES) == enum
+    standard = _record(_args(support_type="STANDARD")).one(CLUSTER).inputs["upgradePolicy"]
+    assert standard == {"supportType": "STANDARD"}
+    with pytest.raises(UserError, match="support type 'standard'"):
+        _record(_args(support_type="standard"))
+
+
+def test_the_stack_config_reaches_the_upgrade_policy():
+    from infra.config import from_mapping
+
+    base = {"model": {"name": "deepseek-v4-pro"}, "gpu": {"instanceType": "p5.48xlarge", "nodes": 4}, "lifecycle": {"production": True}}
+    assert from_mapping("x", base).cluster.support_type == "EXTENDED"
+    assert from_mapping("x", {**base, "cluster": {"supportType": "STANDARD"}}).cluster.support_type == "STANDARD"
+    with pytest.raises(UserError, match="supportType"):
+        from_mapping("x", {**base, "cluster": {"supportType": "NONE"}})

@@ -311,6 +311,14 @@ class ClusterConfig(_Area):
     )
     system_node_count: int = Field(default=2, ge=1, le=10, description="Nodes in the system node group.")
     fsx_csi: StrictBool = Field(default=False, description="Install the FSx for Lustre CSI driver add-on too.")
+    support_type: Literal["EXTENDED", "STANDARD"] = Field(
+        default="EXTENDED",
+        description="The cluster's upgrade policy when its Kubernetes version leaves standard support (EKS "
+        "UpgradePolicy.supportType): `EXTENDED` keeps the version and the control plane costs $0.60 an hour instead "
+        "of $0.10 (about $365 a month more) until you upgrade; `STANDARD` has EKS upgrade the control plane itself, "
+        "ahead of the add-on and AMI pins of `infra/catalog/eks_versions.py`, which the next `up` cannot set back. "
+        "`preflight` warns 60 days before standard support ends either way.",
+    )
 
     @model_validator(mode="before")
     @classmethod
