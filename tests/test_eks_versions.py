@@ -81,6 +81,10 @@ def test_every_usable_version_pins_every_addon_the_cluster_installs(fixture_file
         for name, pin in pins.items():
             parse_addon_version(pin.version)
             assert pin.source, (v, name)
+            # Every pin says where it comes from: a guide table, a DescribeAddonVersions record for this
+            # very Kubernetes version, or an ASSUMPTION that pre-flight's DescribeAddonVersions check confirms.
+            assert (pin.source.startswith(("EKS User Guide", "ASSUMPTION"))
+                    or pin.source.startswith(f"DescribeAddonVersions for Kubernetes {v},")), (v, name, pin.source)  # fmt: skip
             if name == "kube-proxy":  # kube-proxy follows the Kubernetes minor version
                 assert pin.version.startswith(f"v{v}."), (v, pin.version)
         assert parse_addon_version(pins["vpc-cni"].version) >= (1, 18, 4)  # efa-only interfaces

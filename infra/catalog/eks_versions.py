@@ -34,12 +34,20 @@ cluster's Kubernetes version. Each pin carries its source:
 - vpc-cni, coredns, kube-proxy: the EKS User Guide's "latest version for each
   Kubernetes version" tables ("Amazon VPC CNI versions", "CoreDNS versions",
   "kube-proxy versions");
-- eks-pod-identity-agent, aws-efs-csi-driver, aws-fsx-csi-driver,
-  eks-node-monitoring-agent: the guide
-  publishes no table for these (their versions are what DescribeAddonVersions
-  returns); the pins are versions seen in public use on EKS, each labelled
-  ASSUMPTION below, and pre-flight's DescribeAddonVersions check is what
-  confirms them for a cluster version.
+- eks-pod-identity-agent, aws-efs-csi-driver, eks-node-monitoring-agent: the
+  guide publishes no table for these; their versions are what
+  DescribeAddonVersions returns, read from a public EKS template that writes
+  the newest one per Kubernetes version into its config with the AWS CLI
+  (devopscoop/aws-eks-template, `cluster/update_eks_addons.sh`): the pod
+  identity agent for 1.33, 1.34 and 1.35, the EFS CSI driver and the node
+  monitoring agent for 1.35. The same EFS and node monitoring builds for 1.33
+  and 1.34 have no such record and stay labelled ASSUMPTION;
+- aws-fsx-csi-driver: no DescribeAddonVersions record was found; the pin is the
+  first add-on version the guide names, labelled ASSUMPTION.
+
+Pre-flight asks EKS DescribeAddonVersions whether each pinned version is
+offered for the cluster's Kubernetes version, which is what confirms an
+ASSUMPTION for a real account and region.
 
 A Kubernetes version is usable by the stack only when every add-on has a pin
 for it (`supported_versions`). 1.36 is in the calendar but not yet usable: the
@@ -128,18 +136,26 @@ _VPC_CNI_GUIDE = (
 )
 _COREDNS_GUIDE = "EKS User Guide, 'CoreDNS versions' (docs.aws.amazon.com/ja_jp/eks/latest/userguide/managing-coredns.md)"
 _KUBE_PROXY_GUIDE = "EKS User Guide, 'kube-proxy versions' (docs.aws.amazon.com/ja_jp/eks/latest/userguide/managing-kube-proxy.md)"
-_POD_IDENTITY = (
-    "ASSUMPTION: the add-on version AWS's EKS scale tests pinned as the latest (awslabs/eks-perf-tests pull "
-    "request 510, 2025-05-20); the agent's versions are not tied to a Kubernetes version in the guide"
-)
+# Add-on versions EKS DescribeAddonVersions returned as the newest for a Kubernetes version, as a public
+# EKS template records them: devopscoop/aws-eks-template, cluster/terraform.tfvars, whose versions are
+# written by its cluster/update_eks_addons.sh (`aws eks describe-addon-versions --addon-name A
+# --kubernetes-version V --query "addons[].addonVersions[].addonVersion" | jq -r '.[0]'`, us-east-2).
+_DESCRIBED = "DescribeAddonVersions for Kubernetes {v}, newest then: devopscoop/aws-eks-template cluster/terraform.tfvars, {at}"
+_POD_IDENTITY_133 = _DESCRIBED.format(v="1.33", at="commit 51a556a, 2025-09-02")
+_POD_IDENTITY_134 = _DESCRIBED.format(v="1.34", at="commit d72b85e, 2026-04-10")
+_POD_IDENTITY_135 = _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 (2026)")
+_EFS_CSI_135 = _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 and eks-node-monitoring-agent (2026)")
 _EFS_CSI = (
-    "ASSUMPTION: the add-on version a public EKS platform moved to before its upgrade to 1.36 "
-    "(ministryofjustice/modernisation-platform-environments pull request 18211, 2026-08-14)"
+    "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 (" + _EFS_CSI_135 + "); no record for this "
+    "version was found, and the driver's add-on builds are not tied to a Kubernetes version in the guide"
+)
+_NODE_MONITORING_135 = (
+    _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 and eks-node-monitoring-agent (2026)")
+    + "; the image the agent's chart v1.7.0 pins (aws/eks-node-monitoring-agent values.yaml nodeAgent.image.tag)"
 )
 _NODE_MONITORING = (
-    "ASSUMPTION: the add-on image the agent's own chart pins at its release v1.7.0 (aws/eks-node-monitoring-agent "
-    "charts/eks-node-monitoring-agent/values.yaml, nodeAgent.image.tag, tag v1.7.0, 2026-08-04); the agent's "
-    "versions are not tied to a Kubernetes version in the guide"
+    "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 and the agent's chart v1.7.0 pins; no record for "
+    "this version was found, and the agent's builds are not tied to a Kubernetes version in the guide"
 )
 _FSX_CSI = (
     "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver (hybrid nodes add-on "
@@ -151,7 +167,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
         "coredns": AddonPin("v1.12.4-eksbuild.18", _COREDNS_GUIDE),
         "kube-proxy": AddonPin("v1.33.10-eksbuild.13", _KUBE_PROXY_GUIDE),
-        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
+        "eks-pod-identity-agent": AddonPin("v1.3.8-eksbuild.2", _POD_IDENTITY_133),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
         "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
@@ -160,7 +176,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
         "coredns": AddonPin("v1.13.2-eksbuild.11", _COREDNS_GUIDE),
         "kube-proxy": AddonPin("v1.34.6-eksbuild.13", _KUBE_PROXY_GUIDE),
-        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
+        "eks-pod-identity-agent": AddonPin("v1.3.10-eksbuild.3", _POD_IDENTITY_134),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
         "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
@@ -169,10 +185,10 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "vpc-cni": AddonPin("v1.21.1-eksbuild.7", _VPC_CNI_GUIDE),
         "coredns": AddonPin("v1.14.3-eksbuild.3", _COREDNS_GUIDE),
         "kube-proxy": AddonPin("v1.35.3-eksbuild.13", _KUBE_PROXY_GUIDE),
-        "eks-pod-identity-agent": AddonPin("v1.3.7-eksbuild.2", _POD_IDENTITY),
-        "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "eks-pod-identity-agent": AddonPin("v1.3.10-eksbuild.3", _POD_IDENTITY_135),
+        "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI_135),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
-        "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
+        "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING_135),
     },
 }
 
