@@ -27,7 +27,12 @@ answered by a test-supplied function through botocore's `before-call` event,
 exactly where botocore's own Stubber answers, and every canned answer is
 validated against the operation's output shape in botocore's service model
 (as the Stubber does), so it has the real API's form. Every other call still
-goes to the moto server.
+goes to the moto server, and so does a call whose answer function returns None
+(Service Quotas for service code `vpc`, which moto does answer).
+
+`publish_parameter` puts an AWS public SSM parameter (`/aws/service/...`, such as
+an EKS-optimised AMI's id) into the server, the way moto loads the public
+parameters it ships; PutParameter refuses names under `/aws`, as AWS does.
 """
 
 from __future__ import annotations
@@ -113,6 +118,22 @@ def aws(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield moto_server
 
 
+def publish_parameter(name: str, value: str, region: str = REGION, account_id: str = ACCOUNT_ID) -> None:
+    """Publish AWS public parameter `name` in the server's SSM (the server runs in this process).
+
+    As moto 5.2.5 adds the public parameters it ships (moto/ssm/models.py, ParameterDict._load_latest_amis:
+    a `Parameter` appended to the backend's parameter dict); moto ships none under /aws/service/eks.
+    """
+    import datetime as dt
+
+    from moto.ssm.models import Parameter, ssm_backends
+
+    params = ssm_backends[account_id][region]._parameters
+    params[name].append(Parameter(account_id=account_id, name=name, value=value, parameter_type="String",
+                                  description=None, allowed_pattern=None, keyid=None,
+                                  last_modified_date=dt.datetime.now(dt.timezone.utc), version=1, data_type="text"))  # fmt: skip
+
+
 class GapError(Exception):
     """Raise from a `Gaps` answer to return an AWS error (code, message, HTTP status)."""
 
@@ -162,13 +183,16 @@ class Gaps:
         if answer is None:
             return None  # not a gap: the request goes to the moto server
         params = context.get("gaps_params", {})
-        self.calls.append((service, model.name, params))
         try:
             body = answer(params)
         except GapError as err:
+            self.calls.append((service, model.name, params))
             parsed = {"Error": {"Code": err.code, "Message": err.message},
                       "ResponseMetadata": {"HTTPStatusCode": err.status}}  # fmt: skip
             return AWSResponse(None, err.status, {}, None), parsed
+        if body is None:
+            return None  # the answer function passes: the request goes to the moto server
+        self.calls.append((service, model.name, params))
         if model.output_shape is not None:
             validate_parameters(body, model.output_shape)  # the canned answer has the real API's form
         return AWSResponse(None, 200, {}, None), {**body, "ResponseMetadata": {"HTTPStatusCode": 200}}

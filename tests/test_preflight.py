@@ -10,6 +10,13 @@ So: the offering, EFA and running-instance parts run against moto as they are; t
 unknown path and the EKS calendar fallback run against moto's real answers; the quota value,
 the capacity reservations and DescribeClusterVersions are answered by `Gaps` (tests/moto_server.py)
 through the very same check functions, with answers validated against botocore's model.
+
+The AMI release, VPC, NAT gateway and Elastic IP checks run against moto itself: SSM GetParameter
+(moto ships no /aws/service/eks parameter, so a release is missing until a test publishes its
+parameter with `publish_parameter`), Service Quotas for service code `vpc` (moto's copy of AWS's
+defaults: VPCs per Region and NAT gateways per Availability Zone, 5 each), DescribeVpcs (moto's
+default VPC counts), DescribeNatGateways, DescribeSubnets and DescribeAddresses. EC2 quotas
+(Standard vCPUs, Elastic IPs) come from `Gaps`, which passes the `vpc` ones through to moto.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from infra.config import load_stack_file
 from infra.ops import preflight as pf
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
-from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
+from tests.moto_server import REGION, GapError, Gaps, aws, moto_server, publish_parameter  # noqa: F401  (pytest fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -94,6 +101,45 @@ def quota_gaps(value: float, code: str = "L-417A185B", name: str = "Running On-D
                           "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True, "GlobalQuota": False}}  # fmt: skip
 
     return Gaps().on("service-quotas", "GetServiceQuota", get)
+
+
+EC2_QUOTA_NAMES = {
+    "L-417A185B": "Running On-Demand P instances",
+    "L-DB2E81BA": "Running On-Demand G and VT instances",
+    "L-1216C47A": "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances",
+    "L-0263D0A3": "EC2-VPC Elastic IPs",
+}
+
+
+def ec2_quotas(values: dict[str, float], gaps: Gaps | None = None) -> Gaps:
+    """GetServiceQuota for service code `ec2` as Service Quotas answers it (`values`: quota code -> value; moto
+    knows no `ec2` quota); every other service code (`vpc`) goes on to moto, which answers it itself."""
+
+    def get(params: dict) -> dict | None:
+        if params["ServiceCode"] != "ec2":
+            return None
+        code = params["QuotaCode"]
+        if code not in values:
+            raise GapError("NoSuchResourceException", "The request failed because the specified resource does not exist.")
+        return {"Quota": {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                          "QuotaArn": f"arn:aws:servicequotas:{REGION}:123456789012:ec2/{code}", "QuotaCode": code,
+                          "QuotaName": EC2_QUOTA_NAMES[code], "Value": values[code], "Unit": "None", "Adjustable": True,
+                          "GlobalQuota": False}}  # fmt: skip
+
+    return (gaps or Gaps()).on("service-quotas", "GetServiceQuota", get)
+
+
+def publish_ami(ami_type: str, release: str, image: str = "ami-0123456789abcdef0") -> str:
+    """Publish the SSM parameter of an EKS AL2023 AMI release in the moto server; its name."""
+    name = pf.ami_parameter_name(ami_type, release)
+    publish_parameter(name, image)
+    return name
+
+
+def publish_stack_amis(version: str) -> None:
+    """The GPU (NVIDIA) and system (standard) AMIs of the release pinned for `version`."""
+    for ami_type in ("AL2023_x86_64_NVIDIA", pf.SYSTEM_AMI_TYPE):
+        publish_ami(ami_type, ev.AL2023_RELEASES[version])
 
 
 def clients(gaps: Gaps | None = None) -> pf.Clients:
@@ -376,15 +422,22 @@ def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
         "EFA supported": "go",
         "EKS version supported": "go",
         "add-on versions offered": "unknown",  # moto has no DescribeAddonVersions
+        "AMI release published": "no-go",  # moto has no EKS AMI parameter until a test publishes it
+        "On-Demand vCPU quota: system nodes, bastion": "unknown",  # moto has no EC2 quotas
+        "VPC quota": "go",  # moto's `vpc` quotas: 5 VPCs, its default VPC in use
+        "NAT gateway quota": "go",
+        "Elastic IP quota": "unknown",  # an `ec2` quota
     }
 
 
 def test_cli_unknown_is_not_a_go_unless_allowed(aws, tmp_path):
     write_stack(tmp_path, "small", instance_type="g6e.xlarge", nodes=1)
+    publish_stack_amis("1.33")
     assert run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=cli_env()).returncode == 1
     proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), "--allow-unknown", env=cli_env())
     assert proc.returncode == 0, proc.stdout
-    assert "GO" in proc.stdout and "2 unknown, allowed" in proc.stdout  # the quota and the add-on versions
+    # The GPU and the system vCPU quotas, the Elastic IPs (moto has no `ec2` quotas) and the add-on versions.
+    assert "GO" in proc.stdout and "4 unknown, allowed" in proc.stdout
 
 
 def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
@@ -395,6 +448,8 @@ def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
     gaps.on("eks", "DescribeClusterVersions",
             lambda p: {"clusterVersions": [{"clusterVersion": "1.33", "versionStatus": "STANDARD_SUPPORT"}]})  # fmt: skip
     gaps.on("eks", "DescribeAddonVersions", addon_versions_answer(ev.ADDON_VERSIONS["1.33"]))
+    ec2_quotas({"L-1216C47A": 64.0, "L-0263D0A3": 5.0}, gaps)  # the system nodes' and the NAT gateway's
+    publish_stack_amis("1.33")
     monkeypatch.setattr(ops_aws, "new_session", lambda region=None: gaps.session(region or REGION))
     result = CliRunner().invoke(app, ["preflight", "--stack", "block", "--root", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
@@ -531,3 +586,269 @@ def test_target_of_the_prod_stack(aws):
     assert dict(t.addon_versions) == {a: p.version for a, p in ev.ADDON_VERSIONS["1.35"].items() if a != "aws-fsx-csi-driver"}
     target_s = load_stack_file("prod").serving.cold_start_target_seconds
     assert dt.timedelta(minutes=5) < t.cold_start <= dt.timedelta(seconds=target_s)  # the plan's estimate, within its target
+
+
+def test_target_of_the_prod_stack_names_what_else_it_creates(aws):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ev, "today", lambda: dt.date(2026, 12, 3))
+    try:
+        t = pf.target_from_stack("prod", REPO_ROOT)
+    finally:
+        mp.undo()
+    release = ev.AL2023_RELEASES["1.35"]
+    assert t.node_amis == (
+        pf.NodeAmi("GPU nodes", "AL2023_x86_64_NVIDIA", release, "infra/catalog/eks_versions.py AL2023_RELEASES['1.35']"),
+        pf.NodeAmi("system nodes", "AL2023_x86_64_STANDARD", release, "infra/catalog/eks_versions.py AL2023_RELEASES['1.35']"),
+    )
+    # private-ssm: the bastion; natGatewayPerAz: a NAT gateway (and an Elastic IP) in each of the three zones.
+    assert t.bastion_instance_type == "t3.micro" and t.creates_vpc
+    assert t.nat_zones == ("us-east-1a", "us-east-1b", "us-east-1c")
+    assert t.other_instances == (("m7i.xlarge", 2 + 6, "2 system node(s) and the update surge of 6"), ("t3.micro", 1, "the SSM bastion"))
+
+
+def test_what_preflight_reads_agrees_with_the_program():
+    # Copied here, not imported (the program's modules build Pulumi resources): they must say the same.
+    from components.cluster import SYSTEM_AMI_TYPE
+    from components.network import nat_zones
+    from infra.aws.access import BASTION_INSTANCE_TYPE
+
+    assert pf.SYSTEM_AMI_TYPE == SYSTEM_AMI_TYPE
+    zones = ("us-east-1a", "us-east-1b", "us-east-1c")
+    for per_az in (True, False):
+        assert pf.nat_zones(zones, per_az) == nat_zones(zones, per_az)
+    assert BASTION_INSTANCE_TYPE == "t3.micro"  # the vCPUs the check counts for it come from DescribeInstanceTypes
+    # Every AL2023 AMI type EKS knows has its path (botocore's eks model, AMITypes).
+    import botocore.session
+
+    ami_types = botocore.session.get_session().get_service_model("eks").shape_for("AMITypes").enum
+    assert {a for a in ami_types if a.startswith("AL2023_")} == set(pf.AL2023_AMI_PATHS)
+    # The quota codes: moto's copy of AWS's default `vpc` quotas names the two VPC ones.
+    from moto.servicequotas.resources.default_quotas.vpc import VPC_DEFAULT_QUOTAS
+
+    names = {q["QuotaCode"]: q["QuotaName"] for q in VPC_DEFAULT_QUOTAS}
+    assert names[pf.VPC_QUOTA.code] == pf.VPC_QUOTA.name and names[pf.NAT_QUOTA.code] == pf.NAT_QUOTA.name
+
+
+# --- AMI release published (SSM GetParameter against moto) -----------------------------------------------------
+
+
+def amis_target(release: str = "1.35.6-20260714", version: str = "1.35", gpu_ami: str = "AL2023_x86_64_NVIDIA") -> pf.Target:
+    pin = f"infra/catalog/eks_versions.py AL2023_RELEASES[{version!r}]"
+    return dataclasses.replace(target("g6e.xlarge", 1, version=version), node_amis=(
+        pf.NodeAmi("GPU nodes", gpu_ami, release, pin), pf.NodeAmi("system nodes", pf.SYSTEM_AMI_TYPE, release, pin)))  # fmt: skip
+
+
+def test_ami_parameter_names():
+    # The EKS User Guide's tree (/aws/service/eks/optimized-ami/<version>/amazon-linux-2023/x86_64/nvidia/...)
+    # with a release's name in place of `recommended`, as Karpenter resolves al2023@v<date>.
+    assert pf.ami_parameter_name("AL2023_x86_64_NVIDIA", "1.35.6-20260714") == (
+        "/aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/nvidia/"
+        "amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id")
+    assert pf.ami_parameter_name("AL2023_x86_64_STANDARD", "1.33.13-20260714") == (
+        "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/"
+        "amazon-eks-node-al2023-x86_64-standard-1.33-v20260714/image_id")
+    assert "/arm64/nvidia/amazon-eks-node-al2023-arm64-nvidia-1.34-v20260714/" in pf.ami_parameter_name("AL2023_ARM_64_NVIDIA", "1.34.9-20260714")
+    assert pf.ami_parameter_name("BOTTLEROCKET_x86_64_NVIDIA", "1.35.6-20260714") is None
+    assert pf.ami_parameter_name("AL2023_x86_64_NVIDIA", "v20260714") is None
+
+
+def test_ami_release_missing_is_a_no_go_published_is_a_go(aws):
+    ssm = clients().ssm
+    t = amis_target()
+    missing = pf.check_ami_release(ssm, t)
+    assert missing.ok is False and missing.status == "no-go"
+    assert "GPU nodes: AL2023_x86_64_NVIDIA 1.35.6-20260714 is not published in us-east-1" in missing.detail
+    assert "amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id" in missing.detail
+    # One fix for both node groups (they share the pin), and how to read the newest release.
+    assert missing.fix == (
+        "pin an AMI release that exists in us-east-1: infra/catalog/eks_versions.py AL2023_RELEASES['1.35']; the newest: "
+        "`aws ssm get-parameter --name /aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/nvidia/recommended/"
+        "release_version --region us-east-1`")
+
+    publish_ami("AL2023_x86_64_NVIDIA", "1.35.6-20260714", "ami-0aaaaaaaaaaaaaaa1")
+    half = pf.check_ami_release(ssm, t)  # the system nodes' (standard) AMI is still missing
+    assert half.ok is False and "GPU nodes: AL2023_x86_64_NVIDIA 1.35.6-20260714 is ami-0aaaaaaaaaaaaaaa1" in half.detail
+    assert "system nodes: AL2023_x86_64_STANDARD 1.35.6-20260714 is not published" in half.detail
+
+    publish_ami(pf.SYSTEM_AMI_TYPE, "1.35.6-20260714", "ami-0bbbbbbbbbbbbbbb2")
+    go = pf.check_ami_release(ssm, t)
+    assert go.ok is True and "ami-0aaaaaaaaaaaaaaa1" in go.detail and "ami-0bbbbbbbbbbbbbbb2" in go.detail
+    # Published in us-east-1 is not published in us-west-2: the check asks the region the stack deploys to.
+    west = pf.make_clients("us-west-2", boto3.session.Session(region_name="us-west-2")).ssm
+    assert pf.check_ami_release(west, dataclasses.replace(t, region="us-west-2")).ok is False
+
+
+def test_ami_release_of_another_kubernetes_version_or_not_readable(aws):
+    publish_stack_amis("1.34")
+    other = pf.check_ami_release(clients().ssm, amis_target(ev.AL2023_RELEASES["1.34"], version="1.35"))
+    assert other.ok is False and "is a release of Kubernetes 1.34; the cluster runs 1.35" in other.detail
+    assert "pin a Kubernetes 1.35 release" in other.fix
+
+    def denied(params: dict) -> dict:
+        raise GapError("AccessDeniedException", "User is not authorized to perform: ssm:GetParameter")
+
+    no_access = pf.check_ami_release(clients(Gaps().on("ssm", "GetParameter", denied)).ssm, amis_target())
+    assert no_access.ok is None and no_access.status == "unknown"
+    assert "grant ssm:GetParameter on arn:aws:ssm:us-east-1::parameter/aws/service/eks/*" in no_access.fix
+
+    # A Bottlerocket GPU release is not looked up: unknown (the system nodes' AL2023 AMI still is).
+    publish_stack_amis("1.35")
+    br = pf.check_ami_release(clients().ssm, amis_target(gpu_ami="BOTTLEROCKET_x86_64_NVIDIA"))
+    assert br.ok is None and "BOTTLEROCKET_x86_64_NVIDIA 1.35.6-20260714 not looked up" in br.detail
+    assert "system nodes: AL2023_x86_64_STANDARD 1.35.6-20260714 is ami-" in br.detail
+
+
+# --- the system nodes' and the bastion's vCPUs ----------------------------------------------------------------------
+
+
+def test_system_vcpu_quota(aws):
+    # Two m7i.xlarge system nodes in 2 zones and their update surge max(2 x 2, 1) = 4: 6 x 4 vCPUs; the bastion 2.
+    t = dataclasses.replace(target("g6e.xlarge", 1), bastion_instance_type="t3.micro")
+    low = clients(ec2_quotas({"L-1216C47A": 24.0}))
+    no = pf.check_system_vcpu_quota(low.quotas, low.ec2, t)
+    assert no.ok is False
+    assert ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A) = 24 vCPUs; the stack needs "
+            "2 system node(s) and the update surge of 4 = 6 x m7i.xlarge (24 vCPUs) + the SSM bastion = 1 x t3.micro (2 vCPUs)") in no.detail
+    assert "--service-code ec2 --quota-code L-1216C47A --desired-value 26 --region us-east-1" in no.fix
+    assert "systemNodeCount" in no.fix
+    ok = clients(ec2_quotas({"L-1216C47A": 26.0}))
+    assert pf.check_system_vcpu_quota(ok.quotas, ok.ec2, t).ok is True
+    # Another team's m7i counts; this stack's own system node does not.
+    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m7i.xlarge")
+    ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m7i.xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "project", "Value": "gpu-serving"}, {"Key": "stack", "Value": "pf"}]}],
+    )  # fmt: skip
+    busy = pf.check_system_vcpu_quota(ok.quotas, ok.ec2, t)
+    assert busy.ok is False and "4 in use by other instances (1 x m7i.xlarge)" in busy.detail
+    assert "--desired-value 30" in busy.fix and "stop the other instances" in busy.fix
+    # No bastion (public-restricted) and moto's own answer for `ec2` quotas: unknown, with what is needed.
+    unknown = pf.check_system_vcpu_quota(clients().quotas, clients().ec2, target("g6e.xlarge", 1))
+    assert unknown.ok is None and "NoSuchResourceException" in unknown.detail and "bastion" not in unknown.detail
+    assert "servicequotas:GetServiceQuota" in unknown.fix
+
+
+def test_system_instance_type_ec2_does_not_know(aws):
+    c = clients(ec2_quotas({"L-1216C47A": 1000.0}))
+    check = pf.check_system_vcpu_quota(c.quotas, c.ec2, dataclasses.replace(target(), system_instance_type="m99z.xlarge"))
+    assert check.ok is False and "EC2 does not know m99z.xlarge" in check.detail and "systemInstanceType" in check.fix
+
+
+# --- VPCs, NAT gateways, Elastic IPs (moto's own `vpc` quotas and resources) ---------------------------------------
+
+
+def network_target(nat_zones: tuple[str, ...] = ("us-east-1a",), existing: str | None = None) -> pf.Target:
+    return dataclasses.replace(target("g6e.xlarge", 1), nat_zones=() if existing else nat_zones, existing_vpc_id=existing)
+
+
+OWN_TAGS = [{"ResourceType": "vpc", "Tags": [{"Key": "project", "Value": "gpu-serving"}, {"Key": "stack", "Value": "pf"}]}]
+
+
+def test_vpc_quota_counts_the_vpcs_in_the_region(aws):
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for i in range(3):
+        ec2.create_vpc(CidrBlock=f"10.{i}.0.0/16")
+    ec2.create_vpc(CidrBlock="10.9.0.0/16", TagSpecifications=OWN_TAGS)  # this stack's: a rerun reuses it
+    c = clients()
+    go = pf.check_vpc_quota(c.quotas, c.ec2, network_target())  # moto's default VPC and 3 others: 4 of 5
+    assert go.ok is True and "VPCs per Region (L-F678F1CE) = 5: 4 in use, the stack adds 1 (its VPC)" in go.detail
+    ec2.create_vpc(CidrBlock="10.3.0.0/16")
+    no = pf.check_vpc_quota(c.quotas, c.ec2, network_target())
+    assert no.ok is False and "5 in use, the stack adds 1" in no.detail
+    assert "--service-code vpc --quota-code L-F678F1CE --desired-value 6 --region us-east-1" in no.fix
+    assert "gpu-serving:network.existingVpcId" in no.fix
+    existing = pf.check_vpc_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0"))
+    assert existing.ok is True and existing.detail.startswith("not applicable: the stack uses the existing VPC vpc-0123456789abcdef0")
+
+
+def test_nat_gateway_quota_per_zone(aws):
+    ec2 = boto3.client("ec2", region_name=REGION)
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    for _ in range(5):
+        ec2.create_nat_gateway(SubnetId=subnet, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
+    c = clients()
+    full = pf.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
+    assert full.ok is False
+    assert "NAT gateways per Availability Zone (L-FE5A380F) = 5 in us-east-1a: 5 in use, the stack adds 1" in full.detail
+    assert "= 5 in us-east-1b: 0 in use" in full.detail
+    assert "--service-code vpc --quota-code L-FE5A380F --desired-value 6" in full.fix
+    assert "delete unused NAT gateways in us-east-1a" in full.fix and "natGatewayPerAz: false" in full.fix
+    assert pf.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1b",))).ok is True
+    assert pf.check_nat_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0")).ok is True
+
+
+def test_elastic_ip_quota_one_per_nat_gateway(aws):
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for _ in range(4):
+        ec2.allocate_address(Domain="vpc")
+    c = clients(ec2_quotas({"L-0263D0A3": 5.0}))
+    per_az = pf.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
+    assert per_az.ok is False
+    assert "EC2-VPC Elastic IPs (L-0263D0A3) = 5: 4 in use, the stack adds 2 (one per NAT gateway, in us-east-1a, us-east-1b)" in per_az.detail
+    assert "--service-code ec2 --quota-code L-0263D0A3 --desired-value 6" in per_az.fix
+    assert "release unassociated Elastic IPs" in per_az.fix and "natGatewayPerAz: false" in per_az.fix
+    assert pf.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a",))).ok is True
+    unknown = pf.check_eip_quota(clients().quotas, clients().ec2, network_target())  # moto: no `ec2` quotas
+    assert unknown.ok is None and "at least 5" in unknown.fix
+
+
+# --- acceptance: `python -m infra preflight` with a missing AMI release and too small a vCPU quota -----------------
+
+
+def write_full_stack(root: Path, name: str) -> None:
+    """A g6e.xlarge stack on Kubernetes 1.35 with the defaults: private-ssm (a bastion), one NAT gateway."""
+    write_stack(root, name, instance_type="g6e.xlarge", nodes=1, version="1.35")
+
+
+def preflight_in_process(root: Path, stack: str, gaps: Gaps, monkeypatch, *args: str):
+    monkeypatch.setattr(ops_aws, "new_session", lambda region=None: gaps.session(region or REGION))
+    # Wide enough that no cell of the table wraps: the fixes are asserted whole.
+    return CliRunner().invoke(app, ["preflight", "--stack", stack, "--root", str(root), *args], env={"COLUMNS": "3000"})
+
+
+def eks_answers(version: str) -> Gaps:
+    gaps = Gaps().on("eks", "DescribeClusterVersions",
+                     lambda p: {"clusterVersions": [{"clusterVersion": version, "versionStatus": "STANDARD_SUPPORT"}]})  # fmt: skip
+    return gaps.on("eks", "DescribeAddonVersions", addon_versions_answer(ev.ADDON_VERSIONS[version]))
+
+
+def test_acceptance_missing_ami_release_and_small_vcpu_quota_are_no_go(aws, tmp_path, monkeypatch):
+    write_full_stack(tmp_path, "short")
+    # No AMI parameter published (moto ships none under /aws/service/eks); the G and Standard quotas too small.
+    gaps = ec2_quotas({"L-DB2E81BA": 4.0, "L-1216C47A": 16.0, "L-0263D0A3": 5.0}, eks_answers("1.35"))
+    result = preflight_in_process(tmp_path, "short", gaps, monkeypatch)
+    assert result.exit_code == 1, result.output
+    out = result.output
+    release = ev.AL2023_RELEASES["1.35"]
+    assert "NO-GO: 3 no-go" in out
+    ami_fix = "pin an AMI release that exists in us-east-1: infra/catalog/eks_versions.py AL2023_RELEASES['1.35']"
+    assert f"GPU nodes: AL2023_x86_64_NVIDIA {release} is not published in us-east-1" in out and ami_fix in out
+    assert "--quota-code L-DB2E81BA --desired-value 12" in out  # 1 g6e.xlarge and the update surge of 2: 3 x 4 vCPUs
+    # 2 m7i.xlarge system nodes in 3 zones with the surge of 6 (8 x 4 vCPUs) and the t3.micro bastion (2): 34 vCPUs.
+    assert "--quota-code L-1216C47A --desired-value 34" in out
+
+    data = json.loads(preflight_in_process(tmp_path, "short", gaps, monkeypatch, "--json").output)
+    checks = {c["name"]: c for c in data["checks"]}
+    assert data["go"] is False
+    assert {n for n, c in checks.items() if c["status"] != "go"} == {
+        "AMI release published", "On-Demand vCPU quota", "On-Demand vCPU quota: system nodes, bastion"}
+    assert checks["AMI release published"]["status"] == "no-go" and checks["AMI release published"]["fix"].startswith(ami_fix)
+    assert checks["On-Demand vCPU quota"]["status"] == "no-go"
+    assert checks["On-Demand vCPU quota: system nodes, bastion"]["status"] == "no-go"
+    assert "request L-1216C47A >= 34" in checks["On-Demand vCPU quota: system nodes, bastion"]["fix"]
+    assert checks["VPC quota"]["status"] == checks["NAT gateway quota"]["status"] == checks["Elastic IP quota"]["status"] == "go"
+
+
+def test_acceptance_published_release_and_enough_quota_is_a_go(aws, tmp_path, monkeypatch):
+    write_full_stack(tmp_path, "fine")
+    publish_stack_amis("1.35")  # only here: the AMI parameters of the pinned release
+    gaps = ec2_quotas({"L-DB2E81BA": 12.0, "L-1216C47A": 34.0, "L-0263D0A3": 5.0}, eks_answers("1.35"))
+    result = preflight_in_process(tmp_path, "fine", gaps, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "GO: every check passed" in result.output
+    asked = [p["Name"] for s, o, p in gaps.calls if o == "GetParameter"]
+    assert asked == []  # SSM is moto's own answer, not a gap
+    data = json.loads(preflight_in_process(tmp_path, "fine", gaps, monkeypatch, "--json").output)
+    assert data["go"] is True and all(c["status"] == "go" for c in data["checks"])

@@ -413,7 +413,8 @@ def test_ephemeral_workflow_runs_up_test_and_always_down():
     order = []
     for step in steps(job):
         for call in infra_calls(str(step.get("run", ""))):
-            order.append((call[1], step))
+            if call[0] == "ephemeral":
+                order.append((call[1], step))
     assert [verb for verb, _ in order] == ["up", "test", "down"]
     up_step, test_step, down_step = (s for _, s in order)
     assert down_step.get("if") == "always()"
@@ -434,6 +435,89 @@ def test_ephemeral_workflow_runs_up_test_and_always_down():
     assert up_step["env"]["DEPLOYER_CIDR"] == "${{ steps.egress.outputs.cidr }}"
     (up_call,) = [c for c in infra_calls(up_step["run"]) if c[:2] == ["ephemeral", "up"]]
     assert up_call[up_call.index("--deployer-cidr") + 1] == "$DEPLOYER_CIDR"
+
+
+def _steps_calling(job: dict, *command: str) -> list[dict]:
+    return [s for s in steps(job) if any(c[: len(command)] == list(command) for c in infra_calls(str(s.get("run", ""))))]
+
+
+def preflight_gate_problems(job: dict) -> list[str]:
+    """Why `python -m infra preflight` would not stop the job before `ephemeral up`, one line each (none: it does).
+
+    The step must run after the AWS credentials and before `up`, on the stack file `up` copies, without
+    --allow-unknown; its failure must fail the job: no continue-on-error (step or job), no `if:` on it or on `up`
+    (`up` then runs only after success), and its exit status must reach the runner (one command, no pipe, `||`
+    or `;`: GitHub runs a `run` script with `bash -e`, which a pipe without pipefail or an `||` defeats).
+    """
+    pre, up = _steps_calling(job, "preflight"), _steps_calling(job, "ephemeral", "up")
+    if len(pre) != 1 or len(up) != 1:
+        return [f"want one pre-flight step and one `ephemeral up` step; found {len(pre)} and {len(up)}"]
+    (pre,), (up,) = pre, up
+    problems = []
+    order = steps(job)
+    creds = uses(job, CREDENTIALS_ACTION)
+    if not creds or not order.index(creds[0]) < order.index(pre) < order.index(up):
+        problems.append("pre-flight must run after the AWS credentials and before `ephemeral up`")
+    (call,) = [c for c in infra_calls(pre["run"]) if c[0] == "preflight"]
+    (up_call,) = [c for c in infra_calls(up["run"]) if c[:2] == ["ephemeral", "up"]]
+    stack = call[call.index("--stack") + 1] if "--stack" in call else None
+    source = up_call[up_call.index("--from") + 1] if "--from" in up_call else None
+    if stack is None or stack != source:
+        problems.append(f"pre-flight checks --stack {stack}, `up` copies --from {source}")
+    if "--allow-unknown" in call:
+        problems.append("pre-flight passes --allow-unknown: an unknown would not stop `up`")
+    for where, holder in (("step", pre), ("job", job)):
+        if holder.get("continue-on-error"):
+            problems.append(f"continue-on-error on the {where}: a failed pre-flight would not fail the job")
+    for name, step in (("pre-flight", pre), ("up", up)):
+        if "if" in step:
+            problems.append(f"`if: {step['if']}` on {name}: `up` must run only after pre-flight succeeded")
+    lines = [ln.strip() for ln in pre["run"].strip().splitlines() if ln.strip()]
+    if len(lines) != 1 or not lines[0].startswith("venv/bin/python -m infra preflight") or re.search(r"[|;&]", lines[0]):
+        problems.append(f"the pre-flight script must be the one command, its exit status the step's: {pre['run']!r}")
+    if pre.get("shell") not in (None, "bash"):
+        problems.append(f"shell {pre['shell']!r}: the default bash -e is what fails the step")
+    return problems
+
+
+def test_ephemeral_workflow_runs_preflight_before_up_and_fails_when_it_fails():
+    doc = load("ephemeral.yml")
+    (job,) = doc["jobs"].values()
+    assert preflight_gate_problems(job) == []
+    (pre,) = _steps_calling(job, "preflight")
+    assert isinstance(pre.get("timeout-minutes"), int)
+    gated = [("preflight",), ("ephemeral", "up"), ("ephemeral", "test"), ("ephemeral", "down")]
+    budget = sum(_steps_calling(job, *c)[0]["timeout-minutes"] for c in gated)
+    assert budget < job["timeout-minutes"], "pre-flight must leave `down` its time too"
+
+
+def test_the_preflight_gate_check_catches_a_job_that_goes_on():
+    doc = load("ephemeral.yml")
+    (job,) = doc["jobs"].values()
+    (pre,) = _steps_calling(job, "preflight")
+    i = steps(job).index(pre)
+    (up,) = _steps_calling(job, "ephemeral", "up")
+    j = steps(job).index(up)
+
+    def with_step(index: int, **change) -> dict:
+        new = [dict(s) for s in steps(job)]
+        new[index].update(change)
+        return {**job, "steps": new}
+
+    spoiled = {
+        "continue-on-error on the step": with_step(i, **{"continue-on-error": True}),
+        "continue-on-error on the job": {**job, "continue-on-error": True},
+        "|| true": with_step(i, run=pre["run"].rstrip() + " || true"),
+        "a pipe": with_step(i, run=pre["run"].rstrip() + " | tee preflight.txt"),
+        "always()": with_step(i, **{"if": "always()"}),
+        "up regardless": with_step(j, **{"if": "always()"}),
+        "allow unknown": with_step(i, run=pre["run"].rstrip() + " --allow-unknown"),
+        "another stack": with_step(i, run="venv/bin/python -m infra preflight --stack prod"),
+        "after up": {**job, "steps": [s for s in steps(job) if s is not pre] + [pre]},
+        "gone": {**job, "steps": [s for s in steps(job) if s is not pre]},
+    }
+    for what, bad in spoiled.items():
+        assert preflight_gate_problems(bad), f"not caught: {what}"
 
 
 # --------------------------------------------------------------------------- nightly-sweep.yml

@@ -557,7 +557,7 @@ def preflight(
     allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Exit 0 when the only non-go checks are unknown (not readable)."),
     root: Optional[Path] = typer.Option(None, hidden=True, help="Directory holding the stack files."),
 ) -> None:
-    """Go/no-go before `pulumi up`: GPU offering in the zone, vCPU quota, reservation, EFA, EKS version (boto3).
+    """Go/no-go before `pulumi up`: GPU offering, vCPU quotas, reservation, EFA, EKS and add-on versions, AMI release, VPC/NAT/EIP quotas (boto3).
 
     Exit status: 0 all go, 1 a no-go (or an unknown, without --allow-unknown), 2 config or credentials error.
     """

@@ -47,6 +47,22 @@ The checks, and the AWS calls behind them:
 6. Add-on versions: EKS DescribeAddonVersions for each add-on the cluster
    installs, at the cluster's Kubernetes version: every pinned version
    (infra/catalog/eks_versions.py) must be one EKS offers.
+7. AMI release published: SSM GetParameter of the EKS-optimised AL2023 AMI
+   parameter of each node group's release (GPU nodes: their AMI type; system
+   nodes: AL2023_x86_64_STANDARD) in the region (`ami_parameter_name`): a
+   release EKS never published there fails the node group's creation. A
+   Bottlerocket release is not looked up (unknown).
+8. On-Demand vCPU quota of the system nodes and the bastion (usually the
+   Standard quota, L-1216C47A): the system node group's nodes and its update
+   surge (its subnets span every zone) plus the private-ssm bastion, against the
+   quota less what other running instances of that class use.
+9. VPCs per Region, NAT gateways per Availability Zone (Service Quotas,
+   service code `vpc`) and EC2-VPC Elastic IPs (`ec2`), only for what the stack
+   creates: a new VPC, one NAT gateway and one Elastic IP per NAT zone (one zone,
+   or every zone with `network.natGatewayPerAz`); nothing with
+   `network.existingVpcId`. Usage: EC2 DescribeVpcs, DescribeNatGateways (per
+   zone, through DescribeSubnets) and DescribeAddresses, less this stack's own
+   (tagged project and stack: a rerun reuses them).
 
 The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
 the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
@@ -57,12 +73,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_RESERVATION, ON_DEMAND
-from infra.catalog.eks import addon_names
+from infra.catalog.eks import AL2023, addon_names, ami_family
 from infra.catalog.instances import InstanceType, get_instance_type
 from infra.aws.tags import PROJECT_TAG, STACK_TAG
 from infra.errors import UserError
@@ -89,9 +105,10 @@ QUOTA_SOURCE = (
 
 @dataclass(frozen=True)
 class Quota:
-    classes: tuple[str, ...]  # leading letters of the instance family, e.g. ("p",), ("g", "vt")
+    classes: tuple[str, ...]  # leading letters of the instance family, e.g. ("p",), ("g", "vt"); () for a count quota
     name: str  # AWS's quota name
     code: Optional[str]  # None: looked up by name
+    service: str = "ec2"  # Service Quotas service code
 
 
 QUOTAS: tuple[Quota, ...] = (
@@ -107,6 +124,53 @@ QUOTAS: tuple[Quota, ...] = (
     Quota(("u",), "Running On-Demand High Memory instances", None),
     Quota(("hpc",), "Running On-Demand HPC instances", None),
 )  # fmt: skip
+
+# Count quotas of what a new VPC brings, per region (NAT gateways: per zone). Sources:
+# - L-F678F1CE "VPCs per Region" and L-FE5A380F "NAT gateways per Availability Zone", service code vpc:
+#   moto 5.2.5's copy of AWS's default VPC quotas (moto/servicequotas/resources/default_quotas/vpc.py, both
+#   5), which the moto server answers GetServiceQuota from;
+# - L-0263D0A3 "EC2-VPC Elastic IPs", service code ec2: AWS's managed policy
+#   AmazonRedshiftServiceLinkedRolePolicy grants servicequotas:GetServiceQuota on
+#   arn:aws:servicequotas:*:*:ec2/L-0263D0A3 (moto/iam/aws_managed_policies.py, the copy of AWS's policies),
+#   and public quota scripts name it "EC2-VPC Elastic IPs"; like the vCPU quotas, the name is confirmed
+#   against the API's QuotaName at run time and looked up by name when it differs.
+VPC_QUOTA = Quota((), "VPCs per Region", "L-F678F1CE", "vpc")
+NAT_QUOTA = Quota((), "NAT gateways per Availability Zone", "L-FE5A380F", "vpc")
+EIP_QUOTA = Quota((), "EC2-VPC Elastic IPs", "L-0263D0A3", "ec2")
+# NAT gateways that hold a place in the per-zone quota. ASSUMPTION: pending, available and deleting (a
+# deleting gateway counts until it is deleted, as NatGatewayLimitExceeded troubleshooting guides put it; the
+# quota table says only "per Availability Zone"); states: botocore's ec2 model, NatGatewayState.
+NAT_STATES_COUNTED = ("pending", "available", "deleting")
+
+# The EKS-optimised AL2023 AMI of a release, in SSM Parameter Store. The EKS User Guide ("Retrieve
+# recommended Amazon Linux AMI IDs", docs.aws.amazon.com/eks/latest/userguide/retrieve-ami-id.html)
+# documents the tree /aws/service/eks/optimized-ami/<kubernetes-version>/<ami-type>/recommended/image_id,
+# with <ami-type> amazon-linux-2023/x86_64/standard, .../arm64/standard, .../x86_64/nvidia,
+# .../arm64/nvidia or .../x86_64/neuron; it does not spell out the name of one release. That name, in place
+# of `recommended`, is amazon-eks-node-al2023-<arch>-<variant>-<kubernetes-version>-v<date> (the AMI's own
+# name), as Karpenter resolves an `al2023@v<date>` alias (aws/karpenter-provider-aws,
+# pkg/providers/amifamily/al2023.go, resolvePath) and as public Terraform reads it (e.g.
+# .../1.30/amazon-linux-2023/x86_64/nvidia/amazon-eks-node-al2023-x86_64-nvidia-1.30-v20241024/image_id).
+# A release version (EKS releaseVersion, infra/catalog/eks_versions.py) is <kubernetes>.<patch>-<date>.
+AMI_PARAMETER_SOURCE = (
+    "SSM public parameters of the EKS-optimised AL2023 AMIs: the tree of the EKS User Guide, 'Retrieve "
+    "recommended Amazon Linux AMI IDs'; a release's name as Karpenter resolves it (amifamily/al2023.go)"
+)
+# EKS AMI type (botocore's eks model, AMITypes) -> (architecture, variant) in the parameter's path.
+AL2023_AMI_PATHS: dict[str, tuple[str, str]] = {
+    "AL2023_x86_64_STANDARD": ("x86_64", "standard"),
+    "AL2023_ARM_64_STANDARD": ("arm64", "standard"),
+    "AL2023_x86_64_NVIDIA": ("x86_64", "nvidia"),
+    "AL2023_ARM_64_NVIDIA": ("arm64", "nvidia"),
+    "AL2023_x86_64_NEURON": ("x86_64", "neuron"),
+}
+_AL2023_RELEASE = re.compile(r"^(\d+\.\d+)\.\d+-(\d{8})$")  # 1.35.6-20260714
+
+# What the stack creates besides the GPU nodes (read here, not imported: those modules build Pulumi resources;
+# tests/test_preflight.py checks they agree). components/cluster.py SYSTEM_AMI_TYPE, and the system node
+# group's update_config maxUnavailable.
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
+SYSTEM_MAX_UNAVAILABLE = 1
 
 # The calendar used when EKS DescribeClusterVersions cannot be called (infra/catalog/eks_versions.py).
 EKS_CALENDAR_SOURCE = eks_versions.CALENDAR_SOURCE
@@ -140,6 +204,16 @@ class Check:
 
 
 @dataclass(frozen=True)
+class NodeAmi:
+    """The AMI a node group launches from: its EKS AMI type and release version, and where the release is pinned."""
+
+    group: str  # "GPU nodes", "system nodes"
+    ami_type: str
+    release: str
+    pinned_in: str  # the file or config key to change
+
+
+@dataclass(frozen=True)
 class Target:
     """What the stack asks AWS for (from its stack file and plan)."""
 
@@ -156,10 +230,35 @@ class Target:
     placement_group_name: Optional[str] = None  # network.placementGroupName: an existing group the nodes launch into
     addon_versions: tuple[tuple[str, str], ...] = ()  # (add-on, pinned version) the cluster installs
     cold_start: dt.timedelta = dt.timedelta(0)  # the plan's estimate: weights read and engine start
+    node_amis: tuple[NodeAmi, ...] = ()  # the GPU and system node groups' AMI releases
+    system_instance_type: str = "m7i.xlarge"  # cluster.systemInstanceType
+    system_nodes: int = 2  # cluster.systemNodeCount
+    system_zones: int = 2  # the zones (at most: subnets) the system node group's subnets span
+    bastion_instance_type: Optional[str] = None  # private-ssm: the SSM bastion (infra/aws/access.py)
+    existing_vpc_id: Optional[str] = None  # network.existingVpcId: no VPC, NAT gateway or Elastic IP created
+    nat_zones: tuple[str, ...] = ()  # the zones that get a NAT gateway and its Elastic IP
 
     @property
     def instance_type(self) -> str:
         return self.instance.name
+
+    @property
+    def creates_vpc(self) -> bool:
+        return self.existing_vpc_id is None
+
+    @property
+    def system_update_surge(self) -> int:
+        """Extra system nodes during a node update (the same EKS rule as `update_surge`)."""
+        return max(2 * self.system_zones, SYSTEM_MAX_UNAVAILABLE)
+
+    @property
+    def other_instances(self) -> tuple[tuple[str, int, str], ...]:
+        """(instance type, most running at once, what) of the On-Demand instances besides the GPU nodes."""
+        out = [(self.system_instance_type, self.system_nodes + self.system_update_surge,
+                f"{self.system_nodes} system node(s) and the update surge of {self.system_update_surge}")]  # fmt: skip
+        if self.bastion_instance_type:
+            out.append((self.bastion_instance_type, 1, "the SSM bastion"))
+        return tuple(out)
 
     @property
     def update_surge(self) -> int:
@@ -178,8 +277,27 @@ class Target:
         return self.instance.max_efa_interfaces > 0
 
 
+def nat_zones(zones: Iterable[str], per_az: bool) -> tuple[str, ...]:
+    """The zones that get a NAT gateway: every zone, or the first (as components/network.py nat_zones)."""
+    zones = tuple(zones)
+    return zones if per_az else zones[:1]
+
+
+def node_amis(cfg, day: dt.date) -> tuple[NodeAmi, ...]:
+    """The AMI release of the GPU and the system node group (as components/stack.py passes them)."""
+    version = cfg.kubernetes_version(day)
+    catalog = f"infra/catalog/eks_versions.py AL2023_RELEASES[{version!r}]"
+    gpu_pin = "gpu-serving:gpu.amiReleaseVersion" if cfg.gpu.ami_release_version else catalog
+    system_pin = gpu_pin if ami_family(cfg.gpu.ami_type) == AL2023 else catalog
+    return (
+        NodeAmi("GPU nodes", cfg.gpu.ami_type, cfg.ami_release_version(day), gpu_pin),
+        NodeAmi("system nodes", SYSTEM_AMI_TYPE, cfg.system_ami_release_version(day), system_pin),
+    )
+
+
 def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Target:
     """The pre-flight target of `Pulumi.<stack>.yaml`; raises UserError on a config error."""
+    from infra.aws.access import BASTION_INSTANCE_TYPE, needs_bastion
     from infra.config import load_stack_file, read_stack_file
     from infra.planning import make_plan
 
@@ -188,7 +306,9 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         region = aws.new_session().region_name  # no aws:region in the stack file: boto3's configured region
     region = region or cfg.region
     plan = make_plan(cfg.plan_request())
-    version = cfg.kubernetes_version(eks_versions.today())
+    day = eks_versions.today()
+    version = cfg.kubernetes_version(day)
+    net = cfg.network
     pinned = eks_versions.addon_versions(version)
     installed = addon_names(cfg.cluster.fsx_csi)
     try:
@@ -207,6 +327,15 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         placement_group_name=cfg.network.placement_group_name,
         addon_versions=tuple((a, pinned[a]) for a in installed),
         cold_start=dt.timedelta(seconds=cold),
+        node_amis=node_amis(cfg, day),
+        system_instance_type=cfg.cluster.system_instance_type,
+        system_nodes=cfg.cluster.system_node_count,
+        # The system node group spans the private subnets: one per zone of a new VPC; an existing VPC's
+        # may share zones, so their number bounds the zones from above.
+        system_zones=len(net.existing_private_subnet_ids or []) if net.existing_vpc_id else len(net.zones(region)),
+        bastion_instance_type=BASTION_INSTANCE_TYPE if needs_bastion(cfg.cluster.endpoint_access) else None,
+        existing_vpc_id=net.existing_vpc_id,
+        nat_zones=() if net.existing_vpc_id else nat_zones(net.zones(region), net.nat_gateway_per_az),
     )
 
 
@@ -218,6 +347,7 @@ class Clients:
     ec2: Any
     quotas: Any
     eks: Any
+    ssm: Any = None
 
 
 def make_clients(region: str, session=None) -> Clients:
@@ -226,6 +356,7 @@ def make_clients(region: str, session=None) -> Clients:
         ec2=session.client("ec2", region_name=region),
         quotas=session.client("service-quotas", region_name=region),
         eks=session.client("eks", region_name=region),
+        ssm=session.client("ssm", region_name=region),
     )
 
 
@@ -283,8 +414,8 @@ def quota_for(instance_type: str) -> Optional[Quota]:
     return by_class.get(letters[0])
 
 
-def _quota_by_name(sq, name: str) -> Optional[dict]:
-    pages = sq.get_paginator("list_service_quotas").paginate(ServiceCode="ec2")
+def _quota_by_name(sq, name: str, service: str = "ec2") -> Optional[dict]:
+    pages = sq.get_paginator("list_service_quotas").paginate(ServiceCode=service)
     for page in pages:
         for q in page.get("Quotas", []):
             if q.get("QuotaName", "").lower() == name.lower():
@@ -298,7 +429,7 @@ def read_quota(sq, quota: Quota) -> tuple[Optional[dict], list[str]]:
     if quota.code:
         for call in (sq.get_service_quota, sq.get_aws_default_service_quota):
             try:
-                q = call(ServiceCode="ec2", QuotaCode=quota.code)["Quota"]
+                q = call(ServiceCode=quota.service, QuotaCode=quota.code)["Quota"]
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"{call.__name__}({quota.code}): {_error_text(exc)}")
                 if aws.is_denied(exc):
@@ -309,13 +440,25 @@ def read_quota(sq, quota: Quota) -> tuple[Optional[dict], list[str]]:
             errors.append(f"{quota.code} is {q.get('QuotaName')!r}, not {quota.name!r}")
             break
     try:
-        q = _quota_by_name(sq, quota.name)
+        q = _quota_by_name(sq, quota.name, quota.service)
     except Exception as exc:  # noqa: BLE001
-        errors.append(f"list_service_quotas(ec2): {_error_text(exc)}")
+        errors.append(f"list_service_quotas({quota.service}): {_error_text(exc)}")
         return None, errors
     if q is None:
         errors.append(f"no quota named {quota.name!r}")
     return q, errors
+
+
+def _own(resource: dict, stack: str) -> bool:
+    """Tagged as this stack's (project and stack tags): a rerun or an update reuses it, it needs no new quota."""
+    tags = aws.tag_dict(resource.get("Tags"))
+    return tags.get(STACK_TAG) == stack and bool(tags.get(PROJECT_TAG))
+
+
+def _increase(code: str, service: str, desired: int, region: str) -> str:
+    """The fix of a quota that is too small: the CLI request for it."""
+    return (f"request {code} >= {desired}: aws service-quotas request-service-quota-increase --service-code {service} "
+            f"--quota-code {code} --desired-value {desired} --region {region}")  # fmt: skip
 
 
 def _running_vcpus(ec2, quota: Quota, stack: str) -> tuple[int, list[str]]:
@@ -327,8 +470,7 @@ def _running_vcpus(ec2, quota: Quota, stack: str) -> tuple[int, list[str]]:
     for page in pages:
         for res in page.get("Reservations", []):
             for inst in res.get("Instances", []):
-                tags = aws.tag_dict(inst.get("Tags"))
-                if tags.get(STACK_TAG) == stack and tags.get(PROJECT_TAG):
+                if _own(inst, stack):
                     continue  # this stack's own nodes (an update re-uses them)
                 itype = inst.get("InstanceType", "")
                 if quota_for(itype) is quota:
@@ -394,8 +536,7 @@ def check_quota(sq, ec2, t: Target) -> Check:
     desired = int(used + need)
     return Check(
         name, False, detail,
-        f"request {code} >= {desired}: aws service-quotas request-service-quota-increase --service-code ec2 "
-        f"--quota-code {code} --desired-value {desired} --region {t.region}"
+        _increase(code, quota.service, desired, t.region)
         + (" (or stop the other instances)" if used else "")
         + "; or use a capacity reservation / Capacity Block (gpu-serving:gpu.capacity)",
     )  # fmt: skip
@@ -654,6 +795,270 @@ def check_addon_versions(eks, t: Target) -> Check:
     return Check(name, True, f"every pinned add-on is offered for Kubernetes {t.kubernetes_version}: {pins}")
 
 
+# --------------------------------------------------------------------------- AMI release, what else the stack creates
+
+
+@dataclass
+class _Findings:
+    """What a check made of several parts found: a no-go part makes it a no-go, else an unknown part an unknown."""
+
+    facts: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)
+    unknown_fixes: list[str] = field(default_factory=list)
+
+    def no_go(self, problem: str, fix: str) -> None:
+        self.problems.append(problem)
+        self.fixes.append(fix)
+
+    def unknown(self, what: str, fix: str) -> None:
+        self.unknowns.append(what)
+        self.unknown_fixes.append(fix)
+
+    def check(self, name: str) -> Check:
+        detail = "; ".join(self.facts + self.problems + self.unknowns)
+        if self.problems:
+            return Check(name, False, detail, "; ".join(dict.fromkeys(self.fixes)))
+        if self.unknowns:
+            return Check(name, None, detail, "; ".join(dict.fromkeys(self.unknown_fixes)))
+        return Check(name, True, detail)
+
+
+def ami_parameter_name(ami_type: str, release: str) -> Optional[str]:
+    """The SSM parameter holding the AMI id of EKS AL2023 release `release` of `ami_type` (AMI_PARAMETER_SOURCE).
+
+    `AL2023_x86_64_NVIDIA`, `1.35.6-20260714` -> `/aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/
+    nvidia/amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id`; None for an AMI type that is not
+    AL2023 (Bottlerocket) or a release not of the form <kubernetes>.<patch>-<yyyymmdd>.
+    """
+    path = AL2023_AMI_PATHS.get(ami_type)
+    m = _AL2023_RELEASE.match(release or "")
+    if path is None or m is None:
+        return None
+    (arch, variant), (k8s, date) = path, m.groups()
+    return (f"/aws/service/eks/optimized-ami/{k8s}/amazon-linux-2023/{arch}/{variant}/"
+            f"amazon-eks-node-al2023-{arch}-{variant}-{k8s}-v{date}/image_id")  # fmt: skip
+
+
+def _newest_release_hint(ami: NodeAmi, k8s: str, region: str) -> str:
+    """How to read the newest release: `recommended/release_version` beside `recommended/image_id`, as eksctl and
+    the terraform-aws-eks modules read a managed node group's latest release. Every AL2023 AMI type of a Kubernetes
+    version shares the release version (infra/catalog/eks_versions.py), so one AMI type's answer serves all."""
+    arch, variant = AL2023_AMI_PATHS[ami.ami_type]
+    latest = f"/aws/service/eks/optimized-ami/{k8s}/amazon-linux-2023/{arch}/{variant}/recommended/release_version"
+    return f"the newest: `aws ssm get-parameter --name {latest} --region {region}`"
+
+
+def check_ami_release(ssm, t: Target) -> Check:
+    """Each node group's pinned AMI release is published in the region (SSM GetParameter of its AMI parameter)."""
+    name = "AMI release published"
+    if not t.node_amis:
+        return Check(name, True, "no AMI release pinned: EKS launches the latest of each AMI type")
+    f = _Findings()
+    newest: list[str] = []
+    for ami in t.node_amis:
+        label = f"{ami.group}: {ami.ami_type} {ami.release}"
+        param = ami_parameter_name(ami.ami_type, ami.release)
+        if param is None:
+            f.unknown(f"{label} not looked up (pre-flight knows the SSM names of EKS AL2023 releases only)",
+                      f"confirm that {ami.ami_type} release {ami.release} is published in {t.region}, then rerun "
+                      "with --allow-unknown")  # fmt: skip
+            continue
+        k8s = param.split("/")[5]
+        if k8s != t.kubernetes_version:
+            f.no_go(f"{label} is a release of Kubernetes {k8s}; the cluster runs {t.kubernetes_version}",
+                    f"pin a Kubernetes {t.kubernetes_version} release: {ami.pinned_in}")  # fmt: skip
+            continue
+        try:
+            image = ssm.get_parameter(Name=param)["Parameter"]["Value"]
+        except Exception as exc:  # noqa: BLE001
+            if aws.error_code(exc) == "ParameterNotFound":
+                f.no_go(f"{label} is not published in {t.region} (no SSM parameter {param})",
+                        f"pin an AMI release that exists in {t.region}: {ami.pinned_in}")  # fmt: skip
+                newest = newest or [_newest_release_hint(ami, k8s, t.region)]
+            elif aws.is_denied(exc):
+                f.unknown(f"{label}: could not read {param}: {_error_text(exc)}",
+                          f"grant ssm:GetParameter on arn:aws:ssm:{t.region}::parameter/aws/service/eks/*")  # fmt: skip
+            else:
+                f.unknown(f"{label}: could not read {param}: {_error_text(exc)}", "rerun; check the region and credentials")
+            continue
+        f.facts.append(f"{label} is {image}")
+    f.fixes.extend(newest)
+    return f.check(name)
+
+
+def _vcpus_of(ec2, instance_types: Iterable[str]) -> dict[str, int]:
+    """Default vCPUs of each instance type EC2 knows (DescribeInstanceTypes)."""
+    pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=sorted(set(instance_types)))
+    return {it["InstanceType"]: int(it["VCpuInfo"]["DefaultVCpus"]) for page in pages for it in page.get("InstanceTypes", [])}
+
+
+def _vcpu_quota_part(sq, ec2, t: Target, quota: Quota, items: list[tuple[str, int, str]], sizes: dict[str, int],
+                     f: _Findings) -> None:  # fmt: skip
+    """One On-Demand vCPU quota against the instances of `items` (and the GPU nodes, when they share it)."""
+    need = sum(n * sizes[i] for i, n, _ in items)
+    sizing = " + ".join(f"{what} = {n} x {i} ({n * sizes[i]} vCPUs)" for i, n, what in items)
+    if t.capacity_type == ON_DEMAND and quota_for(t.instance_type) is quota:
+        need += t.vcpus_needed  # the GPU check counts them against the same quota: both must fit
+        sizing += f" + the GPU nodes and their surge ({t.vcpus_needed} vCPUs)"
+    q, errors = read_quota(sq, quota)
+    if q is None:
+        f.unknown(f"could not read {quota.name} ({quota.code or 'code looked up by name'}) in {t.region}: "
+                  f"{'; '.join(errors)}; the stack needs {sizing}",
+                  f"grant servicequotas:GetServiceQuota and servicequotas:ListServiceQuotas, or check '{quota.name}' "
+                  f"in the Service Quotas console ({t.region}): it must be at least {need} more than other instances use")  # fmt: skip
+        return
+    code, value = q.get("QuotaCode") or quota.code, float(q["Value"])
+    try:
+        used, used_by = _running_vcpus(ec2, quota, t.stack)
+    except Exception as exc:  # noqa: BLE001 - the quota alone still answers most of the question
+        used, used_by = 0, []
+        errors.append(f"running instances not counted: {_error_text(exc)}")
+    text = f"{quota.name} ({code}) = {value:g} vCPUs" + (f", {used} in use by other instances ({', '.join(used_by)})" if used else "")
+    text += f"; the stack needs {sizing}" + (f" (notes: {'; '.join(errors)})" if errors else "")
+    if value - used >= need:
+        f.facts.append(text)
+        return
+    f.no_go(text, _increase(code, quota.service, int(used + need), t.region) + (" (or stop the other instances)" if used else "")
+            + "; or fewer or smaller system nodes (gpu-serving:cluster.systemNodeCount, systemInstanceType)")  # fmt: skip
+
+
+def check_system_vcpu_quota(sq, ec2, t: Target) -> Check:
+    """The On-Demand vCPU quota (Standard, for the default types) covers the system nodes and the bastion."""
+    name = "On-Demand vCPU quota: system nodes, bastion"
+    items = list(t.other_instances)
+    try:
+        sizes = _vcpus_of(ec2, [i for i, _, _ in items])
+    except Exception as exc:  # noqa: BLE001
+        if aws.error_code(exc) != "InvalidInstanceType":
+            fix = "grant ec2:DescribeInstanceTypes" if aws.is_denied(exc) else "rerun; check the region and credentials"
+            return Check(name, None, f"could not describe {', '.join(sorted({i for i, _, _ in items}))}: {_error_text(exc)}", fix)
+        sizes = {}
+    unknown_types = sorted({i for i, _, _ in items if i not in sizes})
+    if unknown_types:
+        return Check(name, False, f"EC2 does not know {', '.join(unknown_types)} in {t.region}",
+                     "set gpu-serving:cluster.systemInstanceType to a type EC2 offers in this region")  # fmt: skip
+    f = _Findings()
+    by_quota: dict[Optional[Quota], list[tuple[str, int, str]]] = {}
+    for item in items:
+        by_quota.setdefault(quota_for(item[0]), []).append(item)
+    for quota, part in by_quota.items():
+        if quota is None:
+            f.unknown(f"no known On-Demand quota for {', '.join(i for i, _, _ in part)}",
+                      f"look up the family's 'Running On-Demand ... instances' quota in the Service Quotas console ({t.region})")  # fmt: skip
+        else:
+            _vcpu_quota_part(sq, ec2, t, quota, part, sizes, f)
+    return f.check(name)
+
+
+def _count_part(t: Target, quota: Quota, read: tuple[Optional[dict], list[str]], f: _Findings, *, need: int, used: int,
+                what: str, where: str = "", instead: str = "") -> None:  # fmt: skip
+    """A count quota (VPCs, NAT gateways, Elastic IPs) against what is in use and what the stack adds."""
+    q, errors = read
+    if q is None:
+        f.unknown(f"could not read {quota.name} ({quota.code}) in {t.region}: {'; '.join(errors)}; "
+                  f"{used} in use{where}, the stack adds {need} ({what})",
+                  f"grant servicequotas:GetServiceQuota, or check '{quota.name}' in the Service Quotas console "
+                  f"({t.region}): it must be at least {used + need}")  # fmt: skip
+        return
+    code, value = q.get("QuotaCode") or quota.code, float(q["Value"])
+    text = f"{quota.name} ({code}) = {value:g}{where}: {used} in use, the stack adds {need} ({what})"
+    if used + need <= value:
+        f.facts.append(text)
+    else:
+        f.no_go(text, _increase(code, quota.service, used + need, t.region) + instead)
+
+
+def _count_or_unknown(name: str, what: str, permission: str, count: Callable[[], Any]) -> tuple[Any, Optional[Check]]:
+    """`count()`, or the unknown Check that says why it could not be counted."""
+    try:
+        return count(), None
+    except Exception as exc:  # noqa: BLE001
+        fix = f"grant {permission}" if aws.is_denied(exc) else "rerun; check the region and credentials"
+        return None, Check(name, None, f"could not count the {what}: {_error_text(exc)}", fix)
+
+
+def _others(ec2, op: str, key: str, stack: str) -> int:
+    """How many items of EC2 list operation `op` are not this stack's."""
+    return sum(1 for item in aws.pages(ec2, op, key) if not _own(item, stack))
+
+
+def _existing_vpc(name: str, t: Target) -> Optional[Check]:
+    if t.creates_vpc:
+        return None
+    return Check(name, True, f"not applicable: the stack uses the existing VPC {t.existing_vpc_id} "
+                             "(no VPC, NAT gateway or Elastic IP of its own)")  # fmt: skip
+
+
+def check_vpc_quota(sq, ec2, t: Target) -> Check:
+    """VPCs per Region has room for the stack's VPC (when it creates one)."""
+    name = "VPC quota"
+    if (na := _existing_vpc(name, t)) is not None:
+        return na
+    used, err = _count_or_unknown(name, "VPCs", "ec2:DescribeVpcs", lambda: _others(ec2, "describe_vpcs", "Vpcs", t.stack))
+    if err:
+        return err
+    f = _Findings()
+    _count_part(t, VPC_QUOTA, read_quota(sq, VPC_QUOTA), f, need=1, used=used, what="its VPC",
+                instead="; or delete an unused VPC, or use an existing one (gpu-serving:network.existingVpcId)")  # fmt: skip
+    return f.check(name)
+
+
+def _nat_gateways_per_zone(ec2, stack: str) -> dict[str, int]:
+    """NAT gateways that count against the per-zone quota (NAT_STATES_COUNTED), not this stack's, by zone."""
+    nats = [n for n in aws.pages(ec2, "describe_nat_gateways", "NatGateways")
+            if n.get("State") in NAT_STATES_COUNTED and not _own(n, stack) and n.get("SubnetId")]  # fmt: skip
+    if not nats:
+        return {}
+    subnets = sorted({n["SubnetId"] for n in nats})
+    zone_of = {s["SubnetId"]: s["AvailabilityZone"] for s in aws.pages(ec2, "describe_subnets", "Subnets", SubnetIds=subnets)}
+    counts: dict[str, int] = {}
+    for n in nats:
+        zone = zone_of.get(n["SubnetId"], "?")
+        counts[zone] = counts.get(zone, 0) + 1
+    return counts
+
+
+def check_nat_quota(sq, ec2, t: Target) -> Check:
+    """NAT gateways per Availability Zone has room for the stack's NAT gateway in each of its NAT zones."""
+    name = "NAT gateway quota"
+    if (na := _existing_vpc(name, t)) is not None:
+        return na
+    per_zone, err = _count_or_unknown(name, "NAT gateways", "ec2:DescribeNatGateways and ec2:DescribeSubnets",
+                                      lambda: _nat_gateways_per_zone(ec2, t.stack))  # fmt: skip
+    if err:
+        return err
+    f = _Findings()
+    read = read_quota(sq, NAT_QUOTA)
+    for zone in t.nat_zones:
+        instead = f"; or delete unused NAT gateways in {zone}"
+        if len(t.nat_zones) > 1:
+            instead += "; or one NAT gateway (gpu-serving:network.natGatewayPerAz: false)"
+        _count_part(t, NAT_QUOTA, read, f, need=1, used=per_zone.get(zone, 0), what="one NAT gateway", where=f" in {zone}",
+                    instead=instead)  # fmt: skip
+    return f.check(name)
+
+
+def check_eip_quota(sq, ec2, t: Target) -> Check:
+    """EC2-VPC Elastic IPs has room for one address per NAT gateway the stack creates."""
+    name = "Elastic IP quota"
+    if (na := _existing_vpc(name, t)) is not None:
+        return na
+    used, err = _count_or_unknown(name, "Elastic IP addresses", "ec2:DescribeAddresses",
+                                  lambda: _others(ec2, "describe_addresses", "Addresses", t.stack))  # fmt: skip
+    if err:
+        return err
+    f = _Findings()
+    n = len(t.nat_zones)
+    instead = "; or release unassociated Elastic IPs (aws ec2 describe-addresses)"
+    if n > 1:
+        instead += "; or one NAT gateway (gpu-serving:network.natGatewayPerAz: false)"
+    _count_part(t, EIP_QUOTA, read_quota(sq, EIP_QUOTA), f, need=n, used=used,
+                what=f"one per NAT gateway, in {', '.join(t.nat_zones)}", instead=instead)  # fmt: skip
+    return f.check(name)
+
+
 # --------------------------------------------------------------------------- run and render
 
 
@@ -666,6 +1071,11 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_efa(clients.ec2, t),
         lambda: check_eks_version(clients.eks, t, now.date()),
         lambda: check_addon_versions(clients.eks, t),
+        lambda: check_ami_release(clients.ssm, t),
+        lambda: check_system_vcpu_quota(clients.quotas, clients.ec2, t),
+        lambda: check_vpc_quota(clients.quotas, clients.ec2, t),
+        lambda: check_nat_quota(clients.quotas, clients.ec2, t),
+        lambda: check_eip_quota(clients.quotas, clients.ec2, t),
     ]
     return [step() for step in steps]
 
