@@ -7,6 +7,7 @@ staging Job's deadline) and to the issue's independent estimate for prod (about
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -31,6 +32,25 @@ def test_prod_reads_the_checkpoint_once_per_node_from_efs(prod):
     assert cs.storage_kind == "efs"
     assert 3.4e12 <= cs.read_bytes <= 3.6e12  # four nodes x 865 GB: "about 3.5 TB" (issue 18)
     assert cs.read_usd > 0 and cs.usd == pytest.approx(cs.read_usd + cs.gpu_wait_usd)
+
+
+def test_the_prices_are_efs_elastic_throughputs(prod):
+    """Published EFS Elastic throughput prices (us-east-1: $0.03 per GB read, $0.06 per GB written; a GB of 2^30
+    bytes): reading a TiB costs about $31, writing it about $61, and prod's 3.5 TB about $100 a cold start."""
+    tib = 2**40
+    one = cold_start_cost(storage_kind="efs", checkpoint_bytes=tib, nodes=1, cold_start_s=0, gpu_usd_per_hour=0)
+    assert one.read_usd == pytest.approx(30.72) and one.staging_write_usd == pytest.approx(61.44)
+    assert 90 < prod.cold_start_cost.read_usd < 110
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        one.read_usd = 0  # a plan's figure is not edited after the fact
+
+
+def test_the_staging_bound_assumes_100_mib_per_second(prod):
+    """The rate the README and the staging Job's deadline state (an ASSUMPTION): 865 GB in about 2.3 hours."""
+    cs = prod.cold_start_cost
+    assert cs.staging_bytes_per_s == 100 * 2**20
+    assert cs.staging_s_at_most * 100 * 2**20 == pytest.approx(prod.storage.checkpoint_bytes)
+    assert 2.2 < cs.staging_s_at_most / 3600 < 2.4
 
 
 def test_the_gpu_wait_is_the_plans_cold_start_at_its_hourly_price(prod):
@@ -73,4 +93,4 @@ def test_the_plan_prints_and_carries_it(prod):
     text = runner.invoke(app, ["plan", "--stack", "prod"], env={"COLUMNS": "200"}).stdout
     assert f"one cold start                  │ ${cs['usd']:,.2f}" in text
     assert f"{cs['gpu_wait_s']:,.0f} s before serving ${cs['gpu_wait_usd']:,.2f}" in text
-    assert f"up to {cs['staging_s_at_most'] / 3600:,.1f} h, ${cs['staging_gpu_idle_usd_at_most']:,.2f}" in text
+    assert f"up to {cs['staging_s_at_most'] / 3600:,.1f} h, ${cs['staging_gpu_idle_usd_at_most']:,.2f} (at 100 MiB/s" in text

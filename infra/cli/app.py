@@ -234,7 +234,7 @@ def _render_cold_start_cost(cs: dict, t: Table) -> None:
     writes = (f"staging writes {cs['staging_write_bytes'] / 2**30:,.0f} GiB {_usd(cs['staging_write_usd'])}; "
               if cs["staging_write_usd"] else "")  # fmt: skip
     t.add_row("first `up`, besides", f"{writes}GPU nodes idle while the weights stage: up to {cs['staging_s_at_most'] / 3600:,.1f} h, "
-              f"{_usd(cs['staging_gpu_idle_usd_at_most'])} (at 100 MiB/s, the slowest download staging accepts)")  # fmt: skip
+              f"{_usd(cs['staging_gpu_idle_usd_at_most'])} (at {cs['staging_bytes_per_s'] / 2**20:,.0f} MiB/s, the slowest download staging accepts)")  # fmt: skip
 
 
 def _render_startup(su: dict, console: Console) -> None:

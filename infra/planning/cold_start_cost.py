@@ -59,7 +59,8 @@ class ColdStartCost:
     # The first `up`, on top of its cold start.
     staging_write_bytes: int
     staging_write_usd: float
-    staging_s_at_most: float  # the checkpoint at STAGING_MIN_BYTES_PER_S
+    staging_bytes_per_s: int  # STAGING_MIN_BYTES_PER_S: the rate the bound below assumes
+    staging_s_at_most: float  # the checkpoint at that rate
     staging_gpu_idle_usd_at_most: float  # the GPU nodes idle meanwhile
 
 
@@ -80,6 +81,7 @@ def cold_start_cost(
         usd=read_usd + gpu_wait_usd,
         staging_write_bytes=checkpoint_bytes,
         staging_write_usd=checkpoint_bytes / GiB * WRITE_USD_PER_GB[storage_kind],
+        staging_bytes_per_s=STAGING_MIN_BYTES_PER_S,
         staging_s_at_most=staging_s,
         staging_gpu_idle_usd_at_most=gpu_usd_per_hour * staging_s / SECONDS_PER_HOUR,
     )
