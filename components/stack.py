@@ -25,6 +25,7 @@ from infra.planning.contract import Deployment
 from infra.k8s import network_policies, pod_security
 from infra.k8s.serving_spec import Clients, ServingSpec
 from infra.k8s.staging import staging_image_tag
+from infra.aws import names
 from infra.aws.tags import cluster_name as stack_cluster_name, default_tags, launch_template_tags
 from infra.catalog import eks_versions
 
@@ -70,7 +71,8 @@ def benchmark_load(plan: Plan) -> dict:
 
 def build(cfg: StackConfig, plan: Plan) -> Stack:
     deployment = plan.deployment()  # refuses a plan that cannot be served, before any resource
-    name = cluster_name(cfg.stack)
+    eks_name = cluster_name(cfg.stack)
+    name = names.resource_prefix(eks_name)  # every resource name starts with it: what Pulumi names after it fits
     life = cfg.lifecycle
     # Default tags on every AWS resource, through the provider (the leak sweeper
     # finds stacks by them; non-production stacks carry their expiry).
@@ -98,7 +100,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             gpu_availability_zone=net.gpu_zone(cfg.region),
             create_placement_group=cfg.placement_group,
             existing_placement_group_name=net.placement_group_name,
-            cluster_name=name,
+            cluster_name=eks_name,
             account_id=account_id,
             nat_gateway_per_az=net.nat_gateway_per_az,
             flow_log_traffic_type=net.flow_log_traffic_type,
@@ -138,7 +140,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             enable_fsx_csi=cl.fsx_csi,
             support_type=cl.support_type,
             protect=life.production,
-            cluster_name=name,
+            cluster_name=eks_name,
         ),
         opts=opts,
     )
@@ -170,7 +172,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     # The serving image (images/vllm/Dockerfile), pushed by bin/build-image.
     repository = aws.ecr.Repository(
         f"{name}-vllm",
-        name=f"{name}/vllm",
+        name=names.image_repository_name(eks_name),
         image_tag_mutability="IMMUTABLE",  # a tag always means the same image
         image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
         encryption_configurations=[aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="KMS")],

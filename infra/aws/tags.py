@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from infra.aws import names
+
 PROJECT_TAG = "project"
 STACK_TAG = "stack"
 OWNER_TAG = "owner"
@@ -63,7 +65,7 @@ def tag_specifications(tags: Mapping[str, str], name: str) -> list[dict]:
 
 
 def cluster_name(project: str, stack: str) -> str:
-    """The EKS cluster of a stack: project and stack (EKS allows 100 characters: botocore's eks model, shape
-    ClusterName). The leak sweeper reads the stack back out of it, for what EKS creates in the cluster's name
-    without the stack's tags."""
-    return f"{project}-{stack.rsplit('/', 1)[-1]}"[:100]
+    """The EKS cluster of a stack: project and stack, made to fit EKS (botocore's eks model, shape ClusterName:
+    100 characters, no "."; infra/aws/names.py). The leak sweeper derives it the same way, for what EKS creates
+    in the cluster's name without the stack's tags."""
+    return names.cluster_name(project, stack.rsplit("/", 1)[-1])
