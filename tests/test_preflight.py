@@ -38,6 +38,8 @@ from infra.catalog import eks_versions as ev
 from infra.ops import aws as ops_aws
 from infra.config import load_stack_file
 from infra.ops import preflight as pf
+from infra.ops import preflight_eks as pfe
+from infra.ops import preflight_stack as pfs
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server, publish_parameter  # noqa: F401  (pytest fixtures)
@@ -131,7 +133,7 @@ def ec2_quotas(values: dict[str, float], gaps: Gaps | None = None) -> Gaps:
 
 def publish_ami(ami_type: str, release: str, image: str = "ami-0123456789abcdef0") -> str:
     """Publish the SSM parameter of an EKS AL2023 AMI release in the moto server; its name."""
-    name = pf.ami_parameter_name(ami_type, release)
+    name = pfs.ami_parameter_name(ami_type, release)
     publish_parameter(name, image)
     return name
 
@@ -348,12 +350,12 @@ def test_eks_version_from_the_api(aws):
         return {"clusterVersions": [table[v] for v in params["clusterVersions"] if v in table]}
 
     eks = clients(Gaps().on("eks", "DescribeClusterVersions", versions)).eks
-    assert pf.check_eks_version(eks, target(version="1.34")).ok is True
-    ext = pf.check_eks_version(eks, target(version="1.31"))
+    assert pfe.check_eks_version(eks, target(version="1.34")).ok is True
+    ext = pfe.check_eks_version(eks, target(version="1.31"))
     assert ext.ok is True and "extended support" in ext.detail
-    old = pf.check_eks_version(eks, target(version="1.24"))
+    old = pfe.check_eks_version(eks, target(version="1.24"))
     assert old.ok is False and "kubernetesVersion" in old.fix
-    missing = pf.check_eks_version(eks, target(version="1.19"))
+    missing = pfe.check_eks_version(eks, target(version="1.19"))
     assert missing.ok is False and "does not offer Kubernetes 1.19" in missing.detail
 
 
@@ -361,13 +363,13 @@ def test_eks_version_falls_back_to_the_calendar(aws):
     # moto does not route DescribeClusterVersions (404): the built-in calendar answers, and says so.
     eks = clients().eks
     today = NOW.date()
-    ext = pf.check_eks_version(eks, target(version="1.33"), today)
+    ext = pfe.check_eks_version(eks, target(version="1.33"), today)
     assert ext.ok is True and "extended support until 2027-07-29" in ext.detail
     assert "built-in calendar" in ext.detail and "DescribeClusterVersions failed" in ext.detail
-    assert pf.check_eks_version(eks, target(version="1.35"), today).detail.startswith("1.35: standard support until 2027-03-27")
-    gone = pf.check_eks_version(eks, target(version="1.28"), today)
+    assert pfe.check_eks_version(eks, target(version="1.35"), today).detail.startswith("1.35: standard support until 2027-03-27")
+    gone = pfe.check_eks_version(eks, target(version="1.28"), today)
     assert gone.ok is False and "support ended 2025-11-26" in gone.detail and "newest known: 1.36" in gone.fix
-    new = pf.check_eks_version(eks, target(version="1.40"), today)
+    new = pfe.check_eks_version(eks, target(version="1.40"), today)
     assert new.ok is None and "newer than" in new.detail
 
 
@@ -516,27 +518,27 @@ def test_capacity_block_window_against_the_planned_change(aws):
 
 def test_eks_version_warns_within_60_days_of_the_end_of_standard_support(aws):
     eks = clients().eks  # moto: the calendar answers
-    warned = pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 2, 1))
+    warned = pfe.check_eks_version(eks, target(version="1.35"), dt.date(2027, 2, 1))
     assert warned.ok is True and warned.status == "go"
     assert warned.warning.startswith("standard support of 1.35 ends 2027-03-27 (in 54 days)")
     assert "one minor version at a time" in warned.fix
-    assert pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 25)).warning == ""  # 61 days out: not yet
-    assert "(in 60 days)" in pf.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 26)).warning
-    assert pf.check_eks_version(eks, target(version="1.33"), NOW.date()).warning.startswith("standard support of 1.33 ended")
+    assert pfe.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 25)).warning == ""  # 61 days out: not yet
+    assert "(in 60 days)" in pfe.check_eks_version(eks, target(version="1.35"), dt.date(2027, 1, 26)).warning
+    assert pfe.check_eks_version(eks, target(version="1.33"), NOW.date()).warning.startswith("standard support of 1.33 ended")
 
     def versions(params: dict) -> dict:
         return {"clusterVersions": [{"clusterVersion": "1.35", "versionStatus": "STANDARD_SUPPORT",
                                      "endOfStandardSupportDate": dt.datetime(2027, 3, 27, tzinfo=dt.timezone.utc)}]}  # fmt: skip
 
     api = clients(Gaps().on("eks", "DescribeClusterVersions", versions)).eks
-    assert "ends 2027-03-27 (in 54 days)" in pf.check_eks_version(api, target(version="1.35"), dt.date(2027, 2, 1)).warning
+    assert "ends 2027-03-27 (in 54 days)" in pfe.check_eks_version(api, target(version="1.35"), dt.date(2027, 2, 1)).warning
 
 
 def test_render_shows_the_warning(aws):
     from rich.console import Console
 
     console = Console(record=True, width=600)
-    check = pf.check_eks_version(clients().eks, target(version="1.35"), dt.date(2027, 2, 1))
+    check = pfe.check_eks_version(clients().eks, target(version="1.35"), dt.date(2027, 2, 1))
     pf.render(target(version="1.35"), [check], console)
     out = console.export_text()
     assert "(warning)" in out and "Warning: standard support of 1.35 ends 2027-03-27" in out
@@ -561,16 +563,16 @@ def test_addon_pins_checked_against_describe_addon_versions(aws):
     pins = ev.ADDON_VERSIONS["1.35"]
     t = dataclasses.replace(target(version="1.35"), addon_versions=tuple((a, p.version) for a, p in pins.items()))
     gaps = Gaps().on("eks", "DescribeAddonVersions", addon_versions_answer(pins))
-    ok = pf.check_addon_versions(clients(gaps).eks, t)
+    ok = pfe.check_addon_versions(clients(gaps).eks, t)
     assert ok.ok is True and "vpc-cni v1.21.1-eksbuild.7" in ok.detail
     asked = {(p["addonName"], p["kubernetesVersion"]) for svc, op, p in gaps.calls if op == "DescribeAddonVersions"}
     assert asked == {(a, "1.35") for a in pins}
     gaps = Gaps().on("eks", "DescribeAddonVersions", addon_versions_answer(pins, drop="coredns"))
-    no = pf.check_addon_versions(clients(gaps).eks, t)
+    no = pfe.check_addon_versions(clients(gaps).eks, t)
     assert no.ok is False and f"EKS does not offer coredns {pins['coredns'].version} for Kubernetes 1.35" in no.detail
     assert "ADDON_VERSIONS['1.35']" in no.fix
     assert f"(coredns: e.g. {pins['coredns'].version.rsplit('.', 1)[0]}.99)" in no.fix  # what EKS does offer
-    unknown = pf.check_addon_versions(clients().eks, t)  # moto itself: not routed
+    unknown = pfe.check_addon_versions(clients().eks, t)  # moto itself: not routed
     assert unknown.ok is None and "could not list the versions of" in unknown.detail
 
 
@@ -621,7 +623,7 @@ def test_what_preflight_reads_agrees_with_the_program():
     import botocore.session
 
     ami_types = botocore.session.get_session().get_service_model("eks").shape_for("AMITypes").enum
-    assert {a for a in ami_types if a.startswith("AL2023_")} == set(pf.AL2023_AMI_PATHS)
+    assert {a for a in ami_types if a.startswith("AL2023_")} == set(pfs.AL2023_AMI_PATHS)
     # The quota codes: moto's copy of AWS's default `vpc` quotas names the two VPC ones.
     from moto.servicequotas.resources.default_quotas.vpc import VPC_DEFAULT_QUOTAS
 
@@ -641,21 +643,21 @@ def amis_target(release: str = "1.35.6-20260714", version: str = "1.35", gpu_ami
 def test_ami_parameter_names():
     # The EKS User Guide's tree (/aws/service/eks/optimized-ami/<version>/amazon-linux-2023/x86_64/nvidia/...)
     # with a release's name in place of `recommended`, as Karpenter resolves al2023@v<date>.
-    assert pf.ami_parameter_name("AL2023_x86_64_NVIDIA", "1.35.6-20260714") == (
+    assert pfs.ami_parameter_name("AL2023_x86_64_NVIDIA", "1.35.6-20260714") == (
         "/aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/nvidia/"
         "amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id")
-    assert pf.ami_parameter_name("AL2023_x86_64_STANDARD", "1.33.13-20260714") == (
+    assert pfs.ami_parameter_name("AL2023_x86_64_STANDARD", "1.33.13-20260714") == (
         "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/standard/"
         "amazon-eks-node-al2023-x86_64-standard-1.33-v20260714/image_id")
-    assert "/arm64/nvidia/amazon-eks-node-al2023-arm64-nvidia-1.34-v20260714/" in pf.ami_parameter_name("AL2023_ARM_64_NVIDIA", "1.34.9-20260714")
-    assert pf.ami_parameter_name("BOTTLEROCKET_x86_64_NVIDIA", "1.35.6-20260714") is None
-    assert pf.ami_parameter_name("AL2023_x86_64_NVIDIA", "v20260714") is None
+    assert "/arm64/nvidia/amazon-eks-node-al2023-arm64-nvidia-1.34-v20260714/" in pfs.ami_parameter_name("AL2023_ARM_64_NVIDIA", "1.34.9-20260714")
+    assert pfs.ami_parameter_name("BOTTLEROCKET_x86_64_NVIDIA", "1.35.6-20260714") is None
+    assert pfs.ami_parameter_name("AL2023_x86_64_NVIDIA", "v20260714") is None
 
 
 def test_ami_release_missing_is_a_no_go_published_is_a_go(aws):
     ssm = clients().ssm
     t = amis_target()
-    missing = pf.check_ami_release(ssm, t)
+    missing = pfs.check_ami_release(ssm, t)
     assert missing.ok is False and missing.status == "no-go"
     assert "GPU nodes: AL2023_x86_64_NVIDIA 1.35.6-20260714 is not published in us-east-1" in missing.detail
     assert "amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id" in missing.detail
@@ -666,34 +668,34 @@ def test_ami_release_missing_is_a_no_go_published_is_a_go(aws):
         "release_version --region us-east-1`")
 
     publish_ami("AL2023_x86_64_NVIDIA", "1.35.6-20260714", "ami-0aaaaaaaaaaaaaaa1")
-    half = pf.check_ami_release(ssm, t)  # the system nodes' (standard) AMI is still missing
+    half = pfs.check_ami_release(ssm, t)  # the system nodes' (standard) AMI is still missing
     assert half.ok is False and "GPU nodes: AL2023_x86_64_NVIDIA 1.35.6-20260714 is ami-0aaaaaaaaaaaaaaa1" in half.detail
     assert "system nodes: AL2023_x86_64_STANDARD 1.35.6-20260714 is not published" in half.detail
 
     publish_ami(pf.SYSTEM_AMI_TYPE, "1.35.6-20260714", "ami-0bbbbbbbbbbbbbbb2")
-    go = pf.check_ami_release(ssm, t)
+    go = pfs.check_ami_release(ssm, t)
     assert go.ok is True and "ami-0aaaaaaaaaaaaaaa1" in go.detail and "ami-0bbbbbbbbbbbbbbb2" in go.detail
     # Published in us-east-1 is not published in us-west-2: the check asks the region the stack deploys to.
     west = pf.make_clients("us-west-2", boto3.session.Session(region_name="us-west-2")).ssm
-    assert pf.check_ami_release(west, dataclasses.replace(t, region="us-west-2")).ok is False
+    assert pfs.check_ami_release(west, dataclasses.replace(t, region="us-west-2")).ok is False
 
 
 def test_ami_release_of_another_kubernetes_version_or_not_readable(aws):
     publish_stack_amis("1.34")
-    other = pf.check_ami_release(clients().ssm, amis_target(ev.AL2023_RELEASES["1.34"], version="1.35"))
+    other = pfs.check_ami_release(clients().ssm, amis_target(ev.AL2023_RELEASES["1.34"], version="1.35"))
     assert other.ok is False and "is a release of Kubernetes 1.34; the cluster runs 1.35" in other.detail
     assert "pin a Kubernetes 1.35 release" in other.fix
 
     def denied(params: dict) -> dict:
         raise GapError("AccessDeniedException", "User is not authorized to perform: ssm:GetParameter")
 
-    no_access = pf.check_ami_release(clients(Gaps().on("ssm", "GetParameter", denied)).ssm, amis_target())
+    no_access = pfs.check_ami_release(clients(Gaps().on("ssm", "GetParameter", denied)).ssm, amis_target())
     assert no_access.ok is None and no_access.status == "unknown"
     assert "grant ssm:GetParameter on arn:aws:ssm:us-east-1::parameter/aws/service/eks/*" in no_access.fix
 
     # A Bottlerocket GPU release is not looked up: unknown (the system nodes' AL2023 AMI still is).
     publish_stack_amis("1.35")
-    br = pf.check_ami_release(clients().ssm, amis_target(gpu_ami="BOTTLEROCKET_x86_64_NVIDIA"))
+    br = pfs.check_ami_release(clients().ssm, amis_target(gpu_ami="BOTTLEROCKET_x86_64_NVIDIA"))
     assert br.ok is None and "BOTTLEROCKET_x86_64_NVIDIA 1.35.6-20260714 not looked up" in br.detail
     assert "system nodes: AL2023_x86_64_STANDARD 1.35.6-20260714 is ami-" in br.detail
 
@@ -705,14 +707,14 @@ def test_system_vcpu_quota(aws):
     # Two m7i.xlarge system nodes in 2 zones and their update surge max(2 x 2, 1) = 4: 6 x 4 vCPUs; the bastion 2.
     t = dataclasses.replace(target("g6e.xlarge", 1), bastion_instance_type="t3.micro")
     low = clients(ec2_quotas({"L-1216C47A": 24.0}))
-    no = pf.check_system_vcpu_quota(low.quotas, low.ec2, t)
+    no = pfs.check_system_vcpu_quota(low.quotas, low.ec2, t)
     assert no.ok is False
     assert ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A) = 24 vCPUs; the stack needs "
             "2 system node(s) and the update surge of 4 = 6 x m7i.xlarge (24 vCPUs) + the SSM bastion = 1 x t3.micro (2 vCPUs)") in no.detail
     assert "--service-code ec2 --quota-code L-1216C47A --desired-value 26 --region us-east-1" in no.fix
     assert "systemNodeCount" in no.fix
     ok = clients(ec2_quotas({"L-1216C47A": 26.0}))
-    assert pf.check_system_vcpu_quota(ok.quotas, ok.ec2, t).ok is True
+    assert pfs.check_system_vcpu_quota(ok.quotas, ok.ec2, t).ok is True
     # Another team's m7i counts; this stack's own system node does not.
     ec2 = boto3.client("ec2", region_name=REGION)
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m7i.xlarge")
@@ -720,18 +722,18 @@ def test_system_vcpu_quota(aws):
         ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m7i.xlarge",
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "project", "Value": "gpu-serving"}, {"Key": "stack", "Value": "pf"}]}],
     )  # fmt: skip
-    busy = pf.check_system_vcpu_quota(ok.quotas, ok.ec2, t)
+    busy = pfs.check_system_vcpu_quota(ok.quotas, ok.ec2, t)
     assert busy.ok is False and "4 in use by other instances (1 x m7i.xlarge)" in busy.detail
     assert "--desired-value 30" in busy.fix and "stop the other instances" in busy.fix
     # No bastion (public-restricted) and moto's own answer for `ec2` quotas: unknown, with what is needed.
-    unknown = pf.check_system_vcpu_quota(clients().quotas, clients().ec2, target("g6e.xlarge", 1))
+    unknown = pfs.check_system_vcpu_quota(clients().quotas, clients().ec2, target("g6e.xlarge", 1))
     assert unknown.ok is None and "NoSuchResourceException" in unknown.detail and "bastion" not in unknown.detail
     assert "servicequotas:GetServiceQuota" in unknown.fix
 
 
 def test_system_instance_type_ec2_does_not_know(aws):
     c = clients(ec2_quotas({"L-1216C47A": 1000.0}))
-    check = pf.check_system_vcpu_quota(c.quotas, c.ec2, dataclasses.replace(target(), system_instance_type="m99z.xlarge"))
+    check = pfs.check_system_vcpu_quota(c.quotas, c.ec2, dataclasses.replace(target(), system_instance_type="m99z.xlarge"))
     assert check.ok is False and "EC2 does not know m99z.xlarge" in check.detail and "systemInstanceType" in check.fix
 
 
@@ -751,14 +753,14 @@ def test_vpc_quota_counts_the_vpcs_in_the_region(aws):
         ec2.create_vpc(CidrBlock=f"10.{i}.0.0/16")
     ec2.create_vpc(CidrBlock="10.9.0.0/16", TagSpecifications=OWN_TAGS)  # this stack's: a rerun reuses it
     c = clients()
-    go = pf.check_vpc_quota(c.quotas, c.ec2, network_target())  # moto's default VPC and 3 others: 4 of 5
+    go = pfs.check_vpc_quota(c.quotas, c.ec2, network_target())  # moto's default VPC and 3 others: 4 of 5
     assert go.ok is True and "VPCs per Region (L-F678F1CE) = 5: 4 in use, the stack adds 1 (its VPC)" in go.detail
     ec2.create_vpc(CidrBlock="10.3.0.0/16")
-    no = pf.check_vpc_quota(c.quotas, c.ec2, network_target())
+    no = pfs.check_vpc_quota(c.quotas, c.ec2, network_target())
     assert no.ok is False and "5 in use, the stack adds 1" in no.detail
     assert "--service-code vpc --quota-code L-F678F1CE --desired-value 6 --region us-east-1" in no.fix
     assert "gpu-serving:network.existingVpcId" in no.fix
-    existing = pf.check_vpc_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0"))
+    existing = pfs.check_vpc_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0"))
     assert existing.ok is True and existing.detail.startswith("not applicable: the stack uses the existing VPC vpc-0123456789abcdef0")
 
 
@@ -769,14 +771,14 @@ def test_nat_gateway_quota_per_zone(aws):
     for _ in range(5):
         ec2.create_nat_gateway(SubnetId=subnet, AllocationId=ec2.allocate_address(Domain="vpc")["AllocationId"])
     c = clients()
-    full = pf.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
+    full = pfs.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
     assert full.ok is False
     assert "NAT gateways per Availability Zone (L-FE5A380F) = 5 in us-east-1a: 5 in use, the stack adds 1" in full.detail
     assert "= 5 in us-east-1b: 0 in use" in full.detail
     assert "--service-code vpc --quota-code L-FE5A380F --desired-value 6" in full.fix
     assert "delete unused NAT gateways in us-east-1a" in full.fix and "natGatewayPerAz: false" in full.fix
-    assert pf.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1b",))).ok is True
-    assert pf.check_nat_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0")).ok is True
+    assert pfs.check_nat_quota(c.quotas, c.ec2, network_target(("us-east-1b",))).ok is True
+    assert pfs.check_nat_quota(c.quotas, c.ec2, network_target(existing="vpc-0123456789abcdef0")).ok is True
 
 
 def test_elastic_ip_quota_one_per_nat_gateway(aws):
@@ -784,13 +786,13 @@ def test_elastic_ip_quota_one_per_nat_gateway(aws):
     for _ in range(4):
         ec2.allocate_address(Domain="vpc")
     c = clients(ec2_quotas({"L-0263D0A3": 5.0}))
-    per_az = pf.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
+    per_az = pfs.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a", "us-east-1b")))
     assert per_az.ok is False
     assert "EC2-VPC Elastic IPs (L-0263D0A3) = 5: 4 in use, the stack adds 2 (one per NAT gateway, in us-east-1a, us-east-1b)" in per_az.detail
     assert "--service-code ec2 --quota-code L-0263D0A3 --desired-value 6" in per_az.fix
     assert "release unassociated Elastic IPs" in per_az.fix and "natGatewayPerAz: false" in per_az.fix
-    assert pf.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a",))).ok is True
-    unknown = pf.check_eip_quota(clients().quotas, clients().ec2, network_target())  # moto: no `ec2` quotas
+    assert pfs.check_eip_quota(c.quotas, c.ec2, network_target(("us-east-1a",))).ok is True
+    unknown = pfs.check_eip_quota(clients().quotas, clients().ec2, network_target())  # moto: no `ec2` quotas
     assert unknown.ok is None and "at least 5" in unknown.fix
 
 

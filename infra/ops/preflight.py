@@ -49,7 +49,7 @@ The checks, and the AWS calls behind them:
    (infra/catalog/eks_versions.py) must be one EKS offers.
 7. AMI release published: SSM GetParameter of the EKS-optimised AL2023 AMI
    parameter of each node group's release (GPU nodes: their AMI type; system
-   nodes: AL2023_x86_64_STANDARD) in the region (`ami_parameter_name`): a
+   nodes: AL2023_x86_64_STANDARD) in the region (preflight_stack.py, `ami_parameter_name`): a
    release EKS never published there fails the node group's creation. A
    Bottlerocket release is not looked up (unknown).
 8. On-Demand vCPU quota of the system nodes and the bastion (usually the
@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
@@ -137,44 +137,12 @@ QUOTAS: tuple[Quota, ...] = (
 VPC_QUOTA = Quota((), "VPCs per Region", "L-F678F1CE", "vpc")
 NAT_QUOTA = Quota((), "NAT gateways per Availability Zone", "L-FE5A380F", "vpc")
 EIP_QUOTA = Quota((), "EC2-VPC Elastic IPs", "L-0263D0A3", "ec2")
-# NAT gateways that hold a place in the per-zone quota. ASSUMPTION: pending, available and deleting (a
-# deleting gateway counts until it is deleted, as NatGatewayLimitExceeded troubleshooting guides put it; the
-# quota table says only "per Availability Zone"); states: botocore's ec2 model, NatGatewayState.
-NAT_STATES_COUNTED = ("pending", "available", "deleting")
-
-# The EKS-optimised AL2023 AMI of a release, in SSM Parameter Store. The EKS User Guide ("Retrieve
-# recommended Amazon Linux AMI IDs", docs.aws.amazon.com/eks/latest/userguide/retrieve-ami-id.html)
-# documents the tree /aws/service/eks/optimized-ami/<kubernetes-version>/<ami-type>/recommended/image_id,
-# with <ami-type> amazon-linux-2023/x86_64/standard, .../arm64/standard, .../x86_64/nvidia,
-# .../arm64/nvidia or .../x86_64/neuron; it does not spell out the name of one release. That name, in place
-# of `recommended`, is amazon-eks-node-al2023-<arch>-<variant>-<kubernetes-version>-v<date> (the AMI's own
-# name), as Karpenter resolves an `al2023@v<date>` alias (aws/karpenter-provider-aws,
-# pkg/providers/amifamily/al2023.go, resolvePath) and as public Terraform reads it (e.g.
-# .../1.30/amazon-linux-2023/x86_64/nvidia/amazon-eks-node-al2023-x86_64-nvidia-1.30-v20241024/image_id).
-# A release version (EKS releaseVersion, infra/catalog/eks_versions.py) is <kubernetes>.<patch>-<date>.
-AMI_PARAMETER_SOURCE = (
-    "SSM public parameters of the EKS-optimised AL2023 AMIs: the tree of the EKS User Guide, 'Retrieve "
-    "recommended Amazon Linux AMI IDs'; a release's name as Karpenter resolves it (amifamily/al2023.go)"
-)
-# EKS AMI type (botocore's eks model, AMITypes) -> (architecture, variant) in the parameter's path.
-AL2023_AMI_PATHS: dict[str, tuple[str, str]] = {
-    "AL2023_x86_64_STANDARD": ("x86_64", "standard"),
-    "AL2023_ARM_64_STANDARD": ("arm64", "standard"),
-    "AL2023_x86_64_NVIDIA": ("x86_64", "nvidia"),
-    "AL2023_ARM_64_NVIDIA": ("arm64", "nvidia"),
-    "AL2023_x86_64_NEURON": ("x86_64", "neuron"),
-}
-_AL2023_RELEASE = re.compile(r"^(\d+\.\d+)\.\d+-(\d{8})$")  # 1.35.6-20260714
-
 # What the stack creates besides the GPU nodes (read here, not imported: those modules build Pulumi resources;
 # tests/test_preflight.py checks they agree). components/cluster.py SYSTEM_AMI_TYPE, and the system node
 # group's update_config maxUnavailable.
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_MAX_UNAVAILABLE = 1
 
-# The calendar used when EKS DescribeClusterVersions cannot be called (infra/catalog/eks_versions.py).
-EKS_CALENDAR_SOURCE = eks_versions.CALENDAR_SOURCE
-STANDARD_SUPPORT_WARNING = eks_versions.STANDARD_SUPPORT_WARNING
 
 # EKS scales a Capacity Block node group to zero this long before the block ends (EKS User Guide).
 BLOCK_SCALE_DOWN = dt.timedelta(minutes=40)
@@ -698,371 +666,21 @@ def check_efa(ec2, t: Target) -> Check:
     return Check(name, True, f"{t.instance_type}: EFA supported, up to {max_efa} interfaces; the plan uses {want}")
 
 
-def _standard_support_warning(version: str, std_end: Optional[dt.date], today: dt.date) -> tuple[str, str]:
-    """(warning, fix) when standard support of `version` ends within STANDARD_SUPPORT_WARNING of `today`."""
-    if std_end is None or not (today <= std_end <= today + STANDARD_SUPPORT_WARNING):
-        return "", ""
-    newer = [v for v in eks_versions.supported_versions() if eks_versions.version_key(v) > eks_versions.version_key(version)]
-    return (
-        f"standard support of {version} ends {std_end} (in {(std_end - today).days} days); after that EKS bills "
-        "extended support per cluster hour",
-        f"upgrade gpu-serving:cluster.kubernetesVersion one minor version at a time"
-        + (f" (next: {newer[0]})" if newer else "; add the next version to infra/catalog/eks_versions.py first"),
-    )
-
-
-def _calendar_check(name: str, version: str, today: dt.date, why: str) -> Check:
-    newest = max(eks_versions.RELEASES, key=eks_versions.version_key)
-    entry = eks_versions.release(version)
-    src = f"from the built-in calendar, {EKS_CALENDAR_SOURCE}; {why}"
-    upgrade = f"set gpu-serving:cluster.kubernetesVersion to a supported version (newest known: {newest})"
-    if entry is None:
-        if eks_versions.version_key(version) > eks_versions.version_key(newest):
-            return Check(name, None, f"{version} is newer than the {src}",
-                         "check `aws eks describe-cluster-versions` or the EKS release calendar")  # fmt: skip
-        return Check(name, False, f"{version} is no longer offered by EKS ({src})", upgrade)
-    std_end, ext_end = entry.end_of_standard, entry.end_of_extended
-    if today < std_end:
-        warning, fix = _standard_support_warning(version, std_end, today)
-        return Check(name, True, f"{version}: standard support until {std_end} ({src})", fix, warning)
-    if today < ext_end:
-        return Check(
-            name, True,
-            f"{version}: extended support until {ext_end} (standard support ended {std_end}; extended support "
-            f"costs extra per cluster hour) ({src})",
-            upgrade, f"standard support of {version} ended {std_end}: extended support costs extra per cluster hour",
-        )  # fmt: skip
-    return Check(name, False, f"{version}: support ended {ext_end} ({src})", upgrade)
-
-
-def check_eks_version(eks, t: Target, today: Optional[dt.date] = None) -> Check:
-    """The EKS Kubernetes version can be used for a new cluster; a warning within 60 days of its end of standard support."""
-    name = "EKS version supported"
-    v = t.kubernetes_version
-    today = today or dt.datetime.now(dt.timezone.utc).date()
-    try:
-        found = eks.describe_cluster_versions(clusterVersions=[v], includeAll=True).get("clusterVersions", [])
-    except Exception as exc:  # noqa: BLE001 - fall back to the calendar, and say why
-        return _calendar_check(name, v, today, f"DescribeClusterVersions failed: {_error_text(exc)}")
-    info = next((c for c in found if c.get("clusterVersion") == v), None)
-    if info is None:
-        return Check(name, False, f"EKS does not offer Kubernetes {v} in {t.region}",
-                     "set gpu-serving:cluster.kubernetesVersion to a version `aws eks describe-cluster-versions` lists")  # fmt: skip
-    status = str(info.get("versionStatus") or info.get("status") or "").upper().replace("-", "_")
-    std_end, ext_end = info.get("endOfStandardSupportDate"), info.get("endOfExtendedSupportDate")
-    if status == "STANDARD_SUPPORT":
-        std_day = std_end.date() if isinstance(std_end, dt.datetime) else None
-        warning, fix = _standard_support_warning(v, std_day, today)
-        return Check(name, True, f"{v}: standard support" + (f" until {_fmt_time(std_end)}" if std_end else ""), fix, warning)
-    if status == "EXTENDED_SUPPORT":
-        return Check(
-            name, True,
-            f"{v}: extended support" + (f" until {_fmt_time(ext_end)}" if ext_end else "")
-            + " (costs extra per cluster hour; consider a newer version)",
-            "upgrade gpu-serving:cluster.kubernetesVersion one minor version at a time",
-            f"{v} is in extended support: it costs extra per cluster hour",
-        )  # fmt: skip
-    return Check(name, False, f"{v}: {status.lower() or 'unsupported'}",
-                 "set gpu-serving:cluster.kubernetesVersion to a version in standard support")  # fmt: skip
-
-
-def check_addon_versions(eks, t: Target) -> Check:
-    """Every pinned add-on version is one EKS offers for the cluster's Kubernetes version (DescribeAddonVersions)."""
-    name = "add-on versions offered"
-    if not t.addon_versions:
-        return Check(name, True, "no add-ons pinned")
-    missing: list[tuple[str, str, list[str]]] = []  # (add-on, pinned version, the versions EKS offers)
-    for addon, version in t.addon_versions:
-        try:
-            pages = eks.get_paginator("describe_addon_versions").paginate(addonName=addon, kubernetesVersion=t.kubernetes_version)
-            # botocore's eks model: DescribeAddonVersions returns addons[] (AddonInfo), each with addonVersions[].addonVersion.
-            offered = [v["addonVersion"] for page in pages for a in page.get("addons", []) for v in a.get("addonVersions", [])]
-        except Exception as exc:  # noqa: BLE001
-            fix = "grant eks:DescribeAddonVersions" if aws.is_denied(exc) else "rerun; check the region and credentials"
-            return Check(name, None, f"could not list the versions of {addon} for Kubernetes {t.kubernetes_version}: "
-                                     f"{_error_text(exc)}", fix)  # fmt: skip
-        if version not in offered:
-            missing.append((addon, version, offered))
-    pins = ", ".join(f"{a} {v}" for a, v in t.addon_versions)
-    if missing:
-        hints = "; ".join(f"{a}: e.g. {offered[0]}" for a, _, offered in missing if offered)
-        not_offered = ", ".join(f"{a} {v}" for a, v, _ in missing)
-        return Check(
-            name, False, f"EKS does not offer {not_offered} for Kubernetes {t.kubernetes_version} in {t.region}",
-            f"pin an offered version in infra/catalog/eks_versions.py ADDON_VERSIONS[{t.kubernetes_version!r}]"
-            + (f" ({hints})" if hints else "") + f"; list them with `aws eks describe-addon-versions --kubernetes-version {t.kubernetes_version} --addon-name <name>`",
-        )  # fmt: skip
-    return Check(name, True, f"every pinned add-on is offered for Kubernetes {t.kubernetes_version}: {pins}")
-
-
-# --------------------------------------------------------------------------- AMI release, what else the stack creates
-
-
-@dataclass
-class _Findings:
-    """What a check made of several parts found: a no-go part makes it a no-go, else an unknown part an unknown."""
-
-    facts: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    fixes: list[str] = field(default_factory=list)
-    unknowns: list[str] = field(default_factory=list)
-    unknown_fixes: list[str] = field(default_factory=list)
-
-    def no_go(self, problem: str, fix: str) -> None:
-        self.problems.append(problem)
-        self.fixes.append(fix)
-
-    def unknown(self, what: str, fix: str) -> None:
-        self.unknowns.append(what)
-        self.unknown_fixes.append(fix)
-
-    def check(self, name: str) -> Check:
-        detail = "; ".join(self.facts + self.problems + self.unknowns)
-        if self.problems:
-            return Check(name, False, detail, "; ".join(dict.fromkeys(self.fixes)))
-        if self.unknowns:
-            return Check(name, None, detail, "; ".join(dict.fromkeys(self.unknown_fixes)))
-        return Check(name, True, detail)
-
-
-def ami_parameter_name(ami_type: str, release: str) -> Optional[str]:
-    """The SSM parameter holding the AMI id of EKS AL2023 release `release` of `ami_type` (AMI_PARAMETER_SOURCE).
-
-    `AL2023_x86_64_NVIDIA`, `1.35.6-20260714` -> `/aws/service/eks/optimized-ami/1.35/amazon-linux-2023/x86_64/
-    nvidia/amazon-eks-node-al2023-x86_64-nvidia-1.35-v20260714/image_id`; None for an AMI type that is not
-    AL2023 (Bottlerocket) or a release not of the form <kubernetes>.<patch>-<yyyymmdd>.
-    """
-    path = AL2023_AMI_PATHS.get(ami_type)
-    m = _AL2023_RELEASE.match(release or "")
-    if path is None or m is None:
-        return None
-    (arch, variant), (k8s, date) = path, m.groups()
-    return (f"/aws/service/eks/optimized-ami/{k8s}/amazon-linux-2023/{arch}/{variant}/"
-            f"amazon-eks-node-al2023-{arch}-{variant}-{k8s}-v{date}/image_id")  # fmt: skip
-
-
-def _newest_release_hint(ami: NodeAmi, k8s: str, region: str) -> str:
-    """How to read the newest release: `recommended/release_version` beside `recommended/image_id`, as eksctl and
-    the terraform-aws-eks modules read a managed node group's latest release. Every AL2023 AMI type of a Kubernetes
-    version shares the release version (infra/catalog/eks_versions.py), so one AMI type's answer serves all."""
-    arch, variant = AL2023_AMI_PATHS[ami.ami_type]
-    latest = f"/aws/service/eks/optimized-ami/{k8s}/amazon-linux-2023/{arch}/{variant}/recommended/release_version"
-    return f"the newest: `aws ssm get-parameter --name {latest} --region {region}`"
-
-
-def check_ami_release(ssm, t: Target) -> Check:
-    """Each node group's pinned AMI release is published in the region (SSM GetParameter of its AMI parameter)."""
-    name = "AMI release published"
-    if not t.node_amis:
-        return Check(name, True, "no AMI release pinned: EKS launches the latest of each AMI type")
-    f = _Findings()
-    newest: list[str] = []
-    for ami in t.node_amis:
-        label = f"{ami.group}: {ami.ami_type} {ami.release}"
-        param = ami_parameter_name(ami.ami_type, ami.release)
-        if param is None:
-            f.unknown(f"{label} not looked up (pre-flight knows the SSM names of EKS AL2023 releases only)",
-                      f"confirm that {ami.ami_type} release {ami.release} is published in {t.region}, then rerun "
-                      "with --allow-unknown")  # fmt: skip
-            continue
-        k8s = param.split("/")[5]
-        if k8s != t.kubernetes_version:
-            f.no_go(f"{label} is a release of Kubernetes {k8s}; the cluster runs {t.kubernetes_version}",
-                    f"pin a Kubernetes {t.kubernetes_version} release: {ami.pinned_in}")  # fmt: skip
-            continue
-        try:
-            image = ssm.get_parameter(Name=param)["Parameter"]["Value"]
-        except Exception as exc:  # noqa: BLE001
-            if aws.error_code(exc) == "ParameterNotFound":
-                f.no_go(f"{label} is not published in {t.region} (no SSM parameter {param})",
-                        f"pin an AMI release that exists in {t.region}: {ami.pinned_in}")  # fmt: skip
-                newest = newest or [_newest_release_hint(ami, k8s, t.region)]
-            elif aws.is_denied(exc):
-                f.unknown(f"{label}: could not read {param}: {_error_text(exc)}",
-                          f"grant ssm:GetParameter on arn:aws:ssm:{t.region}::parameter/aws/service/eks/*")  # fmt: skip
-            else:
-                f.unknown(f"{label}: could not read {param}: {_error_text(exc)}", "rerun; check the region and credentials")
-            continue
-        f.facts.append(f"{label} is {image}")
-    f.fixes.extend(newest)
-    return f.check(name)
-
-
-def _vcpus_of(ec2, instance_types: Iterable[str]) -> dict[str, int]:
-    """Default vCPUs of each instance type EC2 knows (DescribeInstanceTypes)."""
-    pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=sorted(set(instance_types)))
-    return {it["InstanceType"]: int(it["VCpuInfo"]["DefaultVCpus"]) for page in pages for it in page.get("InstanceTypes", [])}
-
-
-def _vcpu_quota_part(sq, ec2, t: Target, quota: Quota, items: list[tuple[str, int, str]], sizes: dict[str, int],
-                     f: _Findings) -> None:  # fmt: skip
-    """One On-Demand vCPU quota against the instances of `items` (and the GPU nodes, when they share it)."""
-    need = sum(n * sizes[i] for i, n, _ in items)
-    sizing = " + ".join(f"{what} = {n} x {i} ({n * sizes[i]} vCPUs)" for i, n, what in items)
-    if t.capacity_type == ON_DEMAND and quota_for(t.instance_type) is quota:
-        need += t.vcpus_needed  # the GPU check counts them against the same quota: both must fit
-        sizing += f" + the GPU nodes and their surge ({t.vcpus_needed} vCPUs)"
-    q, errors = read_quota(sq, quota)
-    if q is None:
-        f.unknown(f"could not read {quota.name} ({quota.code or 'code looked up by name'}) in {t.region}: "
-                  f"{'; '.join(errors)}; the stack needs {sizing}",
-                  f"grant servicequotas:GetServiceQuota and servicequotas:ListServiceQuotas, or check '{quota.name}' "
-                  f"in the Service Quotas console ({t.region}): it must be at least {need} more than other instances use")  # fmt: skip
-        return
-    code, value = q.get("QuotaCode") or quota.code, float(q["Value"])
-    try:
-        used, used_by = _running_vcpus(ec2, quota, t.stack)
-    except Exception as exc:  # noqa: BLE001 - the quota alone still answers most of the question
-        used, used_by = 0, []
-        errors.append(f"running instances not counted: {_error_text(exc)}")
-    text = f"{quota.name} ({code}) = {value:g} vCPUs" + (f", {used} in use by other instances ({', '.join(used_by)})" if used else "")
-    text += f"; the stack needs {sizing}" + (f" (notes: {'; '.join(errors)})" if errors else "")
-    if value - used >= need:
-        f.facts.append(text)
-        return
-    f.no_go(text, _increase(code, quota.service, int(used + need), t.region) + (" (or stop the other instances)" if used else "")
-            + "; or fewer or smaller system nodes (gpu-serving:cluster.systemNodeCount, systemInstanceType)")  # fmt: skip
-
-
-def check_system_vcpu_quota(sq, ec2, t: Target) -> Check:
-    """The On-Demand vCPU quota (Standard, for the default types) covers the system nodes and the bastion."""
-    name = "On-Demand vCPU quota: system nodes, bastion"
-    items = list(t.other_instances)
-    try:
-        sizes = _vcpus_of(ec2, [i for i, _, _ in items])
-    except Exception as exc:  # noqa: BLE001
-        if aws.error_code(exc) != "InvalidInstanceType":
-            fix = "grant ec2:DescribeInstanceTypes" if aws.is_denied(exc) else "rerun; check the region and credentials"
-            return Check(name, None, f"could not describe {', '.join(sorted({i for i, _, _ in items}))}: {_error_text(exc)}", fix)
-        sizes = {}
-    unknown_types = sorted({i for i, _, _ in items if i not in sizes})
-    if unknown_types:
-        return Check(name, False, f"EC2 does not know {', '.join(unknown_types)} in {t.region}",
-                     "set gpu-serving:cluster.systemInstanceType to a type EC2 offers in this region")  # fmt: skip
-    f = _Findings()
-    by_quota: dict[Optional[Quota], list[tuple[str, int, str]]] = {}
-    for item in items:
-        by_quota.setdefault(quota_for(item[0]), []).append(item)
-    for quota, part in by_quota.items():
-        if quota is None:
-            f.unknown(f"no known On-Demand quota for {', '.join(i for i, _, _ in part)}",
-                      f"look up the family's 'Running On-Demand ... instances' quota in the Service Quotas console ({t.region})")  # fmt: skip
-        else:
-            _vcpu_quota_part(sq, ec2, t, quota, part, sizes, f)
-    return f.check(name)
-
-
-def _count_part(t: Target, quota: Quota, read: tuple[Optional[dict], list[str]], f: _Findings, *, need: int, used: int,
-                what: str, where: str = "", instead: str = "") -> None:  # fmt: skip
-    """A count quota (VPCs, NAT gateways, Elastic IPs) against what is in use and what the stack adds."""
-    q, errors = read
-    if q is None:
-        f.unknown(f"could not read {quota.name} ({quota.code}) in {t.region}: {'; '.join(errors)}; "
-                  f"{used} in use{where}, the stack adds {need} ({what})",
-                  f"grant servicequotas:GetServiceQuota, or check '{quota.name}' in the Service Quotas console "
-                  f"({t.region}): it must be at least {used + need}")  # fmt: skip
-        return
-    code, value = q.get("QuotaCode") or quota.code, float(q["Value"])
-    text = f"{quota.name} ({code}) = {value:g}{where}: {used} in use, the stack adds {need} ({what})"
-    if used + need <= value:
-        f.facts.append(text)
-    else:
-        f.no_go(text, _increase(code, quota.service, used + need, t.region) + instead)
-
-
-def _count_or_unknown(name: str, what: str, permission: str, count: Callable[[], Any]) -> tuple[Any, Optional[Check]]:
-    """`count()`, or the unknown Check that says why it could not be counted."""
-    try:
-        return count(), None
-    except Exception as exc:  # noqa: BLE001
-        fix = f"grant {permission}" if aws.is_denied(exc) else "rerun; check the region and credentials"
-        return None, Check(name, None, f"could not count the {what}: {_error_text(exc)}", fix)
-
-
-def _others(ec2, op: str, key: str, stack: str) -> int:
-    """How many items of EC2 list operation `op` are not this stack's."""
-    return sum(1 for item in aws.pages(ec2, op, key) if not _own(item, stack))
-
-
-def _existing_vpc(name: str, t: Target) -> Optional[Check]:
-    if t.creates_vpc:
-        return None
-    return Check(name, True, f"not applicable: the stack uses the existing VPC {t.existing_vpc_id} "
-                             "(no VPC, NAT gateway or Elastic IP of its own)")  # fmt: skip
-
-
-def check_vpc_quota(sq, ec2, t: Target) -> Check:
-    """VPCs per Region has room for the stack's VPC (when it creates one)."""
-    name = "VPC quota"
-    if (na := _existing_vpc(name, t)) is not None:
-        return na
-    used, err = _count_or_unknown(name, "VPCs", "ec2:DescribeVpcs", lambda: _others(ec2, "describe_vpcs", "Vpcs", t.stack))
-    if err:
-        return err
-    f = _Findings()
-    _count_part(t, VPC_QUOTA, read_quota(sq, VPC_QUOTA), f, need=1, used=used, what="its VPC",
-                instead="; or delete an unused VPC, or use an existing one (gpu-serving:network.existingVpcId)")  # fmt: skip
-    return f.check(name)
-
-
-def _nat_gateways_per_zone(ec2, stack: str) -> dict[str, int]:
-    """NAT gateways that count against the per-zone quota (NAT_STATES_COUNTED), not this stack's, by zone."""
-    nats = [n for n in aws.pages(ec2, "describe_nat_gateways", "NatGateways")
-            if n.get("State") in NAT_STATES_COUNTED and not _own(n, stack) and n.get("SubnetId")]  # fmt: skip
-    if not nats:
-        return {}
-    subnets = sorted({n["SubnetId"] for n in nats})
-    zone_of = {s["SubnetId"]: s["AvailabilityZone"] for s in aws.pages(ec2, "describe_subnets", "Subnets", SubnetIds=subnets)}
-    counts: dict[str, int] = {}
-    for n in nats:
-        zone = zone_of.get(n["SubnetId"], "?")
-        counts[zone] = counts.get(zone, 0) + 1
-    return counts
-
-
-def check_nat_quota(sq, ec2, t: Target) -> Check:
-    """NAT gateways per Availability Zone has room for the stack's NAT gateway in each of its NAT zones."""
-    name = "NAT gateway quota"
-    if (na := _existing_vpc(name, t)) is not None:
-        return na
-    per_zone, err = _count_or_unknown(name, "NAT gateways", "ec2:DescribeNatGateways and ec2:DescribeSubnets",
-                                      lambda: _nat_gateways_per_zone(ec2, t.stack))  # fmt: skip
-    if err:
-        return err
-    f = _Findings()
-    read = read_quota(sq, NAT_QUOTA)
-    for zone in t.nat_zones:
-        instead = f"; or delete unused NAT gateways in {zone}"
-        if len(t.nat_zones) > 1:
-            instead += "; or one NAT gateway (gpu-serving:network.natGatewayPerAz: false)"
-        _count_part(t, NAT_QUOTA, read, f, need=1, used=per_zone.get(zone, 0), what="one NAT gateway", where=f" in {zone}",
-                    instead=instead)  # fmt: skip
-    return f.check(name)
-
-
-def check_eip_quota(sq, ec2, t: Target) -> Check:
-    """EC2-VPC Elastic IPs has room for one address per NAT gateway the stack creates."""
-    name = "Elastic IP quota"
-    if (na := _existing_vpc(name, t)) is not None:
-        return na
-    used, err = _count_or_unknown(name, "Elastic IP addresses", "ec2:DescribeAddresses",
-                                  lambda: _others(ec2, "describe_addresses", "Addresses", t.stack))  # fmt: skip
-    if err:
-        return err
-    f = _Findings()
-    n = len(t.nat_zones)
-    instead = "; or release unassociated Elastic IPs (aws ec2 describe-addresses)"
-    if n > 1:
-        instead += "; or one NAT gateway (gpu-serving:network.natGatewayPerAz: false)"
-    _count_part(t, EIP_QUOTA, read_quota(sq, EIP_QUOTA), f, need=n, used=used,
-                what=f"one per NAT gateway, in {', '.join(t.nat_zones)}", instead=instead)  # fmt: skip
-    return f.check(name)
-
-
 # --------------------------------------------------------------------------- run and render
 
 
 def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -> list[Check]:
+    # Checks 5 and 6 (EKS) live in preflight_eks.py, 7 to 9 (what the stack creates besides the GPU nodes) in
+    # preflight_stack.py; both build on this module.
+    from infra.ops.preflight_eks import check_addon_versions, check_eks_version
+    from infra.ops.preflight_stack import (
+        check_ami_release,
+        check_eip_quota,
+        check_nat_quota,
+        check_system_vcpu_quota,
+        check_vpc_quota,
+    )
+
     now = now or dt.datetime.now(dt.timezone.utc)
     steps: list[Callable[[], Check]] = [
         lambda: check_offering(clients.ec2, t),

@@ -17,12 +17,10 @@ from infra.preview.diff import (
     FSX_LUSTRE,
     LAUNCH_TEMPLATE,
     NODE_GROUP,
-    RAYCLUSTER,
-    SUSPEND_KEY,
     Diff,
-    is_gpu_group,
     node_group_swaps,
 )
+from infra.preview.outage import RAYCLUSTER, SUSPEND_KEY, is_gpu_group
 from infra.preview.markers import placeholder
 
 Edit = tuple[str, str]  # (a line of the stack file, what it becomes)

@@ -1,0 +1,85 @@
+"""What a roll or replacement of a GPU node group does to serving, for the synth diff's callouts.
+
+Every serving pod is one TP x PP engine spread over all GPU nodes, so replacing
+any node stops it; how long serving is down follows from the node group's
+update settings and the plan's cold start (exported with the plan). Pure
+functions of the synthesized documents (infra/preview/synth.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _at(obj: Any, path: str) -> Any:
+    """The value at a dotted path, or None."""
+    for part in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+# ASSUMPTION: one GPU node replaced in about 10 minutes (an instance of the size of a p5 launched, joined to
+# the cluster, and the GPU operator's driver, toolkit and device plugins ready on it); not measured here.
+NODE_REPLACE_S = 600.0
+SUSPEND_KEY = "gpu-serving:serving.suspended"
+
+
+def is_gpu_group(r: dict | None) -> bool:
+    """A node group whose nodes carry the GPU taint (infra/k8s/scheduling.py gpu_taints)."""
+    from infra.k8s.scheduling import GPU_TAINT_KEY
+
+    taints = ((r or {}).get("inputs") or {}).get("taints") or []
+    return any(isinstance(t, dict) and t.get("key") == GPU_TAINT_KEY for t in taints)
+
+
+def serving_suspended(doc: dict) -> bool:
+    """The serving RayCluster is suspended (`spec.suspend`: KubeRay keeps no pod), or there is none."""
+    clusters = [r for r in doc["resources"] if r["type"] == RAYCLUSTER]
+    return all(_at(r.get("inputs") or {}, "spec.suspend") is True for r in clusters)
+
+
+def cold_start_s(doc: dict) -> float | None:
+    """The plan's cold start (weights read, engine start), from the exported plan."""
+    value = ((doc.get("outputs") or {}).get("plan") or {}).get("startup", {}).get("cold_start_s")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def outage_s(group: dict, doc: dict) -> float | None:
+    """How long serving is down for a roll of `group`: its nodes replaced in batches of updateConfig's
+    maxUnavailable (NODE_REPLACE_S each, an assumption), then the plan's cold start."""
+    cold = cold_start_s(doc)
+    if cold is None:
+        return None
+    inputs = group.get("inputs") or {}
+    nodes = _at(inputs, "scalingConfig.desiredSize")
+    batch = _at(inputs, "updateConfig.maxUnavailable")
+    nodes = nodes if isinstance(nodes, (int, float)) else 1
+    batch = batch if isinstance(batch, (int, float)) and batch > 0 else 1
+    return math.ceil(nodes / batch) * NODE_REPLACE_S + cold
+
+
+def _minutes(seconds: float) -> str:
+    return f"about {round(seconds / 60):,} minutes"
+
+
+def serving_text(group: dict, base: dict, head: dict) -> tuple[str, bool]:
+    """What a roll or replacement of a GPU node group does to serving, and whether it would stall.
+
+    Every serving pod is one TP x PP engine spread over all GPU nodes: replacing any node stops
+    it. A node EKS drains while a serving pod runs on it stalls on the serving PodDisruptionBudget
+    (maxUnavailable 0, infra/k8s/exposure.py) until EKS fails the update (PodEvictionFailure), so
+    serving must be suspended by an `up` of its own first: Pulumi updates the node group before the
+    RayCluster, which is deployed after the nodes."""
+    down = outage_s(group, head)
+    length = f"for {_minutes(down)} (node replacements, then the plan's cold start of {cold_start_s(head):,.0f} s)" if down else ""
+    if serving_suspended(base):
+        return (f" Serving is suspended (`{SUSPEND_KEY}: true`): nothing to drain. Serving stays down until it is "
+                f"resumed (`{SUSPEND_KEY}: false`) and vLLM is ready" + (f", {length}" if length else "") + ".", False)  # fmt: skip
+    return (f" **Serving goes down** {length}, and the update stalls: the serving PodDisruptionBudget blocks every "
+            f"eviction, so EKS fails it after its drain timeout (PodEvictionFailure). First `pulumi up` with only "
+            f"`{SUSPEND_KEY}: true` (KubeRay deletes the serving pods), then this change, then `{SUSPEND_KEY}: false` "
+            "(README, Changing a running stack).", True)  # fmt: skip
