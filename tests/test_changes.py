@@ -14,25 +14,9 @@ import pytest
 from infra.preview.changes import CHANGES, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
 from infra.preview.diff import diff, render_markdown
 from infra.preview.synth import synthesize
+from tests.project_copy import edited_project
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _project(root: Path, stack: str, edits) -> Path:
-    """A copy of the project (links) whose stack file has each (line, replacement) applied."""
-    root.mkdir(parents=True)
-    for f in REPO.iterdir():
-        if f.name in ("venv", ".git") or f.name.startswith("Pulumi."):
-            continue
-        (root / f.name).symlink_to(f)
-    for f in REPO.glob("Pulumi.*yaml"):
-        text = f.read_text()
-        if f.name == f"Pulumi.{stack}.yaml":
-            for old, new in edits:
-                assert text.count(old) == 1, f"{old!r} is not one line of {f.name}"
-                text = text.replace(old, new)
-        (root / f.name).write_text(text)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +28,7 @@ def diffs(tmp_path_factory) -> dict:
         def synth(edits, side):
             key = (c.stack, edits)
             if key not in docs:
-                docs[key] = synthesize(c.stack, _project(root / side, c.stack, edits) if edits else REPO)
+                docs[key] = synthesize(c.stack, edited_project(root / side, c.stack, edits) if edits else REPO)
             return docs[key]
 
         base = synth(c.base, "base")
@@ -72,8 +56,8 @@ def test_a_gpu_roll_names_the_outage_its_length_and_the_procedure(change, diffs)
 def test_a_roll_with_serving_already_suspended_does_not_stall(tmp_path):
     suspended = ("    coldStartTargetSeconds: 750\n", "    coldStartTargetSeconds: 750\n    suspended: true\n")
     release = ("    amiType: AL2023_x86_64_NVIDIA\n", "    amiType: AL2023_x86_64_NVIDIA\n    amiReleaseVersion: 1.35.6-20260625\n")
-    base = synthesize("prod", _project(tmp_path / "a", "prod", (suspended,)))
-    head = synthesize("prod", _project(tmp_path / "b", "prod", (suspended, release)))
+    base = synthesize("prod", edited_project(tmp_path / "a", "prod", (suspended,)))
+    head = synthesize("prod", edited_project(tmp_path / "b", "prod", (suspended, release)))
     (raycluster,) = [r for r in base["resources"] if r["type"] == "kubernetes:ray.io/v1:RayCluster"]
     assert raycluster["inputs"]["spec"]["suspend"] is True  # KubeRay deletes the pods and keeps the cluster
     assert not [r for r in base["resources"] if r["type"] == "kubernetes:batch/v1:Job" and "benchmark" in r["name"]]

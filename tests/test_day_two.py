@@ -13,13 +13,13 @@ what a pull request's comment shows). What must not move:
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
 
 from infra.aws import access, tags as stack_tags
 from infra.preview.diff import LAUNCH_TEMPLATE, NODE_GROUP, diff
+from tests.project_copy import edited_project
 from infra.preview.synth import synthesize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,18 +28,7 @@ K8S_PROVIDER = "pulumi:providers:kubernetes"
 
 def _variant(root: Path, stack: str, old: str, new: str) -> Path:
     """A copy of the project (links) whose stack file has `old` replaced by `new`."""
-    root.mkdir(parents=True)
-    for f in REPO.iterdir():
-        if f.name in ("venv", ".git") or f.name.startswith("Pulumi."):
-            continue
-        (root / f.name).symlink_to(f)
-    for f in REPO.glob("Pulumi.*yaml"):
-        text = f.read_text()
-        if f.name == f"Pulumi.{stack}.yaml":
-            assert text.count(old) == 1, f"{old!r} is not one line of {f.name}"
-            text = text.replace(old, new)
-        (root / f.name).write_text(text)
-    return root
+    return edited_project(root, stack, [(old, new)])
 
 
 @pytest.fixture(scope="module")
