@@ -1,6 +1,9 @@
 """The GitHub Actions workflows (.github/workflows): they parse, call only commands that exist, pin their
-actions, ask for the least permissions, touch the cloud only where credentials are configured, and install
-the requirement file that provides what their commands import (tests/test_requirements.py).
+actions by commit SHA, ask for the least permissions (none at the top, each job its own), never run on
+`pull_request_target`, get an OIDC token only in a job that names its GitHub Environment and assumes its own
+role there (ci/README.md; the roles' policies: tests/test_ci_roles.py), touch the cloud only where that role
+is configured, and install the requirement file that provides what their commands import
+(tests/test_requirements.py).
 
 Every `python -m infra ...` a `run:` step calls is checked against the CLI: the command must be registered
 (a workflow calling one that is not fails, naming the registered ones), `--help` must exit 0, and every
@@ -10,6 +13,7 @@ Every `python -m infra ...` a `run:` step calls is checked against the CLI: the 
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shlex
 import shutil
@@ -39,6 +43,15 @@ PULUMI_ACTION_INPUTS = {
 }  # fmt: skip
 ALLOWED_PERMISSIONS = {("contents", "read"), ("pull-requests", "write"), ("id-token", "write")}
 CREDENTIALS_ACTION = "aws-actions/configure-aws-credentials"
+
+# Each job that reaches AWS: the repository variable holding its role's ARN, the GitHub Environment it runs in
+# (its OIDC subject is repo:<owner>/<repo>:environment:<name>) and its role's policies, ci/roles/<role>.*.json.
+CLOUD_JOBS = {
+    ("pull-request.yml", "preview"): ("AWS_PREVIEW_ROLE_ARN", "preview", "preview"),
+    ("ephemeral.yml", "ephemeral"): ("AWS_EPHEMERAL_ROLE_ARN", "ephemeral", "ephemeral"),
+    ("nightly-sweep.yml", "sweep"): ("AWS_SWEEPER_ROLE_ARN", "sweeper", "sweeper"),
+}
+ROLES_DIR = REPO_ROOT / "ci" / "roles"
 
 
 def load(name: str) -> dict:
@@ -280,21 +293,11 @@ def test_workflow_parses_and_every_job_is_bounded(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_actions_are_pinned_to_a_version_tag(name):
-    for job_id, job in load(name)["jobs"].items():
-        for step in steps(job):
-            if "uses" not in step or str(step["uses"]).startswith("./"):
-                continue
-            ref = str(step["uses"])
-            assert re.fullmatch(r"[\w.-]+/[\w./-]+@v\d+(\.\d+){0,2}", ref), \
-                f"{name}: {job_id}: {ref} is not pinned to a version tag (vN, vN.N or vN.N.N)"
-
-
-@pytest.mark.parametrize("name", NAMES)
 def test_permissions_are_minimal(name):
     doc = load(name)
-    assert isinstance(doc.get("permissions"), dict), f"{name}: set top-level permissions (the default token may write everything)"
+    assert doc.get("permissions") == {}, f"{name}: top-level `permissions: {{}}` (the default token may write everything); each job asks for its own"
     for job_id, job in doc["jobs"].items():
+        assert isinstance(job.get("permissions"), dict), f"{name}: {job_id}: no permissions of its own"
         perms = effective_permissions(doc, job)
         assert isinstance(perms, dict), f"{name}: {job_id}: permissions must be a mapping, not {perms!r}"
         extra = set(perms.items()) - ALLOWED_PERMISSIONS
@@ -316,12 +319,14 @@ def test_cloud_jobs_run_only_when_credentials_are_configured(name):
         touches_cloud = bool(creds) or any(action(s) == "pulumi/actions" and (s.get("with") or {}).get("command") for s in steps(job))
         if not touches_cloud:
             continue
+        assert (name, job_id) in CLOUD_JOBS, f"{name}: {job_id} reaches AWS but has no role of its own in CLOUD_JOBS"
+        variable, _, _ = CLOUD_JOBS[(name, job_id)]
         condition = str(job.get("if", ""))
-        assert re.search(r"vars\.AWS_ROLE_ARN\s*!=\s*''", condition), f"{name}: {job_id} must be gated on vars.AWS_ROLE_ARN"
+        assert re.search(rf"vars\.{variable}\s*!=\s*''", condition), f"{name}: {job_id} must be gated on vars.{variable}"
         assert creds, f"{name}: {job_id} runs Pulumi against the cloud without AWS credentials"
         for step in creds:
             w = step.get("with") or {}
-            assert w.get("role-to-assume") == "${{ vars.AWS_ROLE_ARN }}", "OIDC: assume the configured role"
+            assert w.get("role-to-assume") == f"${{{{ vars.{variable} }}}}", f"OIDC: assume the job's own role, vars.{variable}"
             assert not {"aws-access-key-id", "aws-secret-access-key"} & set(w), "no stored keys: OIDC only"
             assert w.get("aws-region")
 
@@ -341,15 +346,273 @@ def test_run_scripts_are_valid_bash(name, tmp_path):
             assert proc.returncode == 0, f"{name}: {job_id}: step {step.get('name', i)}: {proc.stderr}"
 
 
+# --------------------------------------------------------------------------- hardening: pins, triggers, tokens
+
+# An action is pinned by the full commit SHA (a tag or branch can be moved to other code, a SHA cannot), with
+# the release it is in a trailing comment: `uses: owner/repo@<40 hex>  # v1.2.3` (Dependabot keeps both
+# current, .github/dependabot.yml). A local action (`./...`) is the repository's own code at the same commit;
+# a container action runs only by digest (`docker://image@sha256:<64 hex>`).
+_USES_LINE = re.compile(r"""^\s*(?:-\s+)?uses:\s*(?P<q>['"]?)(?P<ref>[^\s'"#]+)(?P=q)(?P<rest>.*)$""")
+SHA_PINNED = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_./-]+)?@[0-9a-f]{40}")
+DOCKER_PINNED = re.compile(r"docker://[^@\s]+@sha256:[0-9a-f]{64}")
+RELEASE_COMMENT = re.compile(r"^\s+#\s*(?P<tag>v\d+\.\d+\.\d+)\s*$")
+
+
+def pinned_refs(text: str) -> dict[str, str]:
+    """Every remote `uses:` of a workflow's text -> the release its trailing comment names ("" when none)."""
+    refs = {}
+    for line in text.splitlines():
+        m = _USES_LINE.match(line)
+        if m and not m["ref"].startswith("./"):
+            c = RELEASE_COMMENT.match(m["rest"])
+            refs[m["ref"]] = c["tag"] if c else ""
+    return refs
+
+
+def pin_problems(text: str) -> list[str]:
+    """What in a workflow's text is not pinned as above, one line each (none: all of it is)."""
+    problems = []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _USES_LINE.match(line)
+        if not m or m["ref"].startswith("./"):
+            continue
+        ref, rest = m["ref"], m["rest"]
+        if ref.startswith("docker://"):
+            if not DOCKER_PINNED.fullmatch(ref):
+                problems.append(f"line {n}: {ref} is not pinned by digest (docker://image@sha256:<64 hex>)")
+        elif not SHA_PINNED.fullmatch(ref):
+            problems.append(f"line {n}: {ref} is not pinned by a full commit SHA (owner/repo@<40 hex>)")
+        elif not RELEASE_COMMENT.match(rest):
+            problems.append(f"line {n}: {ref} has no trailing `# vX.Y.Z` naming the release of that commit")
+    # Whatever YAML reads as a `uses:` must be one the line scan saw (a flow mapping would hide one).
+    doc = yaml.safe_load(text) or {}
+    seen = {m["ref"] for line in text.splitlines() if (m := _USES_LINE.match(line))}
+    for job_id, job in (doc.get("jobs") or {}).items():
+        for ref in [job.get("uses")] + [s.get("uses") for s in steps(job)]:
+            if ref and str(ref) not in seen:
+                problems.append(f"{job_id}: `uses: {ref}` is not on a line of its own, so its pin cannot be checked")
+    return problems
+
+
+def environment_name(job: dict) -> str:
+    env = job.get("environment")
+    return str((env.get("name") if isinstance(env, dict) else env) or "")
+
+
+def hardening_problems(doc: dict) -> list[str]:
+    """Why a workflow would hand out more than its jobs need, one line each (none: it does not).
+
+    No `pull_request_target` (it runs with the base repository's secrets and a write token on a fork's
+    event); top-level permissions set and granting no write; every job with `permissions` of its own (a
+    mapping: no `write-all`); `id-token: write` only in a job that names its environment, whose protection
+    rules (reviewers, branches) then stand between the job and the role that trusts only that environment's
+    OIDC subject (ci/README.md).
+    """
+    problems = []
+    if "pull_request_target" in triggers(doc):
+        problems.append("runs on pull_request_target: a fork's pull request would run with this repository's "
+                        "secrets and a write token; use pull_request")  # fmt: skip
+    top = doc.get("permissions")
+    if top is None:
+        problems.append("no top-level permissions: the default token may write everything; set `permissions: {}`")
+    elif not isinstance(top, dict):
+        problems.append(f"top-level permissions {top!r}: set `permissions: {{}}` and give each job its own")
+    elif any(v == "write" for v in top.values()):
+        problems.append(f"top-level permissions grant {sorted(k for k, v in top.items() if v == 'write')} to every "
+                        "job: grant writes in the jobs that need them")  # fmt: skip
+    for job_id, job in (doc.get("jobs") or {}).items():
+        perms = job.get("permissions")
+        if perms is None:
+            problems.append(f"{job_id}: no permissions of its own (it would get the top level's)")
+            continue
+        if not isinstance(perms, dict):
+            problems.append(f"{job_id}: permissions {perms!r}: list what the job uses")
+            continue
+        if perms.get("id-token") == "write" and not environment_name(job):
+            problems.append(f"{job_id}: id-token: write outside an environment: its OIDC subject would be the "
+                            "event's (e.g. every pull request's), which no trust policy can tell apart")  # fmt: skip
+    return problems
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_action_is_pinned_by_commit_sha(name):
+    text = (WORKFLOWS / name).read_text()
+    assert pin_problems(text) == []
+    assert pinned_refs(text), f"{name} uses no action?"
+
+
+def test_each_action_has_one_pin_everywhere():
+    """One commit per action across the workflows, and one release comment per commit."""
+    by_action: dict[str, set[tuple[str, str]]] = {}
+    for name in NAMES:
+        for ref, tag in pinned_refs((WORKFLOWS / name).read_text()).items():
+            repo, sha = ref.rsplit("@", 1)
+            by_action.setdefault(repo, set()).add((sha, tag))
+    for repo, pins in by_action.items():
+        assert len(pins) == 1, f"{repo} is pinned to different commits or releases: {sorted(pins)}"
+    # PULUMI_ACTION_INPUTS above are those of pulumi/actions v7.0.0.
+    ((_, tag),) = by_action["pulumi/actions"]
+    assert tag == "v7.0.0", "PULUMI_ACTION_INPUTS lists v7.0.0's inputs: check them against the new release's action.yml"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workflow_is_hardened(name):
+    assert hardening_problems(load(name)) == []
+
+
+def test_each_cloud_job_assumes_its_own_role_from_its_own_environment():
+    seen = set()
+    for name in NAMES:
+        text = (WORKFLOWS / name).read_text()
+        assert not re.search(r"\bAWS_ROLE_ARN\b", text), f"{name} still reads the shared role AWS_ROLE_ARN"
+        for job_id, job in load(name)["jobs"].items():
+            if (job.get("permissions") or {}).get("id-token") != "write":
+                continue
+            assert (name, job_id) in CLOUD_JOBS, f"{name}: {job_id} gets an OIDC token but has no role in CLOUD_JOBS"
+            variable, environment, role = CLOUD_JOBS[(name, job_id)]
+            seen.add((name, job_id))
+            assert environment_name(job) == environment, f"{name}: {job_id} must run in the environment {environment}"
+            (creds,) = uses(job, CREDENTIALS_ACTION)
+            assert creds["with"]["role-to-assume"] == f"${{{{ vars.{variable} }}}}"
+            # The role trusts exactly that environment's OIDC subject.
+            trust = json.loads((ROLES_DIR / f"{role}.trust.json").read_text())
+            (statement,) = trust["Statement"]
+            subject = statement["Condition"]["StringEquals"]["token.actions.githubusercontent.com:sub"]
+            assert subject == f"repo:<OWNER>/<REPO>:environment:{environment}", f"{role}.trust.json: {subject}"
+    assert seen == set(CLOUD_JOBS), f"jobs in CLOUD_JOBS that no longer assume a role: {set(CLOUD_JOBS) - seen}"
+    variables = [v for v, _, _ in CLOUD_JOBS.values()]
+    environments = [e for _, e, _ in CLOUD_JOBS.values()]
+    assert len(set(variables)) == len(set(environments)) == len(CLOUD_JOBS), "one role and one environment per job"
+
+
+def test_the_roles_sessions_last_as_long_as_the_jobs_ask():
+    """ci/README.md creates each role with a maximum session at least as long as its job's role-duration-seconds."""
+    readme = (REPO_ROOT / "ci" / "README.md").read_text()
+    for (name, job_id), (_, _, role) in CLOUD_JOBS.items():
+        m = re.search(rf"create-role --role-name gpu-serving-ci-{role}\b[^`]*?--max-session-duration (\d+)", readme)
+        assert m, f"ci/README.md: no `aws iam create-role --role-name gpu-serving-ci-{role} ... --max-session-duration`"
+        (creds,) = uses(load(name)["jobs"][job_id], CREDENTIALS_ACTION)
+        wanted = int(creds["with"].get("role-duration-seconds", 3600))
+        assert wanted <= int(m.group(1)), f"{name}: {job_id} asks for {wanted} s; gpu-serving-ci-{role} allows {m.group(1)}"
+
+
+GOOD = """
+name: ok
+on: pull_request
+permissions: {}
+jobs:
+  build:
+    runs-on: ubuntu-latest
+    permissions:
+      contents: read
+    steps:
+      - uses: actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803  # v6.1.0
+      - uses: ./.github/actions/local
+      - uses: docker://alpine@sha256:""" + "a" * 64 + """
+      - run: echo ok
+  deploy:
+    runs-on: ubuntu-latest
+    environment: preview
+    permissions:
+      contents: read
+      id-token: write
+    steps:
+      - run: echo ok
+"""
+
+
+def test_the_pin_check_catches_what_is_not_pinned_by_commit():
+    assert pin_problems(GOOD) == []
+    checkout = "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803  # v6.1.0"
+    bad = {
+        "a tag": "actions/checkout@v6",
+        "a full version tag": "actions/checkout@v6.1.0  # v6.1.0",
+        "a branch": "actions/checkout@main",
+        "a short SHA": "actions/checkout@d23441a  # v6.1.0",
+        "an upper-case SHA": "actions/checkout@D23441A48E516B6C34AEA4FA41551A30E30AF803  # v6.1.0",
+        "no release comment": "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803",
+        "a comment that is no release": "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803  # latest",
+        "a quoted tag": "'actions/checkout@v6'",
+        "a docker tag": "docker://alpine:3.20",
+        "a docker digest too short": "docker://alpine@sha256:abc",
+        "a reusable workflow by branch": "octo/workflows/.github/workflows/ci.yml@main",
+    }
+    for what, ref in bad.items():
+        assert pin_problems(GOOD.replace(checkout, ref)), f"not caught: {what}"
+    flow = GOOD.replace("      - run: echo ok\n  deploy:", "      - {uses: actions/setup-python@v6}\n  deploy:")
+    assert any("not on a line of its own" in p for p in pin_problems(flow))
+    reusable = GOOD + "  call:\n    uses: octo/workflows/.github/workflows/ci.yml@v1\n    permissions: {}\n"
+    assert pin_problems(reusable)
+
+
+def test_the_hardening_check_catches_each_way_to_hand_out_too_much():
+    assert hardening_problems(yaml.safe_load(GOOD)) == []
+
+    def spoiled(change) -> dict:
+        doc = yaml.safe_load(GOOD)
+        change(doc)
+        return doc
+
+    def no_environment(doc):
+        del doc["jobs"]["deploy"]["environment"]
+
+    def empty_environment(doc):
+        doc["jobs"]["deploy"]["environment"] = {"name": ""}
+
+    def no_job_permissions(doc):
+        del doc["jobs"]["build"]["permissions"]
+
+    def write_all_job(doc):
+        doc["jobs"]["build"]["permissions"] = "write-all"
+
+    def no_top_permissions(doc):
+        del doc["permissions"]
+
+    def top_write(doc):
+        doc["permissions"] = {"contents": "write"}
+
+    def top_read_all(doc):
+        doc["permissions"] = "read-all"
+
+    def target(doc):
+        doc["on"] = {"pull_request_target": {"types": ["opened"]}}
+
+    def target_in_list(doc):
+        doc["on"] = ["push", "pull_request_target"]
+
+    def target_alone(doc):
+        doc["on"] = "pull_request_target"
+
+    cases = {
+        "id-token: write outside an environment": (no_environment, "outside an environment"),
+        "an environment without a name": (empty_environment, "outside an environment"),
+        "a job without permissions": (no_job_permissions, "no permissions of its own"),
+        "a job with write-all": (write_all_job, "list what the job uses"),
+        "no top-level permissions": (no_top_permissions, "no top-level permissions"),
+        "a write at the top level": (top_write, "grant writes in the jobs"),
+        "read-all at the top level": (top_read_all, "top-level permissions 'read-all'"),
+        "pull_request_target": (target, "pull_request_target"),
+        "pull_request_target in a list": (target_in_list, "pull_request_target"),
+        "pull_request_target alone": (target_alone, "pull_request_target"),
+    }
+    for what, (change, message) in cases.items():
+        problems = hardening_problems(spoiled(change))
+        assert any(message in p for p in problems), f"not caught: {what}: {problems}"
+    # YAML 1.1 reads a bare `on:` as True: a text snippet is caught as well as a parsed mapping.
+    text = GOOD.replace("on: pull_request", "on:\n  pull_request_target:\n    branches: [main]")
+    assert any("pull_request_target" in p for p in hardening_problems(yaml.safe_load(text)))
+
+
 # --------------------------------------------------------------------------- pull-request.yml
 
 
 def test_pull_request_offline_job():
     doc = load("pull-request.yml")
     assert set(triggers(doc)) == {"pull_request"}
-    assert doc["permissions"] == {"contents": "read", "pull-requests": "write"}
+    assert doc["permissions"] == {}
     offline = doc["jobs"]["offline"]
-    assert "if" not in offline  # every pull request, no credentials
+    assert offline["permissions"] == {"contents": "read", "pull-requests": "write"}  # no OIDC token
+    assert "if" not in offline and "environment" not in offline  # every pull request, no credentials, no approval
     checkouts = uses(offline, "actions/checkout")
     refs = {c["with"]["ref"]: c["with"]["path"] for c in checkouts}
     assert refs == {"${{ github.event.pull_request.base.sha }}": "base", "${{ github.event.pull_request.head.sha }}": "head"}
@@ -382,6 +645,9 @@ def test_pull_request_preview_job_uses_the_pulumi_action_with_the_policy_pack():
     preview = doc["jobs"]["preview"]
     assert preview["permissions"] == {"contents": "read", "pull-requests": "write", "id-token": "write"}
     assert "head.repo.full_name == github.repository" in preview["if"]  # forks get neither OIDC nor secrets
+    # The pull request's own program and policy pack run with the preview role: only after the `preview`
+    # environment's reviewers approve, and only after the offline job passed.
+    assert environment_name(preview) == "preview" and preview["needs"] == "offline"
     (step,) = uses(preview, "pulumi/actions")
     w = step["with"]
     assert not set(w) - PULUMI_ACTION_INPUTS, f"unknown pulumi/actions inputs: {set(w) - PULUMI_ACTION_INPUTS}"
@@ -403,10 +669,12 @@ def test_ephemeral_workflow_runs_up_test_and_always_down():
     doc = load("ephemeral.yml")
     on = triggers(doc)
     assert "workflow_dispatch" in on and on["pull_request"]["types"] == ["labeled"]
-    assert doc["permissions"] == {"contents": "read", "id-token": "write"}
+    assert doc["permissions"] == {}
     assert "github.event.pull_request.number" in doc["concurrency"]["group"]
     assert doc["concurrency"]["cancel-in-progress"] is False  # never cancel a teardown
     (job,) = doc["jobs"].values()
+    assert job["permissions"] == {"contents": "read", "id-token": "write"}
+    assert environment_name(job) == "ephemeral"
     assert "github.event.label.name == 'ephemeral-test'" in job["if"]
     assert "head.repo.full_name == github.repository" in job["if"]
     assert job["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
@@ -531,6 +799,8 @@ def test_nightly_sweep_is_scheduled_and_keeps_its_report():
     fields = cron.split()
     assert len(fields) == 5 and fields[2:] == ["*", "*", "*"], f"nightly: {cron}"
     (job,) = doc["jobs"].values()
+    assert doc["permissions"] == {} and job["permissions"] == {"contents": "read", "id-token": "write"}
+    assert environment_name(job) == "sweeper"  # its deployment branches: the default branch only (ci/README.md)
     sweep_calls = [c for s in steps(job) for c in infra_calls(str(s.get("run", ""))) if c[0] == "sweep"]
     assert ["sweep", "--yes", "${regions[@]}"] in sweep_calls  # delete on the schedule
     run = next(s["run"] for s in steps(job) if "infra sweep" in str(s.get("run", "")))
