@@ -52,6 +52,7 @@ def main() -> None:
     pulumi.export("imageRepository", stack.image_repository.repository_url)
     pulumi.export("servingEndpoint", stack.serving.endpoint)  # OpenAI-compatible, inside the cluster
     pulumi.export("servedModelName", stack.serving.served_model_name)
+    pulumi.export("apiKey", stack.serving.api_key)  # a secret: `Authorization: Bearer <apiKey>` on every request
     pulumi.export("weightsFileSystemId", stack.storage.file_system_id)
     pulumi.export("plan", doc)
     pulumi.export("model", doc["model"]["name"])

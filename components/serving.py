@@ -59,9 +59,13 @@ from typing import Callable, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from infra.k8s import checks, exposure, network_policies, raycluster, serving_spec
 from infra.k8s.serving_spec import ServingSpec
+
+# Characters of the API key: letters and digits, 62 ** 48, about 286 bits.
+API_KEY_LENGTH = 48
 
 TYPE = "gpu-serving:serving:Serving"
 
@@ -101,6 +105,7 @@ class Serving(pulumi.ComponentResource):
     efa_check: Optional[k8s.batch.v1.Job]
     benchmark: Optional[k8s.batch.v1.Job]
     network_policies: dict[str, k8s.networking.v1.NetworkPolicy]
+    api_key: pulumi.Output[str]  # secret
 
     def __init__(self, name: str, args: ServingArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         super().__init__(TYPE, name, None, opts)
@@ -120,7 +125,19 @@ class Serving(pulumi.ComponentResource):
             np_name = np["metadata"]["name"]
             self.network_policies[np_name] = self._typed(k8s.networking.v1.NetworkPolicy, f"{name}-np-{np_name}", np, before_pods)
         policies = list(self.network_policies.values())
-        prerequisites = [*args.depends_on, self.scripts, *policies]
+        # The API key: random, kept in the state as a secret, handed to the pods through a Secret (the head's
+        # VLLM_API_KEY, the benchmark's OPENAI_API_KEY) and exported as a secret output. Made once per stack:
+        # nothing in its inputs changes, so it never rotates by accident (replace the resource to rotate it).
+        key = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
+        self.api_key = pulumi.Output.secret(key.result)
+        self.api_key_secret = k8s.core.v1.Secret(
+            f"{name}-api-key",
+            metadata={"name": spec.api_key_secret_name, "namespace": spec.namespace, "labels": dict(serving_spec.PART_OF)},
+            type="Opaque",
+            string_data={serving_spec.API_KEY_SECRET_KEY: self.api_key},
+            opts=before_pods,
+        )
+        prerequisites = [*args.depends_on, self.scripts, self.api_key_secret, *policies]
 
         def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
             """A builder's `spec`, with the image resolved when it is an Output."""
@@ -188,7 +205,7 @@ class Serving(pulumi.ComponentResource):
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(
-                        depends_on=[self.raycluster, self.service, self.scripts, *policies],
+                        depends_on=[self.raycluster, self.service, self.scripts, self.api_key_secret, *policies],
                         delete_before_replace=True,
                         custom_timeouts=pulumi.CustomTimeouts(create=run, update=run),
                     ),

@@ -116,6 +116,8 @@ RECORDER = f"""#!{sys.executable}
 import json, os, sys
 with open(os.environ["ARGV_LOG"], "w") as f:
     json.dump(sys.argv[1:], f)
+with open(os.path.splitext(os.environ["ARGV_LOG"])[0] + ".pythonpath", "w") as f:
+    f.write(os.environ.get("PYTHONPATH", ""))
 sys.stdout.write(os.environ.get("FAKE_OUTPUT", ""))
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """
@@ -155,6 +157,8 @@ def test_python_scripts_import_only_the_standard_library_at_module_level(path: P
             top.append((node.module or "").split(".")[0])
     assert top, path.name
     assert not [m for m in top if m not in sys.stdlib_module_names], f"{path.name} imports {top} at module level"
+    if path.name == serving_spec.API_GUARD_SCRIPT:
+        return  # a module vLLM imports (`--middleware api_guard.ApiKeyGuard`), not a program
     assert "__main__" in path.read_text(), f"{path.name} runs through `if __name__ == \"__main__\"`"
 
 
@@ -254,7 +258,13 @@ def test_the_head_starts_ray_without_block_waits_for_every_gpu_and_execs_vllm(st
     assert f"Ray reports {want}/{want} GPUs on {plan['layout']['nodes']}/{plan['layout']['nodes']} nodes" in done.stdout
     checkpoint = plan["model"]["checkpoint"]
     served = json.loads((tmp_path / "vllm.json").read_text())
-    assert served == ["serve", f"/models/{checkpoint}", "--served-model-name", checkpoint, *plan["vllm_args"]]
+    middleware = serving_spec.API_GUARD_MIDDLEWARE
+    assert served == ["serve", f"/models/{checkpoint}", "--served-model-name", checkpoint, *plan["vllm_args"], "--middleware", middleware]
+    # vLLM imports the middleware by that path: the command ran with the scripts' folder on PYTHONPATH.
+    module, cls = middleware.rsplit(".", 1)
+    path = (tmp_path / "vllm.pythonpath").read_text()
+    probe = subprocess.run([sys.executable, "-c", f"import {module}; {module}.{cls}"], env={"PYTHONPATH": path}, capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
 
 
 def _worker_run(tmp_path: Path, stack: str, memlock_rc: int) -> subprocess.CompletedProcess:

@@ -32,6 +32,7 @@ KEY_FIGURES = {
     "slaCapacityConcurrency", "slaCapacityRequestsPerSecond", "predictedOutputTokensPerSecond",
     "predictedCostPerMillionTokensUsd",
     "apiTunnelCommand",  # both stacks reach the API through the SSM bastion (private-ssm, the default)
+    "apiKey",  # the inference API's key (a secret)
 }  # fmt: skip
 
 
@@ -80,6 +81,7 @@ def test_exports_the_plan_and_the_cluster(stack):
     # a secret with the special signature key and the secret signature).
     kubeconfig = rec.outputs["kubeconfig"]
     assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig
+    assert rec.outputs["apiKey"][rpc._special_sig_key] == rpc._special_secret_sig  # the inference API's key: a secret too
     assert "get-token" in kubeconfig["value"]
 
 

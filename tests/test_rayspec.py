@@ -39,6 +39,9 @@ from infra.errors import UserError
 from infra.planning.plan import make_plan
 from infra.k8s.serving_spec import ServingSpec
 
+# What the head adds to the plan's arguments: the API key guard (infra/k8s/scripts/api_guard.py).
+API_GUARD = ["--middleware", serving_spec.API_GUARD_MIDDLEWARE]
+
 REPO = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.33.0"
 STACKS = ["prod", "test"]
@@ -400,7 +403,7 @@ def test_vllm_serve_arguments_are_the_plans(stack):
     argv = served(head["spec"]["containers"][0])
     model_path = f"/models/{plan['model']['checkpoint']}"
     assert argv[:5] == ["vllm", "serve", model_path, "--served-model-name", plan["model"]["checkpoint"]]
-    assert argv[5:] == plan["vllm_args"]
+    assert argv[5:] == plan["vllm_args"] + API_GUARD  # the plan's arguments, then the API key guard
     # The weights path is the one mounted read-only from the claim.
     assert {"name": raycluster.WEIGHTS_VOLUME, "mountPath": "/models", "readOnly": True} in head["spec"]["containers"][0]["volumeMounts"]
     (weights,) = [v for v in head["spec"]["volumes"] if v["name"] == raycluster.WEIGHTS_VOLUME]
@@ -585,6 +588,9 @@ def test_every_script_a_pod_runs_is_mounted_read_only_from_the_serving_config_ma
             # The script and every script it calls (a shell script's commands name them) are in the ConfigMap.
             code = [line for line in data[name].splitlines() if name.endswith(".sh") and not line.lstrip().startswith("#")]
             calls = {n for n in SCRIPT_NAME.findall("\n".join(code)) if (script_files.SCRIPTS_DIR / n).is_file()}
+            # ... and the modules its command loads by import path (`vllm serve --middleware module.Class`).
+            args = c.get("args") or []
+            calls |= {args[i + 1].split(".")[0] + ".py" for i, a in enumerate(args[:-1]) if a == "--middleware"}
             assert {name, *calls} <= set(data), (role, name, calls)
             ran |= {name, *calls}
         assert script_files.HASH_ANNOTATION in template["metadata"]["annotations"], role
@@ -815,7 +821,7 @@ def figures_from_plan(plan: dict) -> dict:
         "worker_ray_params": plan["ray_start_params"] if plan["layout"]["nodes"] > 1 else None,
         "model_path": f"/models/{plan['model']['checkpoint']}",
         "served_model_name": plan["model"]["checkpoint"],
-        "vllm_args": plan["vllm_args"],
+        "vllm_args": plan["vllm_args"] + API_GUARD,
         "startup_threshold": math.ceil(budget / su["startup_probe_period_s"]),
     }
 
@@ -859,7 +865,7 @@ def test_model_and_marker_paths_from_the_storage_layer():
     argv = served(head["containers"][0])
     assert argv[2] == staging.model_path("/models", s3, "s3") and argv[4] == plan["model"]["checkpoint"]
     assert staging.marker_path("/models", s3, "s3") in head["initContainers"][-1]["args"]
-    assert argv[5:] == plan["vllm_args"]
+    assert argv[5:] == plan["vllm_args"] + API_GUARD  # the plan's arguments, then the API key guard
 
 
 def test_internal_load_balancer_carries_the_stack_tags():

@@ -746,3 +746,16 @@ def test_the_stacks_private_ssm_kubeconfig_shape_works(tmp_path):
             assert code == 2 and "runs `aws` for a token and it is not on PATH: install the AWS CLI v2" in output
         finally:
             os.environ["PATH"] = old_path
+
+
+def test_an_api_behind_its_key_is_ready():
+    """The stack's API refuses a request without its key (infra/k8s/scripts/api_guard.py), and the key cannot
+    travel through the Service proxy (the API server drops the Authorization header it authenticated): a 401
+    from the guard is the endpoint answering."""
+    unauthorized = (401, {"error": "Unauthorized"})
+    states = [world(jobs=[job("complete")], staging_pods=[staging_pod("complete")], raycluster_doc=raycluster(True),
+                    pods=ray_pods("ready", ["ready"] * 3), logs=staging_logs(staging_output()), proxy=unauthorized)]  # fmt: skip
+    code, lines, _ = follow(states)
+    assert code == ro.EXIT_READY
+    assert any("endpoint  done     the API answers and refuses a request without its key" in ln for ln in lines), lines
+    assert lines[-1].endswith("behind its API key")

@@ -30,6 +30,7 @@ PM = "kubernetes:monitoring.coreos.com/v1:PodMonitor"
 CM = "kubernetes:core/v1:ConfigMap"
 NP = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DEP = "test:index:Prerequisite"
+SECRET = "kubernetes:core/v1:Secret"
 
 
 @lru_cache(maxsize=None)
@@ -127,7 +128,7 @@ def test_raycluster_depends_on_the_given_resources_and_is_not_awaited():
     rec, _ = run(s)
     rc = rec.one(RC)
     deps = {urn_of(rec, n, DEP) for n in ("kuberay-operator", "gpu-operator", "weights-pvc")}
-    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn} | policy_urns(rec)
+    assert set(rc.options["depends_on"]) == deps | {rec.one(CM).urn, rec.one(SECRET).urn} | policy_urns(rec)
     assert [r.name for r in rec.of_type(NP)] == ["vllm-np-vllm-ray"]  # no client configured: the RayCluster's own only
     # `pulumi up` creates it and moves on: no readiness wait, no timeout to outlast the weights' staging
     # (python -m infra rollout follows the rest); the pods wait for the weights themselves.
@@ -184,7 +185,7 @@ def test_the_efa_check_never_holds_up_the_raycluster():
     assert job.inputs["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == "background"
     rc = rec.one(RC)
     assert job.urn not in rc.options["depends_on"]
-    assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts} | policy_urns(rec)
+    assert set(rc.options["depends_on"]) == operators | {urn_of(rec, "weights-pvc", DEP), scripts, rec.one(SECRET).urn} | policy_urns(rec)
     # The policies need the namespace (among the checks' prerequisites), not the weights.
     for np in rec.of_type(NP):
         assert set(np.options["depends_on"]) == operators
@@ -196,7 +197,7 @@ def test_benchmark_runs_after_the_raycluster():
     (job,) = rec.of_type(JOB)
     assert job.name == "vllm-benchmark"
     assert job.inputs["spec"] == checks.benchmark_job(s)["spec"]
-    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn} | policy_urns(rec)
+    assert set(job.options["depends_on"]) == {rec.one(RC).urn, urn_of(rec, "vllm-api", SVC), rec.one(CM).urn, rec.one(SECRET).urn} | policy_urns(rec)
     assert {"vllm-np-vllm-benchmark", "vllm-np-vllm-api"} <= {r.name for r in rec.of_type(NP)}
     minutes = int(job.options["custom_timeouts"]["create"].rstrip("m"))
     assert minutes * 60 >= job.inputs["spec"]["activeDeadlineSeconds"]

@@ -143,7 +143,7 @@ def targets_for_stack(stack: str, root: Optional[Path] = None, namespace: Option
 
 @dataclass
 class ProxyAnswer:
-    kind: str  # "ok" | "no-endpoints" | "unreachable" | "error"
+    kind: str  # "ok" | "guarded" | "no-endpoints" | "unreachable" | "error"
     detail: str = ""
     models: tuple[str, ...] = ()
 
@@ -194,6 +194,11 @@ def ask_models(api: KubeApi, t: Targets) -> ProxyAnswer:
             return ProxyAnswer("ok", models=tuple(str(m.get("id")) for m in response.json().get("data") or []))
         except (ValueError, AttributeError):
             return ProxyAnswer("error", f"/v1/models answered something that is not a model list: {message[:120]}")
+    if response.status == 401:
+        # The API key guard (infra/k8s/scripts/api_guard.py) refused a request without the key, which is all this
+        # command can send: the API server's authentication removes the Authorization header from a request it has
+        # authenticated (k8s.io/apiserver, endpoints/filters/authentication.go), so a key never reaches the proxy.
+        return ProxyAnswer("guarded", "GET /v1/models without the API key: 401")
     if response.status == 503 and "no endpoints available" in message:
         return ProxyAnswer("no-endpoints", "the Service has no ready endpoint yet")
     if response.status == 403:
@@ -482,6 +487,9 @@ def endpoint_step(t: Targets, obs: Observation) -> tuple[Step, Optional[Failure]
     answer = obs.models or ProxyAnswer("no-endpoints", "not asked yet")
     if answer.kind == "ok" and t.served_model_name in answer.models:
         return Step("endpoint", "done", f"GET /v1/models answers {t.served_model_name}"), None
+    if answer.kind == "guarded":
+        return Step("endpoint", "done", "the API answers and refuses a request without its key (GET /v1/models: 401); "
+                    "with the key (pulumi stack output apiKey --show-secrets) it lists the models"), None  # fmt: skip
     if answer.kind == "ok":
         message = f"/v1/models lists {', '.join(answer.models) or 'nothing'}, not {t.served_model_name}"
         return Step("endpoint", "failed", message), Failure("endpoint", message)
@@ -585,7 +593,9 @@ def follow(
                 out(line)
             return EXIT_FAILED
         if result.ready:
-            out(f"ready: {t.served_model_name} answers at the Service {t.namespace}/{t.service}")
+            guarded = obs.models is not None and obs.models.kind == "guarded"
+            out(f"ready: {t.served_model_name} answers at the Service {t.namespace}/{t.service}"
+                + (", behind its API key" if guarded else ""))  # fmt: skip
             return EXIT_READY
         unreachable = unreachable + 1 if obs.models and obs.models.kind == "unreachable" else 0
         if obs.models and obs.models.kind == "unreachable" and (once or unreachable >= UNREACHABLE_POLLS):

@@ -182,6 +182,9 @@ from infra.catalog.instances import get_instance_type
 from infra.k8s import pod_security, scheduling, script_files
 from infra.planning.serving import ROOT_VOLUME_GIB
 from infra.k8s.serving_spec import (
+    API_KEY_DIR,
+    API_KEY_FILE_ENV,
+    API_KEY_SECRET_KEY,
     API_PORT,
     API_PORT_NAME,
     CLIENT_PORT,
@@ -429,6 +432,31 @@ def ray_env(spec: ServingSpec) -> list[dict]:
     ]
 
 
+API_KEY_VOLUME = "api-key"
+
+
+def api_key_volume(spec: ServingSpec) -> dict:
+    """The API key's Secret as a volume: one read-only file (must exist: the pod does not start without it)."""
+    return {
+        "name": API_KEY_VOLUME,
+        "secret": {
+            "secretName": spec.api_key_secret_name,
+            "items": [{"key": API_KEY_SECRET_KEY, "path": API_KEY_SECRET_KEY}],
+            "defaultMode": 0o444,
+            "optional": False,
+        },
+    }
+
+
+def api_key_mount() -> dict:
+    return {"name": API_KEY_VOLUME, "mountPath": API_KEY_DIR, "readOnly": True}
+
+
+def api_key_file_env() -> dict:
+    """Where the key's file is; the program that needs the key reads it (ray_head.sh into VLLM_API_KEY)."""
+    return {"name": API_KEY_FILE_ENV, "value": f"{API_KEY_DIR}/{API_KEY_SECRET_KEY}"}
+
+
 def scripts_config_map(spec: ServingSpec) -> dict:
     """The ConfigMap of every serving and check script, in the serving namespace."""
     return script_files.config_map(spec.scripts_config_map_name, spec.namespace, SERVING_SCRIPTS, PART_OF)
@@ -544,16 +572,18 @@ def head_pod_template(spec: ServingSpec) -> dict:
         "imagePullPolicy": spec.image_pull_policy,
         "command": head_command(spec),
         "args": head_args(spec),
-        "env": ray_env(spec),
+        "env": [*ray_env(spec), api_key_file_env()],
         "ports": _ray_ports(head=True),
         "resources": gpu_pod_resources(spec),
         **efa_security_context(spec),
-        "volumeMounts": _ray_mounts(spec),
+        "volumeMounts": [*_ray_mounts(spec), api_key_mount()],
         **head_probes(spec),
     }
+    pod = _pod_spec(spec, container)
+    pod["volumes"] = [*pod["volumes"], api_key_volume(spec)]  # the head serves the API; the workers never see the key
     return {
         "metadata": {"labels": pod_labels(spec, "head"), "annotations": annotations},
-        "spec": _pod_spec(spec, container),
+        "spec": pod,
     }
 
 

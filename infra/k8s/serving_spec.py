@@ -113,7 +113,20 @@ HEAD_SCRIPT = "ray_head.sh"
 WORKER_SCRIPT = "ray_worker.sh"
 EFA_CHECK_SCRIPT = "efa_check.sh"
 BENCHMARK_SCRIPT = "benchmark.py"
-HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT)
+# The API key guard, loaded into the API server with `--middleware` (scripts/api_guard.py).
+API_GUARD_SCRIPT = "api_guard.py"
+API_GUARD_MIDDLEWARE = "api_guard.ApiKeyGuard"
+# The variable vLLM 0.34.0 reads the API key from (vllm/envs.py VLLM_API_KEY; used by
+# entrypoints/serve/middleware/register.py when --api-key is not given), and the one `vllm bench serve`
+# sends as `Authorization: Bearer` (vllm/benchmarks/lib/endpoint_request_func.py, _get_headers).
+API_KEY_ENV = "VLLM_API_KEY"
+BENCHMARK_API_KEY_ENV = "OPENAI_API_KEY"
+API_KEY_SECRET_KEY = "api-key"  # the key's entry in the Secret
+# The Secret reaches the pods as a read-only file, not as an environment variable of the pod spec (checkov
+# CKV_K8S_35); ray_head.sh and benchmark.py read it into the variable of the process that needs it.
+API_KEY_DIR = "/var/run/gpu-serving/api-key"
+API_KEY_FILE_ENV = "GPU_SERVING_API_KEY_FILE"
+HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT, API_GUARD_SCRIPT)
 WORKER_SCRIPTS = (WORKER_SCRIPT, MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT)
 EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py", MEMLOCK_SCRIPT)
 BENCHMARK_SCRIPTS = (BENCHMARK_SCRIPT,)
@@ -315,8 +328,15 @@ class ServingSpec:
 
     @property
     def serve_argv(self) -> list[str]:
-        """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`: what the head runs."""
-        return ["vllm", "serve", self.model_dir, "--served-model-name", self.served_model_name, *self.vllm_args]
+        """`vllm serve <model path> --served-model-name <checkpoint> <the plan's arguments>`: what the head runs,
+        with the API key guard (`--middleware`: every path but the probes needs the key; scripts/api_guard.py)."""
+        return ["vllm", "serve", self.model_dir, "--served-model-name", self.served_model_name, *self.vllm_args,
+                "--middleware", API_GUARD_MIDDLEWARE]  # fmt: skip
+
+    @property
+    def api_key_secret_name(self) -> str:
+        """The Secret holding the API key (components/serving.py creates it; the head and the benchmark read it)."""
+        return f"{self.name}-api-key"
 
     @property
     def ray_start_params(self) -> dict[str, str]:

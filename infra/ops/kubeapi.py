@@ -235,6 +235,15 @@ class Response:
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
 
+    def from_backend(self) -> bool:
+        """Not the API server's own answer (a metav1.Status), so a proxied service's: through the Service proxy
+        the API server hands on the backend's status and body as they are."""
+        try:
+            doc = json.loads(self.body)
+        except ValueError:
+            return True
+        return not (isinstance(doc, dict) and doc.get("kind") == "Status")
+
     def status_message(self) -> str:
         """The API's `Status` message (or the body's start)."""
         try:
@@ -294,7 +303,7 @@ class KubeApi:
             ) from None
         finally:
             conn.close()
-        if response.status == 401:
+        if response.status == 401 and not (response.from_backend() and "/proxy/" in path):
             raise UserError(
                 f"the Kubernetes API refused the credentials (401 Unauthorized): check the AWS identity "
                 f"`aws eks get-token` runs as (profile, expiry) and its access entry on the cluster"

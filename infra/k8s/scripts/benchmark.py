@@ -17,12 +17,27 @@ Standard library only.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
 
 POLL_S = 10
+# The API key's file (the Job mounts the stack's Secret) and the variable `vllm bench serve` sends as
+# `Authorization: Bearer` (vLLM 0.34.0 vllm/benchmarks/lib/endpoint_request_func.py, _get_headers).
+KEY_FILE_ENV = "GPU_SERVING_API_KEY_FILE"
+BENCH_KEY_ENV = "OPENAI_API_KEY"
+
+
+def command_env(environ):
+    """The benchmark command's environment: the caller's, plus the API key read from its file when one is given."""
+    env = dict(environ)
+    path = env.get(KEY_FILE_ENV)
+    if path:
+        with open(path) as f:
+            env[BENCH_KEY_ENV] = f.read().strip()
+    return env
 
 
 def check_benchmark_result(result, ttft_p99_ms, tpot_p99_ms, expected_requests):
@@ -148,7 +163,7 @@ def main(argv=None):
     if not wait_healthy(args.health_url, args.timeout_s):
         failed("the endpoint did not become healthy")
         return 1
-    done = subprocess.run(command)
+    done = subprocess.run(command, env=command_env(os.environ))
     if done.returncode != 0:
         failed(f"{command[0]} exited with {done.returncode}")
         return done.returncode if done.returncode > 0 else 1

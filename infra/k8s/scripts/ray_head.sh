@@ -31,4 +31,11 @@ ray_start="${KUBERAY_GEN_RAY_START_CMD//--block/}"
 echo "starting Ray: ${ray_start}"
 /bin/bash -c "${ray_start}"
 python3 "$here/ray_wait.py" "$want_gpus" "$want_nodes" "$timeout_s"
+# The API key guard the serving command loads with --middleware (api_guard.py) is in this folder; the key
+# comes from the Secret's file into the variable vLLM and the guard read (only this process sees it).
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${GPU_SERVING_API_KEY_FILE:-}" ]; then
+  VLLM_API_KEY="$(cat "$GPU_SERVING_API_KEY_FILE")"
+  export VLLM_API_KEY
+fi
 exec "$@"
