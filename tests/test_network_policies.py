@@ -271,25 +271,24 @@ def test_the_dashboard_is_closed_unless_clients_are_named():
     assert not NP.allowed(policies, p["elsewhere"], p["head"], serving_spec.DASHBOARD_PORT)
 
 
-def test_an_internal_load_balancer_reaches_the_api_from_the_vpc():
-    spec = make_spec(stack_plan("prod"), service_type="internal-lb")
+def test_an_internal_load_balancer_admits_its_named_clients_not_the_vpc():
+    """The clients' addresses reach the pod (externalTrafficPolicy Local): the API admits their CIDRs, and
+    neither the rest of the VPC (every node and pod in it) nor anything public."""
+    spec = make_spec(stack_plan("prod"), service_type="internal-lb", api_clients=Clients(cidrs=("10.8.0.0/16",)))
     policies, p = rendered(spec), pods_of(spec)
-    assert NP.allowed(policies, p["vpc"], p["head"], serving_spec.API_PORT)
+    assert NP.allowed(policies, NP.address("10.8.1.1"), p["head"], serving_spec.API_PORT)
+    assert not NP.allowed(policies, p["vpc"], p["head"], serving_spec.API_PORT)
     assert not NP.allowed(policies, p["public"], p["head"], serving_spec.API_PORT)
     for port in RAY_PORTS:
-        assert not NP.allowed(policies, p["vpc"], p["head"], port)
-    cluster_ip = make_spec(stack_plan("prod"))
-    assert not NP.allowed(rendered(cluster_ip), p["vpc"], p["head"], serving_spec.API_PORT)
+        assert not NP.allowed(policies, NP.address("10.8.1.1"), p["head"], port)
 
 
-def test_an_existing_vpc_with_an_internal_lb_needs_the_clients_cidrs():
+def test_an_internal_lb_needs_the_clients_cidrs():
     from infra.errors import UserError
 
-    with pytest.raises(UserError, match="apiClients.cidrs"):
-        make_spec(stack_plan("prod"), service_type="internal-lb", vpc_cidr=None)
-    spec = make_spec(stack_plan("prod"), service_type="internal-lb", vpc_cidr=None, api_clients=Clients(cidrs=("10.8.0.0/16",)))
-    p = pods_of(spec)
-    assert NP.allowed(rendered(spec), NP.address("10.8.1.1"), p["head"], serving_spec.API_PORT)
+    for vpc in (None, "10.0.0.0/16"):
+        with pytest.raises(UserError, match="apiClients.cidrs"):
+            make_spec(stack_plan("prod"), service_type="internal-lb", vpc_cidr=vpc)
 
 
 def test_egress_through_a_service_selects_exactly_the_services_pods():

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import math
 import re
@@ -37,7 +38,7 @@ from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
 from infra.planning.plan import make_plan
-from infra.k8s.serving_spec import ServingSpec
+from infra.k8s.serving_spec import Clients, ServingSpec
 
 # What the head adds to the plan's arguments: the API key guard (infra/k8s/scripts/api_guard.py).
 API_GUARD = ["--middleware", serving_spec.API_GUARD_MIDDLEWARE]
@@ -665,8 +666,13 @@ def test_service_selects_the_head_by_kuberays_labels():
 
 
 def test_internal_load_balancer():
-    svc = exposure.service(make_spec(stack_plan("prod"), service_type="internal-lb"))
+    clients = Clients(cidrs=("10.8.0.0/16", "10.9.0.0/24"))
+    svc = exposure.service(make_spec(stack_plan("prod"), service_type="internal-lb", api_clients=clients))
     assert svc["spec"]["type"] == "LoadBalancer"
+    # Only the named clients, with their addresses kept for the NetworkPolicy (valid fields of a v1 Service: the
+    # schema test of the synthesized manifests covers them).
+    assert svc["spec"]["loadBalancerSourceRanges"] == ["10.8.0.0/16", "10.9.0.0/24"]
+    assert svc["spec"]["externalTrafficPolicy"] == "Local"
     ann = svc["metadata"]["annotations"]
     assert ann["service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"
     assert ann["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
@@ -880,9 +886,20 @@ def test_internal_load_balancer_carries_the_stack_tags():
     spec = ServingSpec(
         deployment=make_plan(cfg.plan_request()).deployment(), namespace="gpu-serving", image="img:1", ray_version="2.60.0",
         pvc_name="model-weights", service_type="internal-lb", load_balancer_tags=tags, vpc_cidr=cfg.network.vpc_cidr,
+        api_clients=Clients(cidrs=("10.8.0.0/16",)),
         ttft_p99_ms=cfg.serving.sla.ttft_p99_ms, tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
         nccl_busbw_floor_gbps=cfg.checks.nccl_bus_bandwidth_floor_gbps, vllm_version=cfg.serving.vllm_version,
         production=cfg.lifecycle.production,
     )  # fmt: skip
     annotation = service(spec)["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"]
     assert dict(pair.split("=", 1) for pair in annotation.split(",")) == tags
+
+
+def test_the_internal_load_balancers_service_is_a_valid_v1_service():
+    import kubernetes_validate
+
+    version = load_stack_file("prod").kubernetes_version(dt.date(2026, 12, 3)) + ".0"
+    svc = exposure.service(make_spec(stack_plan("prod"), service_type="internal-lb", api_clients=Clients(cidrs=("10.8.0.0/16",))))
+    kubernetes_validate.validate(svc, version, strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate({**svc, "spec": {**svc["spec"], "loadBalancerSourceRanges": "10.8.0.0/16"}}, version, strict=True)

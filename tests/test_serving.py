@@ -204,7 +204,7 @@ def test_benchmark_runs_after_the_raycluster():
 
 
 def test_internal_load_balancer_option():
-    rec, _ = run(spec(service_type="internal-lb"))
+    rec, _ = run(spec(service_type="internal-lb", api_clients=serving_spec.Clients(cidrs=("10.8.0.0/16",))))
     (svc,) = [r for r in rec.of_type(SVC) if r.name == "vllm-api"]
     assert svc.inputs["spec"]["type"] == "LoadBalancer"
     assert svc.inputs["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-internal"] == "true"

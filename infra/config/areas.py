@@ -420,7 +420,8 @@ ApiClientsConfig = _clients(
     "ApiClientsConfig",
     "call the OpenAI-compatible port 8000",
     " (every pod of each); the benchmark Job always may.",
-    "; with serviceType internal-lb the VPC's CIDR is admitted as well (the load balancer's clients).",
+    "; with serviceType internal-lb these are the only sources the load balancer and the NetworkPolicy admit "
+        "(required; the clients' addresses are kept: externalTrafficPolicy Local).",
 )
 MetricsClientsConfig = _clients(
     "MetricsClientsConfig",

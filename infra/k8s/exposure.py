@@ -57,6 +57,13 @@ def service(spec: ServingSpec) -> dict:
                 f"{k}={v}" for k, v in sorted(spec.load_balancer_tags.items())
             )
         body["type"] = "LoadBalancer"
+        # Only the named clients: the load balancer admits their ranges (for an NLB with instance targets the
+        # ranges become rules of the nodes' security group: AWS re:Post, "restrict CIDR IP addresses for a
+        # LoadBalancer type service in Amazon EKS"), and `Local` keeps their addresses (the node does not rewrite
+        # the source to its own to forward to another node; Kubernetes docs, "Preserving the client source IP"),
+        # so the API's NetworkPolicy can admit exactly those ranges too (network_policies.api_peers).
+        body["externalTrafficPolicy"] = "Local"
+        body["loadBalancerSourceRanges"] = sorted(spec.api_clients.cidrs)
     else:
         body["type"] = "ClusterIP"
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": body}

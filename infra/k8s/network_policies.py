@@ -180,9 +180,9 @@ def ray_policy(spec: ServingSpec) -> dict:
 
 def api_peers(spec: ServingSpec) -> list[dict]:
     peers = [pods(checks.benchmark_selector(spec))] if spec.benchmark else []
+    # With an internal load balancer the clients' own addresses arrive (exposure.service: externalTrafficPolicy
+    # Local), so the named CIDRs are the whole list: never the VPC as such (every node and pod is in it).
     peers += client_peers(spec.api_clients)
-    if spec.service_type == "internal-lb" and spec.vpc_cidr:
-        peers.append({"ipBlock": {"cidr": spec.vpc_cidr}})
     return peers
 
 

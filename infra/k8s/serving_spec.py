@@ -274,10 +274,11 @@ class ServingSpec:
     def _check_network(self) -> None:
         if self.vpc_cidr is not None:
             Clients(cidrs=(self.vpc_cidr,))  # validates it
-        if self.service_type == "internal-lb" and self.vpc_cidr is None and not self.api_clients.cidrs:
+        if self.service_type == "internal-lb" and not self.api_clients.cidrs:
             raise UserError(
-                "serviceType internal-lb: the network policy must admit the load balancer's clients, but the VPC's CIDR "
-                "is not known (an existing VPC): list it, or the clients' CIDRs, in gpu-serving:serving.apiClients.cidrs"
+                "serviceType internal-lb: name who may call the API through the load balancer in "
+                "gpu-serving:serving.apiClients.cidrs (their addresses reach the pod as they are; the VPC as a whole, "
+                "every node and pod in it, is not admitted)"
             )
 
     def _check_serve_command(self) -> None:
