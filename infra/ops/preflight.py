@@ -63,6 +63,10 @@ The checks, and the AWS calls behind them:
    `network.existingVpcId`. Usage: EC2 DescribeVpcs, DescribeNatGateways (per
    zone, through DescribeSubnets) and DescribeAddresses, less this stack's own
    (tagged project and stack: a rerun reuses them).
+10. Pulumi state backend (no AWS call): PULUMI_BACKEND_URL, else Pulumi.yaml's
+   `backend.url`; a production stack on a local file is a go with a warning
+   (one machine's copy, no locking, no versions) whose fix is an S3 backend
+   with versioning and a KMS secrets provider.
 
 The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
 the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
@@ -72,8 +76,10 @@ instance role), and `AWS_ENDPOINT_URL` is honoured like any boto3 setting.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
@@ -205,6 +211,9 @@ class Target:
     bastion_instance_type: Optional[str] = None  # private-ssm: the SSM bastion (infra/aws/access.py)
     existing_vpc_id: Optional[str] = None  # network.existingVpcId: no VPC, NAT gateway or Elastic IP created
     nat_zones: tuple[str, ...] = ()  # the zones that get a NAT gateway and its Elastic IP
+    production: bool = False  # lifecycle.production
+    backend_url: Optional[str] = None  # where `pulumi` keeps the stack's state (state_backend)
+    backend_source: str = ""
 
     @property
     def instance_type(self) -> str:
@@ -304,7 +313,53 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         bastion_instance_type=BASTION_INSTANCE_TYPE if needs_bastion(cfg.cluster.endpoint_access) else None,
         existing_vpc_id=net.existing_vpc_id,
         nat_zones=() if net.existing_vpc_id else nat_zones(net.zones(region), net.nat_gateway_per_az),
+        production=cfg.lifecycle.production,
+        backend_url=(backend := state_backend(root, os.environ))[0],
+        backend_source=backend[1],
     )
+
+
+def state_backend(root, environ) -> tuple[Optional[str], str]:
+    """(URL, where it is set) of the backend `pulumi` uses for this project: PULUMI_BACKEND_URL, which takes
+    precedence over the project's choice (pulumi/pulumi#5789, "instead of deferring to the project or the
+    ~/.pulumi/credentials.json file"), else Pulumi.yaml's `backend.url`; None: the current `pulumi login`."""
+    import yaml
+
+    from infra.config import REPO_ROOT
+
+    if environ.get("PULUMI_BACKEND_URL"):
+        return environ["PULUMI_BACKEND_URL"], "PULUMI_BACKEND_URL"
+    project = (Path(root) if root is not None else REPO_ROOT) / "Pulumi.yaml"
+    try:
+        url = ((yaml.safe_load(project.read_text()) or {}).get("backend") or {}).get("url")
+    except (OSError, yaml.YAMLError):
+        url = None
+    return (url, "Pulumi.yaml backend.url") if url else (None, "the current `pulumi login`")
+
+
+def check_state_backend(t: Target) -> Check:
+    """Where the stack's state lives. A production stack on a local file backend is a go with a warning: one
+    machine holds the only copy of the state, with no locking against a second `pulumi up` and no versions to
+    go back to (README, "State of a production stack")."""
+    name = "Pulumi state backend"
+    url, source = t.backend_url, t.backend_source
+    if url is None:
+        detail = f"not set in the project or the environment: {source} decides (`pulumi whoami -v` shows it)"
+        if t.production:
+            return Check(name, True, detail, STATE_FIX, "production state: make sure it is not a local file")
+        return Check(name, True, detail)
+    detail = f"{url} ({source})"
+    if t.production and url.startswith("file://"):
+        return Check(name, True, detail, STATE_FIX,
+                     "production state in a local file: one machine's copy, no locking, no versions to go back to")  # fmt: skip
+    return Check(name, True, detail)
+
+
+STATE_FIX = (
+    "keep production state in S3 with versioning and a KMS secrets provider: `pulumi login s3://<bucket>` (or "
+    "PULUMI_BACKEND_URL) and `pulumi stack init prod --secrets-provider awskms://alias/<key>` (README, \"State of a "
+    "production stack\")"
+)
 
 
 # --------------------------------------------------------------------------- clients
@@ -694,6 +749,7 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_vpc_quota(clients.quotas, clients.ec2, t),
         lambda: check_nat_quota(clients.quotas, clients.ec2, t),
         lambda: check_eip_quota(clients.quotas, clients.ec2, t),
+        lambda: check_state_backend(t),
     ]
     return [step() for step in steps]
 
