@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -324,6 +325,72 @@ def test_a_layout_that_cannot_beat_the_best_stops_at_its_first_miss(small):
     assert out.requests_per_s == 0 and len(out.curve) < len(full.curve)
     passed = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False, must_beat=full.single.output_tokens_per_s)
     assert not passed.outclassed and passed.concurrency == full.concurrency
+
+
+def _ep_twins(instance_type: str, tp: int) -> tuple[predict.Setup, predict.Setup]:
+    from infra.catalog.models import load_model
+
+    hw, arch = hardware(instance_type=instance_type), load_model("qwen3-30b-a3b")
+    serving = [predict.Serving(tp=tp, expert_parallel=ep, max_model_len=8192) for ep in (False, True)]
+    return tuple(predict.setup(arch, hw, srv) for srv in serving)
+
+
+def _counting_runs(monkeypatch) -> list:
+    runs = []
+    original = predict.run
+    monkeypatch.setattr(predict, "run", lambda *a, **kw: runs.append(a[0]) or original(*a, **kw))
+    return runs
+
+
+def test_an_expert_parallel_twin_takes_the_points_it_would_repeat(monkeypatch):
+    # On A100s at TP 2 the model tells Qwen3-30B-A3B with and without expert parallel apart only
+    # in batches that make its MoE layers compute-bound, and this load forms none; the KV pools
+    # differ in size but the requests fill neither.
+    plain, ep = _ep_twins("p4d.24xlarge", 2)
+    assert predict.run_key(plain) == predict.run_key(ep) and plain.pool.num_blocks != ep.pool.num_blocks
+    runs = perf.shared_runs([plain, ep])
+    for c in (1, 8, 32):
+        perf.closed_loop(plain, SHAREGPT, SLA, c, runs=runs)
+    simulated = _counting_runs(monkeypatch)
+    shared = [perf.closed_loop(ep, SHAREGPT, SLA, c, runs=runs) for c in (1, 8, 32)]
+    assert simulated == []
+    monkeypatch.undo()
+    assert shared == [perf.closed_loop(ep, SHAREGPT, SLA, c) for c in (1, 8, 32)]
+
+
+def test_a_twin_the_model_tells_apart_simulates_its_own(monkeypatch):
+    # On A10Gs at TP 4 expert parallel changes the step times of the batches this load forms.
+    plain, ep = _ep_twins("g5.12xlarge", 4)
+    runs = perf.shared_runs([plain, ep])
+    first = perf.closed_loop(plain, SHAREGPT, SLA, 8, runs=runs)
+    simulated = _counting_runs(monkeypatch)
+    second = perf.closed_loop(ep, SHAREGPT, SLA, 8, runs=runs)
+    assert simulated == [ep] and second != first
+    monkeypatch.undo()
+    assert second == perf.closed_loop(ep, SHAREGPT, SLA, 8)
+
+
+def test_same_run_refuses_what_could_run_differently(small):
+    trace = {}
+    perf._closed_loop(small, SHAREGPT, SLA, 8, 0, trace)
+    assert predict.same_run(small, trace, small)
+    pool = small.pool
+    # A pool the requests can fill; one they cannot, of another size.
+    assert not predict.same_run(small, trace, replace(small, pool=replace(pool, num_blocks=trace["demand"])))
+    assert predict.same_run(small, trace, replace(small, pool=replace(pool, num_blocks=trace["demand"] + 1)))
+    # Blocks counted otherwise; step times that differ; a memo that dropped batches.
+    other_blocks = replace(pool, blocks_for=lambda n: pool.blocks_for(n) + 1)
+    assert not predict.same_run(small, trace, replace(small, pool=other_blocks))
+    slower = predict.with_efficiency(small, small.step.eff.replace(hbm=small.step.eff.hbm * 0.9))
+    assert not predict.same_run(small, trace, slower)
+    assert not predict.same_run(small, {**trace, "batches": None}, small)
+
+
+def test_only_setups_with_a_twin_keep_their_traces(small):
+    other = replace(small, knobs=small.knobs.replace(max_num_seqs=small.knobs.max_num_seqs // 2))
+    assert predict.run_key(other) != predict.run_key(small)
+    assert perf.shared_runs([small, other]) == {}
+    assert perf.shared_runs([small, other, small]) == {predict.run_key(small): {}}
 
 
 def test_the_rate_capacity_meets_the_sla_below_the_closed_loops_throughput(small):

@@ -195,16 +195,26 @@ def _groups(e: _Engine) -> list[_Group] | None:
     q, k, sync = 1 + e.k, e.k, not e.async_
     # Requests are keys by identity (_Req defines no __eq__): no id() call per entry.
     running = set(e.running)
-    batches: dict = {}  # request -> positions of the batches in flight it is in
-    for pos, b in enumerate(e.in_flight):
+    # Only current decodes of running requests: no prefill chunk, stale or finished entry.
+    # Such an entry stays so while its batch is in flight (a request that leaves the running
+    # set comes back only with a new epoch): remember the batch, the newest such first (it
+    # stays in flight the longest).
+    for b in reversed(e.in_flight):
         for r, n, drafts, epoch in b.entries:
-            # Only current decodes of running requests: no prefill chunk, stale or finished entry.
-            # Such an entry stays so while its batch is in flight (a request that leaves the
-            # running set comes back only with a new epoch): remember the batch.
             if n != q or drafts != k or epoch != r.epoch or r not in running:
                 e.ff_blocked = b
                 return None
+    batches: dict = {}  # request -> positions of the batches in flight it is in
+    for pos, b in enumerate(e.in_flight):
+        for entry in b.entries:
+            r = entry[0]
             batches[r] = batches.get(r, ()) + (pos,)
+    for b in e.in_flight:  # each batch in flight one micro-batch: else a mix the replay cannot move as one
+        if b.entries:
+            where = batches[b.entries[0][0]]
+            for entry in b.entries:
+                if batches[entry[0]] != where:
+                    return None
     by_signature: dict[tuple, list] = {}
     for r in e.running:
         inside = batches.get(r, ())
@@ -216,12 +226,6 @@ def _groups(e: _Engine) -> list[_Group] | None:
             return None
         key = (inside, r.placeholders, r.drafts, r.eligible, r.token_ready, r.inflight)
         by_signature.setdefault(key, []).append(r)
-    for b in e.in_flight:
-        if b.entries:
-            where = batches[b.entries[0][0]]
-            for entry in b.entries:
-                if batches[entry[0]] != where:
-                    return None
     groups = [_Group(reqs) for reqs in by_signature.values()]
     if any(len(g.reqs) * q > e.max_tokens for g in groups):  # a batch cut by the token budget
         return None

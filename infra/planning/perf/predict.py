@@ -142,29 +142,61 @@ def _blocks_for(ev: Evaluation):
 
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
-        seed: int = 0, prefix_cache_hit_rate: float = 0.0) -> SimResult:  # fmt: skip
+        seed: int = 0, prefix_cache_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
     The API server takes requests in one at a time, `Efficiency.frontend_intake_s` each
     (chat template, tokenizing; workload.Client): a burst queues there first. Its time
     that does not queue (`request_overhead_s`) is added to every TTFT. With DP each replica
     has its own: vLLM 0.34 starts one API server per replica by default
-    (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB)."""
-    k = s.knobs
+    (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB).
+
+    `trace`: filled with what the run asked of the step model and KV pool (same_run)."""
     res = simulate(
         s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
-        max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len,
-        async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
-        acceptance_rate=s.serving.acceptance_rate, seed=seed, dp=s.layout.dp,
-        reserve_full_input=k.release.reserve_full_input,
-        max_concurrent_batches=k.release.max_concurrent_batches(
-            s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
-        frontend_s=s.step.eff.frontend_intake_s,
-        prefix_caching=prefix_cache_reuse(s.evaluation), prefix_hit_rate=prefix_cache_hit_rate,
+        seed=seed, prefix_hit_rate=prefix_cache_hit_rate, trace=trace, **_engine_args(s),
     )  # fmt: skip
     extra_ms = s.step.eff.request_overhead_s * 1000
     ttft = res.ttft_ms
     return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
+
+
+def _engine_args(s: Setup) -> dict:
+    """What `simulate` takes from the setup besides its step model and KV pool."""
+    k = s.knobs
+    return dict(
+        max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens, max_model_len=k.max_model_len,
+        async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
+        acceptance_rate=s.serving.acceptance_rate, dp=s.layout.dp, reserve_full_input=k.release.reserve_full_input,
+        max_concurrent_batches=k.release.max_concurrent_batches(
+            s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
+        frontend_s=s.step.eff.frontend_intake_s, prefix_caching=prefix_cache_reuse(s.evaluation),
+    )  # fmt: skip
+
+
+def run_key(s: Setup) -> tuple:
+    """What `run` takes from the setup besides the step model's stage times and the KV pool: two
+    setups with the same key run a load alike when same_run says so."""
+    return tuple(sorted(_engine_args(s).items())) + (s.step.eff.request_overhead_s, s.step.hop_params)
+
+
+def same_run(a: Setup, trace: dict, b: Setup) -> bool:
+    """Whether setup `b` (of the same run_key) runs the load `trace` recorded for `a` exactly as
+    `a` did: the run is deterministic, and each thing it asked `a`'s step model and pool gets
+    the same answer from `b`'s (every batch's stage times, every token count's blocks), and
+    either the pools are the same size or the requests cannot fill the smaller one (then no
+    allocation is refused in either). A layout and its expert-parallel twin, say: the step
+    model tells them apart only in batches large enough to make the MoE layers compute-bound."""
+    if trace["batches"] is None:
+        return False
+    if a.pool.num_blocks != b.pool.num_blocks and trace["demand"] > min(a.pool.num_blocks, b.pool.num_blocks) - 1:
+        return False
+    max_len, blocks_for = b.knobs.max_model_len, b.pool.blocks_for
+    if any(blocks_for(min(tokens, max_len)) != n for tokens, n in trace["blocks"].items()):
+        return False
+    q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.stage_seconds
+    batches = trace["batches"].items()
+    return all(tuple(stage_seconds(decodes, prefills, q)) == times for (decodes, prefills), times in batches)
 
 
 def prefix_cache_reuse(ev: Evaluation) -> bool:

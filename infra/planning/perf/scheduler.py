@@ -111,8 +111,10 @@ class _Engine:
         self.stage_free = [0.0] * self.pp
         self._stage_memo: dict[tuple, Sequence[float]] = {}
         self._stage_memo_size = 0
+        self.stage_memo_whole = True  # every batch the run launched is in _stage_memo (run_trace)
         self._shifted_memo: dict = {}
         self.ff_blocked = None  # a batch in flight that keeps the pipelined fast path out (fast_forward._groups)
+        self.ff_due = True  # an output was taken since the pipelined fast path last tried (fast_forward)
         self.step, self.steps, self.decodes, self.preemptions, self.step_seconds = 0, 0, 0, 0, 0.0
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
@@ -122,25 +124,28 @@ class _Engine:
         """One Scheduler.schedule call: (entries, decode contexts, prefills, earliest start) or None if empty."""
         self.step += 1
         budget, running, blocks, lookahead = self.max_tokens, self.running, self.blocks, self.lookahead
-        async_, step, mml = self.async_, self.step, self.max_model_len
+        async_, step, mml, k, pp = self.async_, self.step, self.max_model_len, self.k, self.pp
         entries, contexts, prefills = [], [], []
-        start, limit, preempted, i = 0.0, "none", False, 0
-        # scheduler.py schedule: first the RUNNING requests, in order, while budget is left.
-        while i < len(running) and budget > 0:
-            r = running[i]
-            i += 1
+        start, limit, preempted = 0.0, "none", False
+        # scheduler.py schedule: first the RUNNING requests, in order, while budget is left (a
+        # preemption pops the list's tail, which the iteration then does not reach).
+        for r in running:
+            if budget <= 0:
+                break
+            if step < r.eligible:  # PP + async: decode_stagger steps between a request's decodes
+                continue
             # async_scheduler: placeholders already cover max_tokens -> no extra step.
             if r.placeholders and r.computed + 2 - r.placeholders >= r.prompt + r.max_out:
                 continue
-            if step < r.eligible:  # PP + async: decode_stagger steps between a request's decodes
-                continue
-            n = r.num_tokens + r.drafts + r.placeholders - r.computed  # num_tokens_with_spec + placeholders - computed
-            n = min(n, mml - r.computed - 1)  # "input position does not exceed the max model len"
+            before = r.computed
+            n = r.num_tokens + r.drafts + r.placeholders - before  # num_tokens_with_spec + placeholders - computed
+            if n > mml - before - 1:  # "input position does not exceed the max model len"
+                n = mml - before - 1
             if n > budget:
                 n, limit = budget, "token_budget"
             if n <= 0:  # e.g. a sync decode whose output has not returned yet
                 continue
-            need = blocks[r.computed + n + lookahead] - r.blocks
+            need = blocks[before + n + lookahead] - r.blocks
             if need > self.free:
                 # allocate_slots failed: preempt the last running request (FCFS), maybe this one.
                 victim = None
@@ -155,7 +160,6 @@ class _Engine:
                 self.taken += need
                 r.blocks += need
             budget -= n
-            before = r.computed
             r.computed = before + n
             r.inflight += 1
             if before >= r.prefill_end:  # a decode: its query is 1 + drafts
@@ -167,8 +171,12 @@ class _Engine:
                 prefills.append((n, before))
                 drafts = 0 if r.computed >= r.num_tokens + r.placeholders else -1  # -1: a chunk that samples nothing
             entries.append((r, n, drafts, r.epoch))
-            if drafts >= 0:
-                self._after_sample_scheduled(r, drafts)
+            if drafts >= 0:  # _after_sample_scheduled, spelt out
+                if async_:
+                    r.placeholders += 1 + drafts
+                    r.drafts, r.eligible = k, step + pp
+                else:
+                    r.drafts = 0
         # Then the WAITING requests, only if nobody was preempted this step.
         if not preempted:
             limit = self._admit(entries, prefills, budget, limit)
@@ -298,6 +306,7 @@ class _Engine:
             if self._stage_memo_size > 1 << 20:
                 self._stage_memo.clear()
                 self._stage_memo_size = 0
+                self.stage_memo_whole = False
             times = self._stage_memo[key] = self.cost.stage_seconds(contexts, prefills, 1 + self.k)
             self._stage_memo_size += len(contexts) + len(prefills) + 1
         return times
@@ -317,14 +326,16 @@ class _Engine:
         """Block on the oldest batch (step_with_batch_queue) and apply it (update_from_output)."""
         batch = self.in_flight.popleft()
         now = batch.done
+        self.ff_due = True
         client.send_due(now, self.waiting)
         k, p, rng, async_, itl = self.k, self.acceptance, self.rng, self.async_, self.itl
+        all_accepted, draws = p >= 1.0, 0.0 < p < 1.0
         for r, _, drafts, epoch in batch.entries:
             r.inflight -= 1
             if drafts < 0 or r.done:
                 continue
-            accepted = drafts if p >= 1.0 else 0
-            if 0.0 < p < 1.0:
+            accepted = drafts if all_accepted else 0
+            if draws:
                 while accepted < drafts and rng.random() < p:  # chained: a draft counts only after all before it
                     accepted += 1
             if epoch == r.epoch:
@@ -333,7 +344,9 @@ class _Engine:
                     r.placeholders -= 1 + drafts
                 else:
                     r.drafts = k  # the drafter proposes k tokens for the next step
-            emitted = min(1 + accepted, r.max_out - r.emitted)
+            emitted = r.max_out - r.emitted
+            if emitted > 1 + accepted:
+                emitted = 1 + accepted
             r.num_tokens += emitted
             r.emitted += emitted
             # endpoint_request_func.py: one ITL sample per streamed chunk, however many tokens it carries.
@@ -356,9 +369,17 @@ class _Engine:
 
     def fast_forward(self, now: float, client: Client) -> float | None:
         """Run many identical decode steps at once (fast_forward.py); None when the next step is
-        not one of them."""
+        not one of them.
+
+        With pp > 1 the fast path tries once after each output the engine takes: after a
+        launch it finds the new batch in flight (a prefill, or a merge of micro-batches) and
+        after its own replay the step that stopped it, and building its groups costs as much
+        as a step. Whether it runs a step or the engine does, the step is the same."""
         if self.pp == 1:
             return fast_forward.single_stage(self, now, client)
+        if not self.ff_due:
+            return None
+        self.ff_due = False
         return fast_forward.pipelined(self, now, client)
 
     def run(self, client: Client) -> None:
@@ -396,7 +417,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
              seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
              max_concurrent_batches: int | None = None, frontend_s: float = 0.0,
-             prefix_caching: bool = False, prefix_hit_rate: float = 0.0) -> SimResult:
+             prefix_caching: bool = False, prefix_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
     `request_rate` (Poisson), or both (rate capped at a concurrency).
 
@@ -404,7 +425,9 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
     (a shared system prompt): computed tokens start there, as v1/core/kv_cache_manager.py
     get_computed_blocks gives them (never the last token, which is computed to sample).
     ASSUMPTION: the shared prefix stays cached (other requests keep using it), and each
-    request's blocks count in full (shared blocks counted once per request: conservative)."""
+    request's blocks count in full (shared blocks counted once per request: conservative).
+
+    `trace`, when given, is filled with what the run asked of `cost` and `pool` (run_trace)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
     lengths = workload.sample(num_prompts, seed)
     assert all(i + o <= max_model_len for i, o in lengths), "the caller refuses requests longer than max_model_len"
@@ -426,6 +449,8 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
                 r.cached_tokens, r.cached_blocks, r.cache_ahead = hit, engine.blocks[hit], 1 << 62
             return r
     engine.run(Client(mine, send_times(len(mine), rate, seed), slots, make, frontend_s=frontend_s))
+    if trace is not None:
+        trace.update(run_trace(engine, mine, slots))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
         **serve_metrics([(r.sent, r.first, r.last, r.prompt, r.emitted) for r in done], engine.itl, replicas),
@@ -434,3 +459,24 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
         limits={name: count / steps for name, count in engine.limit_counts.items()},
     )
 
+
+def run_trace(e: _Engine, lengths: list[tuple[int, int]], slots: float) -> dict:
+    """What a finished run asked of its step model and KV pool: enough to tell whether another
+    step model and pool would have run it the same (predict.same_run), the run being a
+    deterministic function of its inputs and of their answers.
+
+    - batches: each batch launched -> its stage times (None if the memo dropped some);
+    - blocks: each token count asked -> its blocks (the requests' reach below included);
+    - demand: the most blocks the requests can hold at once, whatever the pool: `slots` of
+      them in the engine, each holding at most its blocks at its whole length plus what
+      scheduling runs ahead of its outputs (k drafts, k lookahead slots, 1 + k placeholders
+      for each batch in flight). A pool with more blocks never refuses an allocation."""
+    ahead = 2 * e.k + e.max_batches * (1 + e.k)
+    held = sorted((e.blocks[i + o + ahead] for i, o in lengths), reverse=True)
+    return {
+        # Tuples, not the step model's lists: kept for the rest of the search, and the garbage
+        # collector stops tracking tuples of numbers.
+        "batches": {batch: tuple(times) for batch, times in e._stage_memo.items()} if e.stage_memo_whole else None,
+        "blocks": dict(e.blocks),
+        "demand": sum(held if slots >= len(held) else held[:slots]),
+    }

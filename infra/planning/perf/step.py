@@ -75,6 +75,21 @@ def _prefill_sum_min(before: int, new: int, threshold: int | None) -> float:
     return below + threshold * (hi - threshold)
 
 
+def _prefill_attention(term: tuple, prefills: Sequence[tuple[int, int]], flops: float,
+                       nbytes: float) -> tuple[float, float]:  # fmt: skip
+    """(flops, nbytes) of one layer's attention with each prefill chunk's added, in order: a
+    chunk computes over the entries each of its queries reaches and reads its context once."""
+    thr, div, b_entry, _, pf_entry, b_seq, f_seq, pctx = term
+    for new, before in prefills:
+        if div:
+            flops += _prefill_sum_min(before, new, thr) / div * pf_entry
+            seen = before + new if thr is None else min(before + new, thr)
+            nbytes += seen / div * b_entry
+        flops += new * f_seq + (before + new) * pctx
+        nbytes += b_seq
+    return flops, nbytes
+
+
 def _roofline(flops: float, peak: float, nbytes: float, bandwidth: float) -> tuple[float, float]:
     """(compute-bound seconds, memory-bound seconds): one of them is zero."""
     c, m = flops / peak, nbytes / bandwidth
@@ -128,6 +143,12 @@ class StepModel:
         self._moe_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "moe"]
         self._attn_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "attn"]
         self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
+        self._by_size: dict[tuple[int, int], list[float]] = {}  # _batch_units
+        self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0) for i, term in self._attn_units]
+        # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager.
+        per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
+        self._fixed_graphed = [s.kernels * per_kernel + s.layers * 0.0 for s in self.stages]
+        self._fixed_eager = [s.kernels * per_kernel + s.layers * eager for s in self.stages]
         self._vectors = []
         for w in self._weights:
             vector = [0.0] * len(keys)
@@ -151,6 +172,37 @@ class StepModel:
         sampled = n_decode + len(prefills)
         sums = _threshold_sums(decode_contexts, self._thresholds)
         eff = self.eff
+        unit = self._batch_units(tokens, sampled).copy()
+        peak, bw = self._attn_peak, self._bw
+        for i, term, floor in self._attn_floors:  # _attention and _roofline, spelt out (~10^5 calls a plan)
+            thr, div, b_entry, f_entry, _, b_seq, f_seq, _ = term
+            entries = sums[thr] / div if div else 0.0
+            nbytes = entries * b_entry + n_decode * b_seq
+            flops = query_len * (entries * f_entry + n_decode * f_seq)
+            if prefills:
+                flops, nbytes = _prefill_attention(term, prefills, flops, nbytes)
+            c, m = flops / peak, nbytes / bw
+            unit[i] = (c if c >= m else m) + floor
+        fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
+        out = [base + sum(map(mul, vector, unit)) for base, vector in zip(fixed, self._vectors)]
+        out[-1] += self._draft_seconds(decode_contexts)
+        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
+        out[0] = max(out[0], cpu) if self.async_scheduling else out[0] + cpu
+        return out
+
+    def _batch_units(self, tokens: int, sampled: int) -> list[float]:
+        """The unit terms that depend on the batch's sizes only (GEMMs, MoE layers, all-reduces),
+        attention's left at 0: memoised, batches of the same sizes recur every few steps."""
+        key = (tokens, sampled)
+        unit = self._by_size.get(key)
+        if unit is None:
+            if len(self._by_size) > 1 << 16:
+                self._by_size.clear()
+            unit = self._by_size[key] = self._size_units(tokens, sampled)
+        return unit
+
+    def _size_units(self, tokens: int, sampled: int) -> list[float]:
+        eff = self.eff
         unit = [0.0] * len(self._units)
         per_byte = 1.0 / self._bw  # a GEMM unit is one byte of weights
         for i, peak, flops_per_byte, per_sampled in self._gemm_units:
@@ -159,18 +211,9 @@ class StepModel:
         for i, term in self._moe_units:
             c, m = self._moe(term, tokens)
             unit[i] = c + m + eff.moe_floor_s
-        for i, term in self._attn_units:
-            c, m = self._attention(term, sums, prefills, query_len, n_decode)
-            unit[i] = c + m + (eff.attention_floor_s if term[1] else 0.0)
         for i, bytes_per_token in self._allreduce_units:
             unit[i] = self._allreduce(tokens * bytes_per_token)
-        eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
-        out = [stage.kernels * eff.kernel_overhead_s + stage.layers * eager + sum(map(mul, vector, unit))
-               for stage, vector in zip(self.stages, self._vectors)]  # fmt: skip
-        out[-1] += self._draft_seconds(decode_contexts)
-        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
-        out[0] = max(out[0], cpu) if self.async_scheduling else out[0] + cpu
-        return out
+        return unit
 
     def hop_seconds(self, tokens: int) -> float:
         """One batch's activations from one stage to the next (vLLM sends hidden states
@@ -180,6 +223,13 @@ class StepModel:
         if self.hop_over_network:
             return self.hw.network_latency_s + tokens * self.hop_bytes_per_token / self.hw.network_bytes_per_s
         return self.hw.intra_node_latency_s + tokens * self.hop_bytes_per_token / self.hw.intra_node_bytes_per_s
+
+    @property
+    def hop_params(self) -> tuple:
+        """All hop_seconds depends on."""
+        hw = self.hw
+        return (self.pp, self.hop_over_network, self.hop_bytes_per_token, hw.network_latency_s, hw.network_bytes_per_s,
+                hw.intra_node_latency_s, hw.intra_node_bytes_per_s)  # fmt: skip
 
     # --- the model ---------------------------------------------------------------------
 
@@ -254,13 +304,7 @@ class StepModel:
         entries = sums[thr] / div if div else 0.0
         nbytes = entries * b_entry + n_decode * b_seq
         flops = query_len * (entries * f_entry + n_decode * f_seq)
-        for new, before in prefills:
-            if div:
-                flops += _prefill_sum_min(before, new, thr) / div * pf_entry
-                seen = before + new if thr is None else min(before + new, thr)
-                nbytes += seen / div * b_entry
-            flops += new * f_seq + (before + new) * pctx
-            nbytes += b_seq
+        flops, nbytes = _prefill_attention(term, prefills, flops, nbytes)
         return _roofline(flops, self._attn_peak, nbytes, self._bw)
 
     def _allreduce(self, nbytes: float) -> float:
