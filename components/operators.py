@@ -5,6 +5,21 @@ One `Operators` component (`gpu-serving:k8s:Operators`) creates:
 - the namespaces `gpu-operator` (labelled for privileged pods: the operator's
   DaemonSets mount host paths and run privileged) and `kuberay`; the EFA device
   plugin goes into `kube-system`, where AWS's examples install it;
+- in each namespace it creates, before the release that runs pods there, the
+  NetworkPolicies of infra/k8s/network_policies.py (`operator_namespace_policies`,
+  "The operators' namespaces"): deny by default, DNS, the API server (the
+  `kubernetes` Service's ClusterIP, from `kubernetes_service_cidr`, the
+  cluster's service CIDR) and each component's metrics port for
+  `metrics_clients` (`METRICS_TARGETS`). kube-system gets none: it is EKS's
+  namespace, not the stack's. Without `kubernetes_service_cidr` (a caller that
+  cannot know it) no policy is made: a default deny without the API server
+  would stop every operator. On a running stack the policies are new objects
+  and the releases only gain a dependency (no upgrade): the operators keep
+  running and lose only what the policies do not allow, which they do not
+  use. If the API server rule were ever wrong for a cluster, the operators'
+  logs would show API timeouts and the next release upgrade would time out in
+  Helm's wait; `kubectl -n <namespace> delete networkpolicy default-deny`
+  restores them while it is looked into (the next `pulumi up` puts it back);
 - one `helm.v3.Release` per chart, chart, version and repository pinned in
   `infra/k8s/helm_values.py` (CHARTS; sources in tests/fixtures/charts.yaml), values from the pure
   functions there:
@@ -37,6 +52,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.catalog.instances import InstanceType
+from infra.k8s import network_policies
+from infra.k8s.network_policies import MetricsTarget
+from infra.k8s.serving_spec import Clients
 from infra.k8s.helm_values import (
     EFA_DEVICE_PLUGIN,
     GPU_OPERATOR,
@@ -64,6 +82,29 @@ NAMESPACE_LABELS: dict[str, dict[str, str]] = {
     KUBERAY_OPERATOR.namespace: {},
 }
 SYSTEM_NAMESPACES = ("kube-system",)
+
+# Who serves metrics where, in the namespaces this component creates: each component's pods
+# (their labels, as the pinned chart sets them) and metrics port(s). Sources, at the pinned versions:
+# - the GPU operator: `app: gpu-operator`, container port `metrics` 8080
+#   (NVIDIA/gpu-operator v26.7.0, deployments/gpu-operator/templates/operator.yaml);
+# - the DCGM exporter the operator runs: `app: nvidia-dcgm-exporter`, port `metrics` 9400
+#   (assets/state-dcgm-exporter/0800_daemonset.yaml, DCGM_EXPORTER_LISTEN ":9400"); the chart's own
+#   optional policy (templates/networkpolicy.yaml, later releases) selects the same label;
+# - NFD master, worker and gc: `app.kubernetes.io/name: node-feature-discovery` (the subchart's
+#   selectorLabels), port `http` 8080 for metrics and healthz (charts/node-feature-discovery 0.19.0,
+#   values `master.port`, `worker.port`, `gc.port`);
+# - KubeRay: `app.kubernetes.io/name: kuberay-operator`, port `http` 8080 serving /metrics
+#   (ray-project/kuberay v1.7.0, helm-chart/kuberay-operator/templates/deployment.yaml; the vendored
+#   values' `service.port` 8080).
+# The node status exporter (port 8000) and the standalone DCGM (5555) are off (helm_values.py).
+METRICS_TARGETS: dict[str, tuple[MetricsTarget, ...]] = {
+    GPU_OPERATOR.namespace: (
+        MetricsTarget("gpu-operator", {"app": "gpu-operator"}, (8080,)),
+        MetricsTarget("dcgm-exporter", {"app": "nvidia-dcgm-exporter"}, (9400,)),
+        MetricsTarget("node-feature-discovery", {"app.kubernetes.io/name": "node-feature-discovery"}, (8080,)),
+    ),
+    KUBERAY_OPERATOR.namespace: (MetricsTarget("kuberay-operator", {"app.kubernetes.io/name": "kuberay-operator"}, (8080,)),),
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +146,21 @@ RELEASE_OPTIONS: dict[str, ReleaseOptions] = {
 class OperatorsArgs:
     instance_type: InstanceType  # the GPU nodes' instance type (decides the EFA plugin)
     dcgm_service_monitor: bool = False  # a ServiceMonitor for the DCGM exporter (needs the Prometheus operator CRDs)
+    # The cluster's service CIDR (EKS: kubernetes_network_config.service_ipv4_cidr): the API server's ClusterIP
+    # for the namespaces' NetworkPolicies. None: no NetworkPolicy in the operators' namespaces (module doc).
+    kubernetes_service_cidr: Optional[pulumi.Input[str]] = None
+    # Who may scrape the operators' metrics ports (gpu-serving:serving.metricsClients); none by default.
+    metrics_clients: Clients = Clients()
+
+
+def namespace_policies(namespace: str, api_server_cidr: pulumi.Input[str], metrics_clients: Clients) -> list[dict]:
+    """The NetworkPolicies of one namespace this component creates (infra/k8s/network_policies.py)."""
+    return network_policies.operator_namespace_policies(
+        namespace,
+        api_server_cidrs=[api_server_cidr],
+        metrics_targets=METRICS_TARGETS.get(namespace, ()),
+        metrics_clients=metrics_clients,
+    )
 
 
 def release_values(args: OperatorsArgs) -> dict[str, dict[str, Any]]:
@@ -139,6 +195,21 @@ class Operators(pulumi.ComponentResource):
             )
             for ns, labels in NAMESPACE_LABELS.items()
         }
+
+        # Each namespace's NetworkPolicies, before the release that runs pods in it (module doc).
+        self.network_policies: dict[str, list[k8s.networking.v1.NetworkPolicy]] = {}
+        if args.kubernetes_service_cidr is not None:
+            api_server = pulumi.Output.from_input(args.kubernetes_service_cidr).apply(network_policies.kubernetes_service_ip)
+            for ns, namespace in self.namespaces.items():
+                self.network_policies[ns] = [
+                    k8s.networking.v1.NetworkPolicy(
+                        f"{name}-np-{ns}-{np['metadata']['name']}",
+                        metadata=np["metadata"],
+                        spec=np["spec"],
+                        opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace])),
+                    )
+                    for np in namespace_policies(ns, api_server, args.metrics_clients)
+                ]
 
         self.gpu_operator = self._release(name, GPU_OPERATOR, values[GPU_OPERATOR.release], child)
         self.efa_device_plugin = (
@@ -184,7 +255,8 @@ class Operators(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(
                 child,
                 # The release name is fixed, so a replacement (e.g. a new namespace) must
-                # uninstall the old release before installing the new one.
-                pulumi.ResourceOptions(delete_before_replace=True),
+                # uninstall the old release before installing the new one. Its pods start
+                # under their namespace's NetworkPolicies (and Helm's wait then proves them).
+                pulumi.ResourceOptions(delete_before_replace=True, depends_on=self.network_policies.get(chart.namespace, [])),
             ),
         )

@@ -186,7 +186,14 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     both = pulumi.ResourceOptions(providers={"aws": provider, "kubernetes": cluster.k8s_provider})
     operators = Operators(
         f"{name}-operators",
-        OperatorsArgs(instance_type=plan.instance, dcgm_service_monitor=cfg.serving.monitoring == "podmonitor"),
+        OperatorsArgs(
+            instance_type=plan.instance,
+            dcgm_service_monitor=cfg.serving.monitoring == "podmonitor",
+            # The operators' namespaces' NetworkPolicies: the API server's ClusterIP comes from the service CIDR
+            # EKS chose, and the metrics ports open to the serving metrics' clients (infra/k8s/network_policies.py).
+            kubernetes_service_cidr=cluster.cluster.kubernetes_network_config.apply(lambda c: c.service_ipv4_cidr),
+            metrics_clients=_clients(cfg.serving.metrics_clients),
+        ),
         # After the GPU nodes: Helm's wait then covers the GPU DaemonSets, and on
         # destroy they go before the nodes.
         opts=pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes])),
@@ -236,6 +243,8 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             cluster_name=cluster.cluster_name,
             region=cfg.region,
             kms_key_arn=cluster.kms_key.arn,  # the stack's key: retained in production, as the weights are
+            # What the EFS CSI driver's node plugin mounts with: the nodes' role (infra/aws/efs_access.py).
+            mount_role_arn=cluster.node_role_arn,
         ),
         opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[*in_namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
     )

@@ -1,4 +1,4 @@
-"""Model-weight storage: a shared file system, its volume and claim, and the Job that fills it.
+"""Model-weight storage: a shared file system, its volumes and claims, and the Job that fills it.
 
 One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
 
@@ -8,7 +8,8 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
     security group that admits NFS (TCP 2049) from the given client security
     groups only; its lifecycle policy never moves files to Infrequent Access
     (a cold start reads every byte: IA would bill each read and slow it) and
-    brings back, on first access, anything someone moved there;
+    brings back, on first access, anything someone moved there; two access
+    points and a file system policy ("Who may mount and write", below);
   - `fsx`: FSx for Lustre, PERSISTENT_2 on SSD, capacity and per-TiB throughput
     from `infra.planning.storage.fsx_lustre_sizing` (the checkpoint with the
     plan's margin, the plan's cold-start read rate), with a security group for
@@ -17,15 +18,38 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   - in production (`production=True`) the file system is protected and retained
     on delete (`pulumi destroy` refuses, and even an unprotected delete leaves
     it in the account); in ephemeral stacks it is deleted with the stack;
-- a static PersistentVolume through the EFS CSI driver (`efs.csi.aws.com`,
-  volumeHandle = file system id, `mounttargetip` = the mount target's address,
-  so nodes in other zones, such as the system nodes that run the staging Job,
-  can mount it without a mount target in their zone) or the FSx CSI driver
-  (`fsx.csi.aws.com`, `dnsname`/`mountname`, `flock` so the hub client's file
-  locks work), ReadWriteMany, reserved for our claim (`claimRef`);
-- the PersistentVolumeClaim in the serving namespace, bound to that volume by
-  name. Binding is static: `storageClassName: ""` on both, and no StorageClass
-  (neither driver needs one for a pre-created volume);
+- two static PersistentVolumes, `<pvc>-serving` (what the serving pods mount,
+  `ro`) and `<pvc>-staging` (what the staging Job mounts, read-write), through
+  the EFS CSI driver (`efs.csi.aws.com`) or the FSx CSI driver
+  (`fsx.csi.aws.com`), ReadWriteMany, each reserved for its claim
+  (`claimRef`), reclaim policy `Retain`:
+  - EFS: one per access point, volumeHandle `<fs-id>::<fsap-id>` (the driver's `fileSystemID:subpath:
+    accessPointID`, subpath empty: aws-efs-csi-driver pkg/driver/node.go,
+    `parseVolumeId`; the driver then mounts with `accesspoint=<fsap-id>` and
+    `tls`), `mounttargetip` = the mount target's address (so nodes in other
+    zones, such as the system nodes that run the staging Job, can mount it
+    without a mount target in their zone), `encryptInTransit: "true"` (the
+    driver's default, stated), and mount option `iam` (docs/parameters.md:
+    "Use the CSI Node Pod's IAM identity to authenticate with Amazon EFS").
+    TLS is asked for through `encryptInTransit` and the access point, not a
+    `tls` mount option, which the driver calls deprecated (node.go logs
+    "Use of 'tls' under mountOptions is deprecated") while adding it itself.
+    ReadOnlyMany is no way to say read-only here: the driver accepts only
+    SINGLE_NODE_WRITER and MULTI_NODE_MULTI_WRITER (node.go,
+    `volumeCapAccessModes`), so the serving volume is ReadWriteMany with the
+    mount option `ro` (and the serving pods mount its claim `readOnly`, which
+    the kubelet passes on as `ro` too);
+  - FSx: two views of the whole file system (FSx for Lustre has no access
+    points; below), `dnsname`/`mountname`, `flock` so the hub client's file
+    locks work, and `ro` on the serving one (one volume handle, the file
+    system's id, for both: the serving pods run on GPU nodes and the Job on
+    system nodes, so no node mounts the two);
+- the PersistentVolumeClaims in the serving namespace, each bound to its volume
+  by name. Binding is static: `storageClassName: ""` on both, and no
+  StorageClass (neither driver needs one for a pre-created volume). `pvc_name`
+  (the component's) is the claim the serving pods mount, `staging_pvc_name` the
+  staging Job's; both names are the same for either kind of file system, so a
+  change of kind leaves the serving pods alone;
 - when a Hugging Face token is given, a Kubernetes Secret holding it (from the
   secret Output, so Pulumi encrypts it in state and never shows it);
 - for an S3 source, an IAM role with read-only access to the prefix, given to
@@ -35,13 +59,13 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   S3 source, the EKS Pod Identity agent; the namespace's default denies the
   rest. NFS and Lustre need no rule: the CSI node plugin mounts the volume on
   the node, in the host's network namespace;
-- the staging Job (`infra/k8s/staging.py`): on a system node, mounts the claim
-  read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
+- the staging Job (`infra/k8s/staging.py`): on a system node, mounts the staging
+  claim read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
   (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>`,
   skipping complete files, checking sizes, and writing the completion marker
   the serving pods wait for. Its name changes with the program, the image,
-  the arguments and its generation (`staging_run`); its deadline and retries
-  come from the plan's checkpoint size and cold-start target. `pulumi up` does
+  the arguments, the claim and its generation (`staging_run`); its deadline and
+  retries come from the plan's checkpoint size and cold-start target. `pulumi up` does
   not wait for it (`pulumi.com/skipAwait`): staging takes hours for a large
   checkpoint, and an `up` that waited held the way in (the SSM tunnel) that
   long. The serving pods wait for the completion marker themselves
@@ -53,17 +77,75 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   so the way to run it again is to raise `gpu-serving:storage.stagingRun`: a
   new name, a new Job, and the failed one deleted after it.
 
-Reclaim policy: always `Retain`. A static volume's `Delete` would not delete an
-EFS file system (the EFS CSI driver deletes only access points; our volume
-handle has none), but the FSx CSI driver's DeleteVolume deletes the *file
-system* named by the handle; whether the external provisioner acts on a
-statically created volume depends on its version. With `Retain`, deleting the
+Who may mount and write (EFS): infra/aws/efs_access.py says it all (which
+identity mounts, the two access points, the file system policy, what that buys
+and what it does not). In short: EFS's default policy let any client that
+reached the mount target, so any node, rewrite the weights; now only the
+nodes' role may mount, only through the access points, with TLS, and only
+the staging access point may write. Both mounts present the same identity
+(the node role, through the EFS CSI node plugin), so the access points and
+the serving volume's `ro` are the separation.
+
+FSx for Lustre has none of this. Lustre clients are not authenticated: there is
+no IAM authorization and no access point, and the server trusts the client's
+UIDs. What it offers: traffic is encrypted in transit from instance types that
+support it (FSx for Lustre guide, "Encrypting data in transit": PERSISTENT and
+SCRATCH_2 file systems, automatically), the security group limits Lustre to the
+nodes, and root squash (`RootSquashConfiguration`), which is not set: it would
+squash the staging Job's root init container too (its directory under the
+root-owned `/`), unless its nodes' addresses were listed in `NoSquashNids`, and
+it would still leave any non-root UID, the staging user's included, to every
+node. So on FSx the separation is the serving volume's `ro` mount (and the
+serving pods' `readOnly` claim) and file ownership: a pod cannot write, but a
+node can rewrite the weights. The README says so.
+
+Reclaim policy: always `Retain`. A static volume's `Delete` would make the
+EFS CSI driver delete its access point (and, with the controller's
+`delete-access-point-root-dir`, the access point's root directory: here `/`,
+every weight), and the FSx CSI driver's DeleteVolume deletes the *file system*
+named by the handle; whether the external provisioner acts on a statically
+created volume depends on its version. With `Retain`, deleting a volume or a
 claim never touches data; the file system's fate is Pulumi's alone (protected
-and retained in production, deleted with an ephemeral stack).
+and retained in production, deleted with an ephemeral stack). The volumes and
+claims themselves hold no data, so they are not protected: they can be
+replaced, as this change replaces them, without a `pulumi state unprotect`
+(the policy pack checks their `Retain` instead, policies/rules.py).
+
+A running stack (before the access points, one volume `<ns>-<pvc>` and one
+claim `<pvc>` on the bare file system, both protected in production, the volume
+retained on delete). Its next `pulumi up`:
+
+- on EFS, creates the two access points and the file system policy;
+- replaces the volume and the claim (Pulumi names `<name>-pv`, `<name>-pvc`,
+  unchanged) with the serving ones, under new Kubernetes names, created before
+  the old ones go, and creates the staging pair. Pulumi refuses to replace a
+  resource protected in both the state and the program, but allows it when the
+  program switches `protect` off in the same update (pulumi/pulumi
+  pkg/resource/deploy/step_generator.go: "we do allow unprotecting and
+  replacing to happen in a single update cycle"), which it now does. The synth
+  diff calls both out ("Replaces PersistentVolume", "Replaces
+  PersistentVolumeClaim", "Protection switched off"; infra/preview/diff.py
+  knows Kubernetes' immutable fields of both). The same on FSx, without the
+  access points and the policy;
+- the RayCluster's claim changes, so KubeRay recreates every serving pod
+  (`upgradeStrategy: Recreate`): serving is down for the plan's cold start,
+  the weights being on the file system already; and the staging Job gets a
+  new name (its claim is part of it) and finds every file complete;
+- at the end deletes the old claim, which Kubernetes holds until the old pods
+  are gone (pvc-protection), and "deletes" the old volume, which its state
+  says to retain: the PersistentVolume `<ns>-<pvc>` stays in the cluster,
+  Released and bound to no claim (on EFS the file system policy refuses it
+  anyway: no access point, no IAM); `kubectl delete pv <ns>-<pvc>`
+  removes it and never touches data (`Retain`). If the old pods take longer
+  to stop than Pulumi waits for the claim's deletion, run `pulumi up` again.
+  Between the policy's creation and the old pods' end, those pods keep the
+  mount they have (EFS authorizes a client when it connects); they hold the
+  weights in GPU memory and read nothing more.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence
@@ -73,6 +155,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.protection import kept
+from infra.aws.efs_access import ACCESS_POINT_ROOT, READER_UID, file_system_policy
 from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
 from infra.errors import UserError
 from infra.k8s import network_policies, script_files
@@ -87,6 +170,7 @@ from infra.planning.storage import (
     fsx_lustre_sizing,
 )
 from infra.k8s.staging import (
+    STAGING_UID,
     job_name,
     marker_path,
     model_path,
@@ -115,6 +199,13 @@ LUSTRE_VERSION = "2.15"
 EFS_CSI_DRIVER = "efs.csi.aws.com"
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 RECLAIM_POLICY = "Retain"
+
+# EFS CSI driver mount options (docs/parameters.md): `iam` signs the mount with the node plugin's identity.
+EFS_IAM_MOUNT_OPTION = "iam"
+READ_ONLY_MOUNT_OPTION = "ro"
+# The claims' names: the configured one and a suffix (`claim_names`).
+SERVING_CLAIM_SUFFIX = "-serving"
+STAGING_CLAIM_SUFFIX = "-staging"
 # The staging Job's await annotation: `pulumi up` creates it and moves on (module doc).
 STAGING_AWAIT = {"pulumi.com/skipAwait": "true"}
 # The staging Job's labels beside the shared ones; `python -m infra rollout` finds the Job by them.
@@ -141,6 +232,8 @@ class ModelStorageArgs:
     when the Job runs. It may be an Output (the stack's ECR repository URL and the
     tag); then `staging_image_id` names its content (the tag), for the Job's name.
     `vpc_cidr`: the VPC's CIDR when known; the staging pods' HTTPS egress excludes it.
+    `mount_role_arn` (EFS): the IAM role the EFS CSI driver's node plugin mounts with,
+    the nodes' role (module doc, "Which identity mounts"); the file system policy grants it.
     """
 
     kind: Kind
@@ -168,6 +261,7 @@ class ModelStorageArgs:
     tags: dict[str, str] = field(default_factory=dict)
     # The file system's KMS key (the stack's key); None: the service's AWS managed key. Create-only on EFS and FSx.
     kms_key_arn: Optional[pulumi.Input[str]] = None
+    mount_role_arn: Optional[pulumi.Input[str]] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "client_security_group_ids", list(self.client_security_group_ids))
@@ -186,6 +280,11 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError(f"storage: {exc}") from None
     if not args.client_security_group_ids:
         raise UserError("storage: client_security_group_ids is empty; no node could mount the file system")
+    if args.kind == "efs" and args.mount_role_arn is None:
+        raise UserError(
+            "storage: EFS needs mount_role_arn, the nodes' IAM role the EFS CSI driver mounts with: "
+            "the file system policy grants it, and nobody else, access through the access points"
+        )
     if not _DNS_LABEL.match(args.namespace) or len(args.namespace) > 63:
         raise UserError(f"storage: namespace {args.namespace!r} is not a DNS label")
     if not _DNS_LABEL.match(args.pvc_name) or len(args.pvc_name) > 48:
@@ -235,10 +334,36 @@ def capacity_quantity(size_bytes: int) -> str:
     return f"{-(-size_bytes // GiB)}Gi"
 
 
-def efs_volume_source(file_system_id: pulumi.Input[str], mount_target_ip: pulumi.Input[str]) -> dict[str, Any]:
-    # The EFS CSI driver accepts only path, encryptInTransit, mounttargetip and
-    # crossaccount as volume attributes (pkg/driver/node.go); TLS is its default.
-    return {"driver": EFS_CSI_DRIVER, "volumeHandle": file_system_id, "volumeAttributes": {"mounttargetip": mount_target_ip}}
+def claim_names(pvc_name: str) -> tuple[str, str]:
+    """(the serving pods' claim, the staging Job's claim): on EFS one per access point, on FSx two views of the
+    file system; the same names for both kinds, so a change of kind leaves the serving pods' claim alone."""
+    return f"{pvc_name}{SERVING_CLAIM_SUFFIX}", f"{pvc_name}{STAGING_CLAIM_SUFFIX}"
+
+
+def efs_volume_handle(file_system_id: pulumi.Input[str], access_point_id: pulumi.Input[str]) -> pulumi.Output[str]:
+    """`<fs-id>::<fsap-id>`: the file system through an access point, no subpath (node.go, `parseVolumeId`)."""
+    return pulumi.Output.concat(file_system_id, "::", access_point_id)
+
+
+def efs_volume_source(volume_handle: pulumi.Input[str], mount_target_ip: pulumi.Input[str]) -> dict[str, Any]:
+    # The EFS CSI driver accepts only encryptInTransit, mounttargetip, mounttargetipmap and
+    # crossaccount as volume attributes (pkg/driver/node.go, NodePublishVolume; keys compared
+    # lower-cased); TLS is its default, stated here because the file system policy refuses a mount without it.
+    return {
+        "driver": EFS_CSI_DRIVER,
+        "volumeHandle": volume_handle,
+        "volumeAttributes": {"encryptInTransit": "true", "mounttargetip": mount_target_ip},
+    }
+
+
+def efs_mount_options(read_only: bool) -> list[str]:
+    """`iam` (the file system policy grants the node role, and no anonymous client), and `ro` for the serving volume."""
+    return [EFS_IAM_MOUNT_OPTION, READ_ONLY_MOUNT_OPTION] if read_only else [EFS_IAM_MOUNT_OPTION]
+
+
+def serving_posix_user() -> dict[str, Any]:
+    """The serving access point's POSIX identity (infra/aws/efs_access.py): `nobody`, in the checkpoint's group."""
+    return {"uid": READER_UID, "gid": READER_UID, "secondary_gids": [STAGING_UID]}
 
 
 def fsx_volume_source(
@@ -248,7 +373,9 @@ def fsx_volume_source(
     return {"driver": FSX_CSI_DRIVER, "volumeHandle": file_system_id, "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name}}
 
 
-def persistent_volume_spec(csi: dict[str, Any], *, size_bytes: int, namespace: str, pvc_name: str, kind: Kind) -> dict[str, Any]:
+def persistent_volume_spec(
+    csi: dict[str, Any], *, size_bytes: int, namespace: str, pvc_name: str, mount_options: Sequence[str] = ()
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "capacity": {"storage": capacity_quantity(size_bytes)},
         "accessModes": list(ACCESS_MODES),
@@ -259,8 +386,8 @@ def persistent_volume_spec(csi: dict[str, Any], *, size_bytes: int, namespace: s
         "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": pvc_name},
         "csi": csi,
     }
-    if kind == "fsx":
-        spec["mountOptions"] = ["flock"]
+    if mount_options:
+        spec["mountOptions"] = list(mount_options)
     return spec
 
 
@@ -293,10 +420,11 @@ def read_throughput_bytes_per_s(kind: Kind, sizing: Optional[FsxSizing], region:
 
 
 class ModelStorage(pulumi.ComponentResource):
-    """The weights' file system, volume, claim and staging Job (see the module docstring)."""
+    """The weights' file system, volumes, claims and staging Job (see the module docstring)."""
 
     file_system_id: pulumi.Output[str]
-    pvc_name: str
+    pvc_name: str  # the claim the serving pods mount (read-only)
+    staging_pvc_name: str  # the claim the staging Job mounts (read-write)
     staging_job_name: str
     marker_path: str
     model_path: str
@@ -315,39 +443,35 @@ class ModelStorage(pulumi.ComponentResource):
         figures: Storage = args.storage
 
         # -- the file system ---------------------------------------------------------------
+        # `volumes`: (volume source, mount options) of the serving volume, and of the staging one on EFS.
         self.fsx_sizing = None
         self.mount_target: Optional[aws.efs.MountTarget] = None
+        self.access_points: dict[str, aws.efs.AccessPoint] = {}
+        self.file_system_policy: Optional[aws.efs.FileSystemPolicy] = None
         if args.kind == "efs":
-            csi, fs_ready = self._efs(name, args, tags, child, keep)
+            volumes, fs_ready = self._efs(name, args, tags, child, keep)
             capacity_bytes = figures.size_bytes
         else:
-            csi, fs_ready = self._fsx(name, args, figures, tags, child, keep)
+            volumes, fs_ready = self._fsx(name, args, figures, tags, child, keep)
             assert self.fsx_sizing is not None
             capacity_bytes = self.fsx_sizing.storage_capacity_gib * GiB
         self.read_throughput_bytes_per_s = read_throughput_bytes_per_s(args.kind, self.fsx_sizing, args.region)
 
-        # -- volume and claim ---------------------------------------------------------------------
-        volume_name = pv_name(args.namespace, args.pvc_name)
+        # -- volumes and claims ---------------------------------------------------------------------
+        # The serving pair keeps the Pulumi names of the one volume and claim a stack had before the access
+        # points: a running stack replaces them (module doc, "A running stack"), a new one just creates them.
         labels = {"app.kubernetes.io/name": "model-weights", "app.kubernetes.io/part-of": "gpu-serving"}
-        self.persistent_volume = k8s.core.v1.PersistentVolume(
-            f"{name}-pv",
-            metadata={"name": volume_name, "labels": labels},
-            spec=persistent_volume_spec(
-                csi, size_bytes=capacity_bytes, namespace=args.namespace, pvc_name=args.pvc_name, kind=args.kind
-            ),
-            opts=pulumi.ResourceOptions.merge(keep, pulumi.ResourceOptions(depends_on=fs_ready)),
+        self.pvc_name, self.staging_pvc_name = claim_names(args.pvc_name)
+        volume_args = dict(capacity_bytes=capacity_bytes, namespace=args.namespace, labels=labels, depends_on=fs_ready, child=child)
+        self.persistent_volume, self.persistent_volume_claim = self._volume(
+            f"{name}-pv", f"{name}-pvc", self.pvc_name, *volumes["serving"], **volume_args
         )
-        self.persistent_volume_claim = k8s.core.v1.PersistentVolumeClaim(
-            f"{name}-pvc",
-            metadata={"name": args.pvc_name, "namespace": args.namespace, "labels": labels},
-            spec=persistent_volume_claim_spec(size_bytes=capacity_bytes, volume_name=volume_name),
-            opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(protect=args.production, depends_on=[self.persistent_volume])
-            ),
+        self.staging_persistent_volume, self.staging_persistent_volume_claim = self._volume(
+            f"{name}-staging-pv", f"{name}-staging-pvc", self.staging_pvc_name, *volumes["staging"], **volume_args
         )
 
         # -- credentials for the staging Job ------------------------------------------------------
-        staging_deps: list[pulumi.Resource] = [self.persistent_volume_claim, *fs_ready]
+        staging_deps: list[pulumi.Resource] = [self.staging_persistent_volume_claim, *fs_ready]
         service_account = f"{args.pvc_name}-staging"
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-staging-sa",
@@ -382,9 +506,12 @@ class ModelStorage(pulumi.ComponentResource):
         )
         # The file system's kind is part of what the Job writes to: a stack moved to another kind has a new,
         # empty file system, which a Job of the same name (already complete) would never fill.
+        # So is its claim (a Job's pod template is immutable): the staging claim (module doc, "A running stack")
+        # is a new Job.
         self.staging_job_name = job_name(
             args.pvc_name, staging_scripts_hash(), str(staging_image_id(args)), *command, *job_args, f"run {args.staging_run}",
-            *(() if args.kind == "efs" else (f"file system {args.kind}",)),  # efs: the names running stacks have
+            *(() if args.kind == "efs" else (f"file system {args.kind}",)),
+            f"claim {self.staging_pvc_name}",
         )
         # The program, mounted read-only into the Job's pod (created before the Job).
         scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)
@@ -396,7 +523,7 @@ class ModelStorage(pulumi.ComponentResource):
             image=args.staging_image,
             command=command,
             args=job_args,
-            pvc_name=args.pvc_name,
+            pvc_name=self.staging_pvc_name,
             mount_path=self.mount_path,
             dest=self.model_path,
             service_account=service_account,
@@ -436,17 +563,40 @@ class ModelStorage(pulumi.ComponentResource):
         )
 
         # -- outputs ------------------------------------------------------------------------------------
-        self.pvc_name = args.pvc_name
         self.register_outputs(
             {
                 "file_system_id": self.file_system_id,
                 "pvc_name": self.pvc_name,
+                "staging_pvc_name": self.staging_pvc_name,
                 "staging_job_name": self.staging_job_name,
                 "marker_path": self.marker_path,
                 "model_path": self.model_path,
                 "read_throughput_bytes_per_s": self.read_throughput_bytes_per_s,
             }
         )
+
+    # -- volumes ---------------------------------------------------------------------------------------
+
+    def _volume(self, pv_resource: str, pvc_resource: str, claim: str, csi: dict[str, Any], mount_options: Sequence[str], *,
+                capacity_bytes: int, namespace: str, labels: dict[str, str], depends_on: Sequence[pulumi.Resource],
+                child: pulumi.ResourceOptions) -> tuple[k8s.core.v1.PersistentVolume, k8s.core.v1.PersistentVolumeClaim]:  # fmt: skip
+        """A static volume and its claim. Not protected: they hold no data (`Retain`; module doc, "Reclaim policy")."""
+        volume_name = pv_name(namespace, claim)
+        pv = k8s.core.v1.PersistentVolume(
+            pv_resource,
+            metadata={"name": volume_name, "labels": labels},
+            spec=persistent_volume_spec(
+                csi, size_bytes=capacity_bytes, namespace=namespace, pvc_name=claim, mount_options=mount_options
+            ),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(depends_on))),
+        )
+        pvc = k8s.core.v1.PersistentVolumeClaim(
+            pvc_resource,
+            metadata={"name": claim, "namespace": namespace, "labels": labels},
+            spec=persistent_volume_claim_spec(size_bytes=capacity_bytes, volume_name=volume_name),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[pv])),
+        )
+        return pv, pvc
 
     # -- file systems -----------------------------------------------------------------------------------
 
@@ -488,7 +638,45 @@ class ModelStorage(pulumi.ComponentResource):
             opts=child,
         )
         self.file_system_id = self.file_system.id
-        return efs_volume_source(self.file_system.id, self.mount_target.ip_address), [self.mount_target]
+        # The two doors (module doc, "Who may mount and write"): both at the root, one with an identity that owns nothing.
+        serving_user = serving_posix_user()
+        self.access_points["serving"] = aws.efs.AccessPoint(
+            f"{name}-efs-ap-serving",
+            file_system_id=self.file_system.id,
+            posix_user=aws.efs.AccessPointPosixUserArgs(**serving_user),
+            root_directory=aws.efs.AccessPointRootDirectoryArgs(path=ACCESS_POINT_ROOT),
+            tags={**tags, "Name": f"{name}-weights-serving"},
+            opts=child,
+        )
+        self.access_points["staging"] = aws.efs.AccessPoint(
+            f"{name}-efs-ap-staging",
+            file_system_id=self.file_system.id,
+            # No POSIX user: the Job's own users (root in its init container, then STAGING_UID).
+            root_directory=aws.efs.AccessPointRootDirectoryArgs(path=ACCESS_POINT_ROOT),
+            tags={**tags, "Name": f"{name}-weights-staging"},
+            opts=child,
+        )
+        serving, staging = self.access_points["serving"], self.access_points["staging"]
+        policy = pulumi.Output.all(self.file_system.arn, args.mount_role_arn, serving.arn, staging.arn).apply(
+            lambda a: json.dumps(file_system_policy(*a), sort_keys=True)
+        )
+        self.file_system_policy = aws.efs.FileSystemPolicy(
+            f"{name}-efs-policy",
+            file_system_id=self.file_system.id,
+            policy=policy,
+            # The lockout check stays on: the policy denies the API only without TLS, which no API call lacks.
+            bypass_policy_lockout_safety_check=False,
+            opts=child,
+        )
+        volumes = {
+            role: (
+                efs_volume_source(efs_volume_handle(self.file_system.id, ap.id), self.mount_target.ip_address),
+                efs_mount_options(read_only=role == "serving"),
+            )
+            for role, ap in self.access_points.items()
+        }
+        # The volumes exist once the policy does: every mount through them meets the final policy.
+        return volumes, [self.mount_target, self.file_system_policy]
 
     def _fsx(self, name, args: ModelStorageArgs, figures: Storage, tags, child, keep):
         sizing = fsx_lustre_sizing(figures.checkpoint_bytes, figures.required_read_bytes_per_s)
@@ -558,7 +746,9 @@ class ModelStorage(pulumi.ComponentResource):
         )
         self.file_system_id = self.file_system.id
         csi = fsx_volume_source(self.file_system.id, self.file_system.dns_name, self.file_system.mount_name)
-        return csi, [self.file_system]
+        # Two views of the one file system (FSx for Lustre has no access points, module doc): the serving one `ro`;
+        # `flock` for the hub client's locks.
+        return {"serving": (csi, ["flock", READ_ONLY_MOUNT_OPTION]), "staging": (csi, ["flock"])}, [self.file_system]
 
     def _s3_access(self, name, args: ModelStorageArgs, service_account: str, tags, child) -> pulumi.Resource:
         partition = partition_of(args.region) if args.region else "aws"

@@ -476,30 +476,50 @@ def _is_file_system(resource_type: str) -> bool:
 
 
 def check_production_storage_protected(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
-    """In production, the weights' file system and PersistentVolume are protected and retained on delete."""
+    """In production, the weights' file system is protected and retained on delete, and its PersistentVolumes
+    keep it when they go (reclaim policy Retain).
+
+    A volume and its claim hold no data, so they need no protection of their own (components/storage.py,
+    "Reclaim policy"): the access points replace them on a running stack. What decides whether deleting one
+    touches the weights is its reclaim policy: `Delete` would have the EFS CSI driver delete its access point
+    (and, with delete-access-point-root-dir, the access point's root directory, `/`: every weight) and the
+    FSx CSI driver the whole file system.
+    """
     if not context.get("production"):
         return []
     out: list[tuple[str, str]] = []
     for r in resources:
         typ = str(r.get("type", ""))
-        if not (_is_file_system(typ) or typ == PERSISTENT_VOLUME):
-            continue
-        what = "file system" if _is_file_system(typ) else "PersistentVolume"
-        opts = _map(r.get("options"))
-        missing = []
-        if opts.get("protect") is not True:
-            missing.append("protect")
-        if opts.get("retain_on_delete") is False:  # None: not visible to the caller (CrossGuard)
-            missing.append("retain_on_delete")
-        if missing:
-            out.append(
-                (
-                    r.get("urn", ""),
-                    f"production stack: the model weights' {what} {r.get('name')} lacks {' and '.join(missing)}: "
-                    "a destroy or a replacement would delete the weights (hours to stage again); "
-                    "set gpu-serving:lifecycle.production, which protects and retains them",
+        if _is_file_system(typ):
+            opts = _map(r.get("options"))
+            missing = []
+            if opts.get("protect") is not True:
+                missing.append("protect")
+            if opts.get("retain_on_delete") is False:  # None: not visible to the caller (CrossGuard)
+                missing.append("retain_on_delete")
+            if missing:
+                out.append(
+                    (
+                        r.get("urn", ""),
+                        f"production stack: the model weights' file system {r.get('name')} lacks {' and '.join(missing)}: "
+                        "a destroy or a replacement would delete the weights (hours to stage again); "
+                        "set gpu-serving:lifecycle.production, which protects and retains it",
+                    )
                 )
-            )
+        elif typ == PERSISTENT_VOLUME:
+            spec = _map(r.get("inputs")).get("spec")
+            if is_unknown(spec) or is_unknown(_map(spec).get("persistentVolumeReclaimPolicy")):
+                continue
+            policy = _map(spec).get("persistentVolumeReclaimPolicy")
+            if policy != "Retain":
+                out.append(
+                    (
+                        r.get("urn", ""),
+                        f"production stack: the model weights' PersistentVolume {r.get('name')} has reclaim policy "
+                        f"{policy or 'unset (Retain only for a static volume; say it)'}, not Retain: deleting it or its claim "
+                        "would have the CSI driver delete the access point's directory or the file system",
+                    )
+                )
     return out
 
 
@@ -600,7 +620,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "production-weights-protected",
-        "In a production stack the model weights' EFS/FSx file system and PersistentVolume are protected and retained on delete.",
+        "In a production stack the model weights' EFS/FSx file system is protected and retained on delete, and its PersistentVolumes have reclaim policy Retain.",
         MANDATORY,
         check_production_storage_protected,
         "stack",

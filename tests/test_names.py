@@ -153,6 +153,7 @@ UNNAMED = {
     "aws:ec2/instance:Instance", "aws:ec2/internetGateway:InternetGateway", "aws:ec2/natGateway:NatGateway",
     "aws:ec2/route:Route", "aws:ec2/routeTable:RouteTable", "aws:ec2/routeTableAssociation:RouteTableAssociation",
     "aws:ec2/subnet:Subnet", "aws:ec2/vpc:Vpc", "aws:ec2/vpcEndpoint:VpcEndpoint", "aws:efs/mountTarget:MountTarget",
+    "aws:efs/accessPoint:AccessPoint", "aws:efs/fileSystemPolicy:FileSystemPolicy",
     "aws:eks/addon:Addon", "aws:eks/podIdentityAssociation:PodIdentityAssociation", "aws:eks/accessEntry:AccessEntry",
     "aws:eks/accessPolicyAssociation:AccessPolicyAssociation", "aws:fsx/lustreFileSystem:LustreFileSystem",
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment", "aws:kms/key:Key",

@@ -1,4 +1,4 @@
-"""The serving namespace's NetworkPolicies, evaluated: who may open which port of whom.
+"""The stack's NetworkPolicies, evaluated: who may open which port of whom.
 
 `policies/network_policy.py` evaluates NetworkPolicy semantics (selectors,
 peers, ports, policy types, both directions); its own tests come first, on
@@ -9,7 +9,10 @@ for the pods the stack runs, labelled as their templates (and KubeRay) label
 them: a pod of another namespace is refused on Ray's ports and on the API
 port unless listed, the RayCluster's own pods reach each other on every port,
 the benchmark reaches the API, the staging Job reaches HTTPS outside the VPC
-and nothing else.
+and nothing else. The operators' namespaces (gpu-operator, kuberay) deny by
+default too; their pods, labelled as the pinned charts label them, reach the
+API server's ClusterIP and DNS only, and their metrics ports open to the
+configured metrics clients only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from infra.k8s import checks, exposure, network_policies as builders, raycluster
 from infra.k8s.serving_spec import Clients
 from infra.preview.synth import synthesize
 from policies import network_policy as NP
+from infra.config import load_stack_file
 from tests.test_rayspec import make_spec, stack_plan
 
 NS = "gpu-serving"
@@ -329,7 +333,7 @@ def test_the_prod_synthesis_refuses_outsiders_and_admits_the_raycluster():
         for r in doc["resources"]
         if r["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy"
     ]
-    assert {n["metadata"]["name"] for n in nps} == {"default-deny", "allow-dns", "vllm-ray", "model-weights-staging"}
+    assert {n["metadata"]["name"] for n in nps if n["metadata"]["namespace"] == NS} == {"default-deny", "allow-dns", "vllm-ray", "model-weights-staging"}
     (rc,) = [r for r in doc["resources"] if r["type"] == "kubernetes:ray.io/v1:RayCluster"]
     head = NP.pod(NS, rc["inputs"]["spec"]["headGroupSpec"]["template"]["metadata"]["labels"])
     workers = [NP.pod(NS, g["template"]["metadata"]["labels"]) for g in rc["inputs"]["spec"]["workerGroupSpecs"]]
@@ -344,3 +348,127 @@ def test_the_prod_synthesis_refuses_outsiders_and_admits_the_raycluster():
     assert NP.allowed(nps, staging, NP.address(PUBLIC_ADDRESS), 443)
     assert rc["inputs"]["spec"]["authOptions"] == {"mode": "token"}
     assert rc["inputs"]["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+
+
+# --- the operators' namespaces ---------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+import kubernetes_validate  # noqa: E402
+import yaml  # noqa: E402
+
+from components import operators  # noqa: E402
+from infra.k8s.helm_values import EFA_DEVICE_PLUGIN, GPU_OPERATOR, KUBERAY_OPERATOR  # noqa: E402
+
+UPSTREAM = Path(__file__).resolve().parent / "fixtures" / "upstream"
+API_CLUSTER_IP = "172.20.0.1"  # the recording engine's service CIDR, 172.20.0.0/16 (infra/preview/recording.py)
+API_SERVER = NP.address(API_CLUSTER_IP)
+# The operators' pods as the pinned charts label them (components/operators.py, METRICS_TARGETS, for the sources).
+OPERATOR_PODS = {
+    "gpu-operator": NP.pod("gpu-operator", {"app": "gpu-operator", "app.kubernetes.io/component": "gpu-operator"}, ports={"metrics": 8080}),
+    "dcgm-exporter": NP.pod("gpu-operator", {"app": "nvidia-dcgm-exporter"}, ports={"metrics": 9400}),
+    "nfd-master": NP.pod("gpu-operator", {"app.kubernetes.io/name": "node-feature-discovery", "role": "master"}, ports={"http": 8080}),
+    "nfd-worker": NP.pod("gpu-operator", {"app.kubernetes.io/name": "node-feature-discovery", "role": "worker"}, ports={"http": 8080}),
+    "device-plugin": NP.pod("gpu-operator", {"app": "nvidia-device-plugin-daemonset"}),
+    "validator": NP.pod("gpu-operator", {"app": "nvidia-operator-validator"}),
+    "kuberay-operator": NP.pod("kuberay", {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}, ports={"http": 8080}),
+}
+METRICS_PORTS = {"gpu-operator": 8080, "dcgm-exporter": 9400, "nfd-master": 8080, "nfd-worker": 8080, "kuberay-operator": 8080}
+
+
+def operator_policies(metrics_clients: Clients = Clients()) -> list[dict]:
+    return [
+        p
+        for ns in operators.NAMESPACE_LABELS
+        for p in operators.namespace_policies(ns, builders.kubernetes_service_ip("172.20.0.0/16"), metrics_clients)
+    ]
+
+
+def test_the_api_servers_cluster_ip_is_the_first_address_of_the_service_cidr():
+    assert builders.kubernetes_service_ip("172.20.0.0/16") == "172.20.0.1/32"
+    assert builders.kubernetes_service_ip("10.100.0.0/16") == "10.100.0.1/32"
+    assert builders.kubernetes_service_ip("fd12:3456:789a::/108") == "fd12:3456:789a::1/128"
+    with pytest.raises(ValueError):
+        builders.kubernetes_service_ip("172.20.0.1/16")  # not a network address
+    with pytest.raises(ValueError, match="API server"):
+        builders.operator_namespace_policies("kuberay", api_server_cidrs=[])
+
+
+def test_operator_namespaces_deny_by_default_and_reach_the_api_server_and_dns_only():
+    policies = operator_policies()
+    for ns in ("gpu-operator", "kuberay"):
+        mine = [p for p in policies if p["metadata"]["namespace"] == ns]
+        assert builders.names(mine) == ["default-deny", "allow-dns", "allow-api-server"]
+        assert any(NP.denies_all(p) for p in mine)
+    coredns, public = NP.pod("kube-system", {"k8s-app": "kube-dns"}), NP.address(PUBLIC_ADDRESS)
+    head = NP.pod(NS, {"ray.io/cluster": "vllm", "ray.io/node-type": "head"})
+    for who, pod in OPERATOR_PODS.items():
+        assert NP.allowed(policies, pod, API_SERVER, 443), who
+        assert NP.allowed(policies, pod, coredns, 53, "UDP") and NP.allowed(policies, pod, coredns, 53, "TCP"), who
+        assert not NP.allowed(policies, pod, API_SERVER, 80) and not NP.allowed(policies, pod, API_SERVER, 6443), who
+        assert not NP.allowed(policies, pod, public, 443), who  # nothing leaves the cluster
+        assert not NP.allowed(policies, pod, NP.address(VPC_ADDRESS), 443), who  # not the VPC (a node, the mount target)
+        assert not NP.allowed(policies, pod, NP.address("169.254.169.254"), 80), who  # nor the instance's metadata
+        assert not NP.allowed(policies, pod, NP.address("10.0.128.10"), 2049), who  # nor NFS
+        for other in OPERATOR_PODS.values():
+            if other is not pod:
+                assert not NP.allowed(policies, pod, other, 8080), (who, other)
+    # With the serving namespace's own policies, the operators reach no Ray port (KubeRay's RayCluster controller calls none).
+    spec = make_spec(stack_plan("prod"))
+    everything = [*policies, *rendered(spec)]
+    for port in RAY_PORTS:
+        assert not NP.allowed(everything, OPERATOR_PODS["kuberay-operator"], head, port)
+
+
+def test_operator_metrics_open_to_the_configured_clients_only():
+    closed = operator_policies()
+    monitoring, elsewhere = NP.pod("monitoring", {"app": "prometheus"}), NP.pod("apps", {"app": "client"})
+    for who, port in METRICS_PORTS.items():
+        assert not NP.allowed(closed, monitoring, OPERATOR_PODS[who], port), who  # none by default
+    opened = operator_policies(Clients(namespaces=("monitoring",), cidrs=("10.9.0.0/24",)))
+    assert sorted(p["metadata"]["name"] for p in opened if p["metadata"]["name"].endswith("-metrics")) == [
+        "dcgm-exporter-metrics", "gpu-operator-metrics", "kuberay-operator-metrics", "node-feature-discovery-metrics"]  # fmt: skip
+    for who, port in METRICS_PORTS.items():
+        pod = OPERATOR_PODS[who]
+        assert NP.allowed(opened, monitoring, pod, port) and NP.allowed(opened, NP.address("10.9.0.7"), pod, port), who
+        assert not NP.allowed(opened, elsewhere, pod, port), who
+        assert not NP.allowed(opened, monitoring, pod, 9999), who
+    assert not NP.allowed(opened, monitoring, OPERATOR_PODS["gpu-operator"], 9400)  # each component its own port
+    assert not NP.allowed(opened, monitoring, OPERATOR_PODS["device-plugin"], 8080)  # serves no metrics
+
+
+def test_the_metrics_targets_are_the_pinned_charts():
+    """What the vendored chart values say: KubeRay's metrics Service port, and that no gpu-operator operand runs in the
+    host's network (a NetworkPolicy would not apply to it)."""
+    kuberay = yaml.safe_load((UPSTREAM / KUBERAY_OPERATOR.upstream_folder / "values.yaml").read_text())
+    (target,) = operators.METRICS_TARGETS[KUBERAY_OPERATOR.namespace]
+    assert target.ports == (kuberay["service"]["port"],) and kuberay["metrics"]["enabled"] is True
+    assert kuberay["nameOverride"] == target.selector["app.kubernetes.io/name"]
+    gpu = yaml.safe_load((UPSTREAM / GPU_OPERATOR.upstream_folder / "values.yaml").read_text())
+    host_network = {k: v["hostNetwork"] for k, v in gpu.items() if isinstance(v, dict) and "hostNetwork" in v}
+    assert host_network and not any(host_network.values()), host_network
+    assert gpu["nodeStatusExporter"]["enabled"] is False and gpu["dcgm"]["enabled"] is False  # ports 8000, 5555: not served
+    assert set(operators.METRICS_TARGETS) == set(operators.NAMESPACE_LABELS)
+    # kube-system is EKS's (module doc): the stack puts no policy there, whatever the EFA plugin.
+    assert EFA_DEVICE_PLUGIN.namespace not in operators.NAMESPACE_LABELS
+
+
+def test_the_prod_synthesis_puts_them_in_place_before_the_releases():
+    doc = synthesize("prod")
+    nps = [r for r in doc["resources"] if r["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy"]
+    by_ns: dict[str, set] = {}
+    for r in nps:
+        by_ns.setdefault(r["inputs"]["metadata"]["namespace"], set()).add(r["inputs"]["metadata"]["name"])
+    assert by_ns["gpu-operator"] == by_ns["kuberay"] == {"default-deny", "allow-dns", "allow-api-server"}
+    assert "kube-system" not in by_ns
+    api = [r for r in nps if r["inputs"]["metadata"]["name"] == "allow-api-server"]
+    for r in api:
+        assert r["inputs"]["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": f"{API_CLUSTER_IP}/32"}}], "ports": [{"protocol": "TCP", "port": 443}]}]
+    version = load_stack_file("prod").cluster.kubernetes_version + ".0"
+    for r in nps:
+        kubernetes_validate.validate({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", **r["inputs"]}, version, strict=True)
+    releases = {r["inputs"]["name"]: r for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"}
+    urns = {r["urn"]: r for r in nps}
+    for chart in (GPU_OPERATOR, KUBERAY_OPERATOR):
+        needs = {urns[u]["inputs"]["metadata"]["name"] for u in releases[chart.release]["options"]["depends_on"] if u in urns}
+        assert needs == by_ns[chart.namespace], chart.release

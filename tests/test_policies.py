@@ -253,27 +253,41 @@ def test_eks_endpoint_open_to_the_internet_fails():
 # --- 6. Production weight storage ------------------------------------------------------------------------
 
 
-def storage(protect, retain):
+def storage(protect, retain, reclaim="Retain"):
     opts = {"protect": protect, "retain_on_delete": retain}
+    spec = {"csi": {"driver": "efs.csi.aws.com"}, "persistentVolumeReclaimPolicy": reclaim}
     return [
         res(R.EFS, "weights", {"encrypted": True}, dict(opts)),
-        res(R.PERSISTENT_VOLUME, "weights-pv", {"spec": {"csi": {"driver": "efs.csi.aws.com"}}}, dict(opts)),
+        # The volume holds no data: never protected (components/storage.py, "Reclaim policy").
+        res(R.PERSISTENT_VOLUME, "weights-pv", {"spec": spec}, {"protect": False, "retain_on_delete": False}),
     ]
 
 
 def test_protected_production_storage_passes():
     assert R.check_production_storage_protected(storage(True, True), PROD) == []
-    assert R.check_production_storage_protected(storage(False, False), CTX) == []  # not production
+    assert R.check_production_storage_protected(storage(False, False, "Delete"), CTX) == []  # not production
 
 
 def test_unprotected_production_storage_fails():
     found = R.check_production_storage_protected(storage(False, True), PROD)
-    assert [urn.rsplit("::", 1)[-1] for urn, _ in found] == ["weights", "weights-pv"]
+    assert [urn.rsplit("::", 1)[-1] for urn, _ in found] == ["weights"]
     assert "production stack: the model weights' file system weights lacks protect" in found[0][1]
     found = R.check_production_storage_protected(storage(True, False), PROD)
-    assert "PersistentVolume weights-pv lacks retain_on_delete" in found[1][1]
+    assert "file system weights lacks retain_on_delete" in found[0][1]
     # retain_on_delete not visible (CrossGuard): protect alone decides.
     assert R.check_production_storage_protected(storage(True, None), PROD) == []
+
+
+def test_a_production_volume_that_would_delete_its_data_fails():
+    """What keeps the weights when a volume or its claim goes is the reclaim policy, not `protect`."""
+    found = R.check_production_storage_protected(storage(True, True, "Delete"), PROD)
+    assert [urn.rsplit("::", 1)[-1] for urn, _ in found] == ["weights-pv"]
+    assert "PersistentVolume weights-pv has reclaim policy Delete, not Retain" in found[0][1]
+    found = R.check_production_storage_protected(storage(True, True, None), PROD)
+    assert "reclaim policy unset" in found[0][1]
+    unknown = storage(True, True)
+    unknown[1]["inputs"]["spec"]["persistentVolumeReclaimPolicy"] = R.UNKNOWN
+    assert R.check_production_storage_protected(unknown, PROD) == []
 
 
 def test_production_comes_from_the_aws_provider_default_tags():
@@ -535,7 +549,7 @@ NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
 
 def _no_default_deny(doc):
-    doc["resources"].remove(_find(doc, NETPOL, "-default-deny"))
+    doc["resources"].remove(_find(doc, NETPOL, "-serving-default-deny"))
 
 
 def _ray_open_to_every_namespace(doc):
@@ -590,8 +604,8 @@ def _efs_unprotected(doc):
     _find(doc, R.EFS)["options"]["protect"] = False
 
 
-def _pv_not_retained(doc):
-    _find(doc, R.PERSISTENT_VOLUME)["options"]["retain_on_delete"] = False
+def _pv_deleted_on_release(doc):
+    _find(doc, R.PERSISTENT_VOLUME, "-weights-pv")["inputs"]["spec"]["persistentVolumeReclaimPolicy"] = "Delete"
 
 
 def _tp_16(doc):
@@ -622,7 +636,7 @@ def _no_shm(doc):
         (_public_lb, "no-internet-facing-load-balancer", "without the internal annotations"),
         (_privileged_head, "serving-pods-shm-limits-unprivileged", "container ray-head: runs privileged"),
         (_efs_unprotected, "production-weights-protected", "lacks protect"),
-        (_pv_not_retained, "production-weights-protected", "PersistentVolume gpu-serving-prod-weights-pv lacks retain_on_delete"),
+        (_pv_deleted_on_release, "production-weights-protected", "PersistentVolume gpu-serving-prod-weights-pv has reclaim policy Delete"),
         (_tp_16, "tp-within-node", "--tensor-parallel-size 16"),
         (_no_efa_ingress, "efa-security-group-self-referencing", "lacks an ingress rule"),
         (_unencrypted_root, "storage-encrypted", "EBS volume not encrypted"),
@@ -839,10 +853,11 @@ def test_stack_adapter_reads_production_and_protect():
 
     reported.clear()  # the provider only known through the resource's `provider`
     efs = _policy_resource(R.EFS, "weights", {"encrypted": True}, protect=True)
-    pv = _policy_resource(R.PERSISTENT_VOLUME, "pv", {"spec": {}}, protect=False)
+    kept = _policy_resource(R.PERSISTENT_VOLUME, "pv", {"spec": {"persistentVolumeReclaimPolicy": "Retain"}}, protect=False)
+    deleted = _policy_resource(R.PERSISTENT_VOLUME, "pv-delete", {"spec": {"persistentVolumeReclaimPolicy": "Delete"}}, protect=False)
     efs.provider = PolicyProviderResource("pulumi:providers:aws", unknown_checking_proxy({"defaultTags": tags}), provider.urn, "aws")
-    policy.validate(StackValidationArgs([efs, pv]), lambda m, urn=None: reported.append((urn, m)))
-    assert [urn for urn, _ in reported] == [pv.urn]
+    policy.validate(StackValidationArgs([efs, kept, deleted]), lambda m, urn=None: reported.append((urn, m)))
+    assert [urn for urn, _ in reported] == [deleted.urn]
 
 
 def test_stack_adapter_tp_rule_on_a_raycluster():

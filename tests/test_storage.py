@@ -6,6 +6,17 @@ Kubernetes object is rebuilt as a manifest from its recorded inputs and
 validated with kubernetes-validate (strict) against Kubernetes 1.33; AWS enum
 values are checked against botocore's efs and fsx service models, and the FSx
 sizing rules against the text of botocore's fsx model.
+
+The EFS file system policy is read back from the recorded JSON and evaluated
+(`iam_allows`, a small evaluator of the statements' Effect, Principal,
+Action and the Bool / StringEquals / StringNotEquals conditions it uses, with
+IAM's rule for absent keys: IAM user guide, "Condition operators") for every
+client a node could be: through either access point or none, with or without
+TLS and IAM. Its actions are checked against botocore's efs model: `*`, or an
+operation of the model, or one of the three NFS client actions, which are
+permissions without an API operation (the model has none of them, checked
+here; the EFS user guide's "EFS actions for clients" and the Service
+Authorization Reference list them).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from hypothesis import strategies as st
 from pulumi.runtime import rpc
 
 from components import storage as storage_mod
+from infra.aws import efs_access
 from components.storage import (
     EFS_CSI_DRIVER,
     FSX_CSI_DRIVER,
@@ -60,6 +72,9 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving-vllm:0.34.0-ra
 
 EFS_FS = "aws:efs/fileSystem:FileSystem"
 EFS_MT = "aws:efs/mountTarget:MountTarget"
+EFS_AP = "aws:efs/accessPoint:AccessPoint"
+EFS_POLICY = "aws:efs/fileSystemPolicy:FileSystemPolicy"
+NODE_ROLE = "arn:aws:iam::123456789012:role/gpu-serving-prod-nodes"
 FSX_FS = "aws:fsx/lustreFileSystem:LustreFileSystem"
 SG = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -109,6 +124,7 @@ def _args(prod_storage, **overrides) -> ModelStorageArgs:
         source="hf",
         staging_image=IMAGE,
         region="us-east-1",
+        mount_role_arn=NODE_ROLE,
     )
     base.update(overrides)
     return ModelStorageArgs(**base)
@@ -158,6 +174,14 @@ def s3_ephemeral(prod_storage):
             vpc_cidr="10.0.0.0/16",
         )
     )
+
+
+@pytest.fixture(scope="module")
+def prod_doc():
+    """The prod stack's synthesis (the real program, its config)."""
+    from infra.preview.synth import synthesize
+
+    return synthesize("prod")
 
 
 @pytest.fixture(scope="module")
@@ -332,18 +356,253 @@ def test_efs_security_group_allows_only_nfs_from_the_clients(efs_prod):
     assert not rec.of_type(EGRESS), "the mount target never opens connections"
 
 
+# ---- who may mount and write (EFS) ---------------------------------------------------------------------
+
+
+def _policy(rec) -> dict:
+    return json.loads(plain(rec.one(EFS_POLICY).inputs)["policy"])
+
+
+def _matches(condition: dict, request: dict) -> bool:
+    """IAM's condition operators the policy uses, with IAM's rule for an absent key (IAM user guide, "Condition
+    operators": the condition is false, except for a negated operator, where it is true)."""
+    for operator, keys in condition.items():
+        for key, wanted in keys.items():
+            values = wanted if isinstance(wanted, list) else [wanted]
+            if operator == "Bool":
+                ok = key in request and str(request[key]).lower() in [str(v).lower() for v in values]
+            elif operator == "StringEquals":
+                ok = key in request and request[key] in values
+            elif operator == "StringNotEquals":
+                ok = key not in request or request[key] not in values
+            else:
+                raise AssertionError(f"operator {operator} is not modelled")
+            if not ok:
+                return False
+    return True
+
+
+def iam_allows(policy: dict, *, principal: str | None, action: str, request: dict, identity_allows: bool = False) -> bool:
+    """Whether EFS grants `action`: an explicit deny wins; else an allow in the file system policy or, for a
+    principal, in its identity policies (`identity_allows`: EFS user guide, "an allow in either ... allows")."""
+    def applies(st: dict) -> bool:
+        who = st["Principal"]["AWS"]
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        return (who == "*" or who == principal) and ("*" in actions or action in actions) and _matches(st.get("Condition", {}), request)
+
+    statements = policy["Statement"]
+    if any(st["Effect"] == "Deny" and applies(st) for st in statements):
+        return False
+    return identity_allows and principal is not None or any(st["Effect"] == "Allow" and applies(st) for st in statements)
+
+
+def test_efs_access_points(efs_prod):
+    rec, _ = efs_prod
+    aps = {r.name: plain(r.inputs) for r in rec.of_type(EFS_AP)}
+    assert set(aps) == {"weights-efs-ap-serving", "weights-efs-ap-staging"}
+    fs_id = recording.placeholder("id", rec.one(EFS_FS).name)
+    path = EFS_MODEL.shape_for("Path")
+    for ap in aps.values():
+        assert ap["fileSystemId"] == fs_id
+        # Both at the root (module doc: an access point cannot change, and running stacks hold /<org>/<name>).
+        assert ap["rootDirectory"] == {"path": "/"} and re.fullmatch(path.metadata["pattern"], "/")
+        assert "creationInfo" not in ap["rootDirectory"]  # the root exists
+    # Serving: `nobody`, in the checkpoint's group; nothing it could own. Staging: the Job's own users (root, then STAGING_UID).
+    serving = aps["weights-efs-ap-serving"]["posixUser"]
+    assert serving == {"uid": 65534, "gid": 65534, "secondaryGids": [STAGING_UID]}
+    uid = EFS_MODEL.shape_for("Uid").metadata
+    assert all(uid["min"] <= v <= uid["max"] for v in (serving["uid"], serving["gid"], *serving["secondaryGids"]))
+    assert serving["uid"] not in (0, STAGING_UID)
+    assert "posixUser" not in aps["weights-efs-ap-staging"]
+    assert set(EFS_MODEL.shape_for("CreateAccessPointRequest").members) >= {"FileSystemId", "PosixUser", "RootDirectory"}
+
+
+def test_efs_file_system_policy_statements(efs_prod):
+    rec, _ = efs_prod
+    inputs = plain(rec.one(EFS_POLICY).inputs)
+    assert inputs["fileSystemId"] == recording.placeholder("id", rec.one(EFS_FS).name)
+    assert inputs["bypassPolicyLockoutSafetyCheck"] is False
+    policy = _policy(rec)
+    fs_arn = recording.placeholder("arn", rec.one(EFS_FS).name)
+    serving, staging = (recording.placeholder("arn", f"weights-efs-ap-{role}") for role in ("serving", "staging"))
+    by_sid = {st["Sid"]: st for st in policy["Statement"]}
+    assert all(st["Resource"] == fs_arn for st in policy["Statement"])
+    # Refuse clients without TLS.
+    assert by_sid["DenyWithoutTls"] == {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
+                                        "Resource": fs_arn, "Condition": {"Bool": {"aws:SecureTransport": "false"}}}  # fmt: skip
+    # Grants: the node role only, over a mount target, through one access point each; serving reads, staging writes.
+    allows = [st for st in policy["Statement"] if st["Effect"] == "Allow"]
+    assert {st["Sid"] for st in allows} == {"ServingReads", "StagingWrites"}
+    for st in allows:
+        assert st["Principal"] == {"AWS": NODE_ROLE}
+        assert st["Condition"]["Bool"] == {"elasticfilesystem:AccessedViaMountTarget": "true"}
+    assert by_sid["ServingReads"]["Action"] == ["elasticfilesystem:ClientMount"]
+    assert by_sid["ServingReads"]["Condition"]["StringEquals"] == {"elasticfilesystem:AccessPointArn": serving}
+    assert by_sid["StagingWrites"]["Condition"]["StringEquals"] == {"elasticfilesystem:AccessPointArn": staging}
+    assert set(by_sid["StagingWrites"]["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
+                                                     "elasticfilesystem:ClientRootAccess"}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["efs-prod", "efs-ephemeral"])
+def test_the_file_system_policy_decides_who_may_do_what(variants, variant):
+    """Every client a node could be, evaluated against the recorded policy."""
+    rec, _ = variants[variant]
+    policy = _policy(rec)
+    serving, staging = (recording.placeholder("arn", f"weights-efs-ap-{role}") for role in ("serving", "staging"))
+    mount, write, root = "elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"
+
+    def can(action, *, ap=None, tls=True, mount_target=True, principal=NODE_ROLE, identity_allows=False):
+        request = {"aws:SecureTransport": tls, "elasticfilesystem:AccessedViaMountTarget": mount_target}
+        if ap:
+            request["elasticfilesystem:AccessPointArn"] = ap
+        return iam_allows(policy, principal=principal, action=action, request=request, identity_allows=identity_allows)
+
+    # The serving pods' mount (the node role, iam, tls, the serving access point): read, nothing more.
+    assert can(mount, ap=serving) and not can(write, ap=serving) and not can(root, ap=serving)
+    # The staging Job's mount: read, write, and root for its init container's chown.
+    assert can(mount, ap=staging) and can(write, ap=staging) and can(root, ap=staging)
+    # Without TLS, nothing, through either door; nor for any other action.
+    for ap in (serving, staging):
+        assert not any(can(a, ap=ap, tls=False) for a in (mount, write, root))
+    assert not can("elasticfilesystem:DescribeMountTargets", tls=False)
+    # Without IAM (an anonymous NFS client), nothing: the policy grants no one but the node role.
+    for ap in (serving, staging, None):
+        assert not can(mount, ap=ap, principal=None)
+    # Another role: nothing. The bare file system, without an access point: nothing, even for the node role.
+    assert not can(mount, ap=serving, principal="arn:aws:iam::123456789012:role/someone-else")
+    assert not any(can(a) for a in (mount, write, root))
+    # Not over a mount target: no grant.
+    assert not can(mount, ap=serving, mount_target=False) and not can(write, ap=staging, mount_target=False)
+    # Even with an EFS client policy on the node role (AmazonElasticFileSystemClientFullAccess), the denies hold:
+    # no write or root through the serving door, nothing without an access point or TLS.
+    assert not can(write, ap=serving, identity_allows=True) and not can(root, ap=serving, identity_allows=True)
+    assert not can(mount, identity_allows=True) and not can(write, identity_allows=True)
+    assert not can(mount, ap=staging, tls=False, identity_allows=True)
+
+
+def test_the_policy_names_what_botocore_and_the_efs_guide_know(efs_prod):
+    """Actions: `*`, an operation of botocore's efs model, or an NFS client action. botocore lists no Client*
+    operation (checked here): they are permissions only, as the EFS user guide ("EFS actions for clients") and the
+    Service Authorization Reference say. The resource's inputs are PutFileSystemPolicy's members."""
+    rec, _ = efs_prod
+    policy = _policy(rec)
+    operations = set(EFS_MODEL.operation_names)
+    assert not {a.split(":", 1)[1] for a in efs_access.CLIENT_ACTIONS} & operations
+    assert efs_access.CLIENT_ACTIONS == ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess")
+    keys = set()
+    for st in policy["Statement"]:
+        for action in st["Action"] if isinstance(st["Action"], list) else [st["Action"]]:
+            assert action == "*" or action in efs_access.CLIENT_ACTIONS or (
+                action.startswith("elasticfilesystem:") and action.split(":", 1)[1] in operations
+            ), action
+        for operator in st.get("Condition", {}).values():
+            keys |= set(operator)
+    # The condition keys EFS evaluates for NFS clients (EFS user guide, "EFS condition keys for clients").
+    assert keys == {"aws:SecureTransport", "elasticfilesystem:AccessPointArn", "elasticfilesystem:AccessedViaMountTarget"}
+    put = EFS_MODEL.operation_model("PutFileSystemPolicy").input_shape.members
+    assert {"FileSystemId", "Policy", "BypassPolicyLockoutSafetyCheck"} <= set(put)
+    text = plain(rec.one(EFS_POLICY).inputs)["policy"]
+    assert len(text) <= EFS_MODEL.shape_for("Policy").metadata["max"]
+    # The access point ARNs the conditions name have the shape botocore gives them.
+    arn = EFS_MODEL.shape_for("AccessPointArn").metadata["pattern"]
+    assert re.fullmatch(arn, "arn:aws:elasticfilesystem:us-east-1:123456789012:access-point/fsap-0123456789abcdef0")
+    # Created once the access points exist (their ARNs are in it), and before the volumes that mount through them.
+    needs = {u.rsplit("::", 1)[-1] for u in rec.one(EFS_POLICY).options["depends_on"]}
+    assert {"weights-efs", "weights-efs-ap-serving", "weights-efs-ap-staging"} <= needs
+    for pv in rec.of_type(PV):
+        assert "weights-efs-policy" in {u.rsplit("::", 1)[-1] for u in pv.options["depends_on"]}
+
+
+def test_the_mount_identity_is_the_node_role(prod_doc):
+    """The EFS CSI node plugin mounts with the instance profile: the stack gives Pod Identity to the driver's
+    controller only, and the file system policy grants the role every node group uses."""
+    from components import cluster
+
+    assert [d.service_account for d in cluster.csi_drivers(False) if d.addon == "aws-efs-csi-driver"] == ["efs-csi-controller-sa"]
+    associations = [r for r in prod_doc["resources"] if r["type"] == "aws:eks/podIdentityAssociation:PodIdentityAssociation"]
+    assert "efs-csi-node-sa" not in {a["inputs"]["serviceAccount"] for a in associations}
+    (role,) = [r for r in prod_doc["resources"] if r["type"] == "aws:iam/role:Role" and r["name"].endswith("-node-role")]
+    node_role = recording.placeholder("arn", role["name"])
+    groups = [r for r in prod_doc["resources"] if r["type"] == "aws:eks/nodeGroup:NodeGroup"]
+    assert len(groups) >= 2 and {g["inputs"]["nodeRoleArn"] for g in groups} == {node_role}  # system and GPU: one role
+    (policy,) = [r for r in prod_doc["resources"] if r["type"] == EFS_POLICY]
+    grants = [st for st in json.loads(policy["inputs"]["policy"])["Statement"] if st["Effect"] == "Allow"]
+    assert {st["Principal"]["AWS"] for st in grants} == {node_role}
+
+
+def test_the_serving_pods_mount_the_read_only_claim(prod_doc):
+    (rc,) = [r for r in prod_doc["resources"] if r["type"] == "kubernetes:ray.io/v1:RayCluster"]
+    spec = rc["inputs"]["spec"]
+    templates = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec.get("workerGroupSpecs", []))]
+    for t in templates:
+        claims = [v["persistentVolumeClaim"] for v in t["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == [{"claimName": "model-weights-serving", "readOnly": True}]
+    (job,) = [r for r in prod_doc["resources"] if r["type"] == JOB and r["name"].endswith("-weights-staging")]
+    claims = [v["persistentVolumeClaim"] for v in job["inputs"]["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [{"claimName": "model-weights-staging"}]
+
+
+def test_a_running_stack_replaces_its_volume_and_claim_and_the_diff_says_so(prod_doc):
+    """The prod synthesis against what a running prod stack had before the access points (its one volume and
+    claim on the bare file system, protected; rebuilt here from today's): the serving pair takes over their URNs,
+    is replaced with protection switched off in the same update (which Pulumi allows), and the diff calls out
+    both; nothing protected is deleted."""
+    import copy
+
+    from infra.preview.changes import RESTARTS_SERVING, STAGES_AGAIN, effects
+    from infra.preview.diff import diff, render_markdown
+
+    head = prod_doc
+    base = copy.deepcopy(head)
+    efs_only = {EFS_AP, EFS_POLICY}
+    base["resources"] = [r for r in base["resources"] if r["type"] not in efs_only and not r["name"].endswith(("-weights-staging-pv", "-weights-staging-pvc"))]
+    fs = next(r for r in base["resources"] if r["type"] == EFS_FS)
+    for r in base["resources"]:
+        if r["type"] == PV and r["name"].endswith("-weights-pv"):
+            r["inputs"]["metadata"]["name"] = "gpu-serving-model-weights"
+            r["inputs"]["spec"]["claimRef"]["name"] = "model-weights"
+            r["inputs"]["spec"]["csi"] = {"driver": EFS_CSI_DRIVER, "volumeHandle": recording.placeholder("id", fs["name"]),
+                                          "volumeAttributes": {"mounttargetip": r["inputs"]["spec"]["csi"]["volumeAttributes"]["mounttargetip"]}}  # fmt: skip
+            del r["inputs"]["spec"]["mountOptions"]
+            r["options"].update(protect=True, retain_on_delete=True)
+        if r["type"] == PVC and r["name"].endswith("-weights-pvc"):
+            r["inputs"]["metadata"]["name"] = "model-weights"
+            r["inputs"]["spec"]["volumeName"] = "gpu-serving-model-weights"
+            r["options"]["protect"] = True
+        # Its pods mounted that claim; its staging Job had another name.
+        if r["type"] in ("kubernetes:ray.io/v1:RayCluster", JOB):
+            text = re.sub(r'"claimName": "model-weights-(serving|staging)"', '"claimName": "model-weights"', json.dumps(r["inputs"]))
+            r["inputs"] = json.loads(text)
+            if r["type"] == JOB and r["name"].endswith("-weights-staging"):
+                r["inputs"]["metadata"]["name"] = "model-weights-stage-00000000"
+    d = diff(base, head)
+    replaced = {c.name: c for c in d.changed if c.replaced}
+    pv_name, pvc_name = (next(r["name"] for r in head["resources"] if r["type"] == t and r["name"].endswith(s))
+                         for t, s in ((PV, "-weights-pv"), (PVC, "-weights-pvc")))  # fmt: skip
+    assert set(replaced) >= {pv_name, pvc_name}
+    assert "spec.csi" in replaced[pv_name].replaced_by and "metadata.name" in replaced[pvc_name].replaced_by
+    text = render_markdown(d)
+    for name in (pv_name, pvc_name):
+        assert "**Replaces PersistentVolume" in text and f"`{name}`" in text
+        assert any("Protection switched off" in c.text and name in c.text for c in d.callouts)
+    assert not any("Deletes protected" in c.text for c in d.callouts)
+    assert {r["type"] for r in d.added} >= efs_only
+    # What the README's table would say: the serving pods restart on the new claim (KubeRay recreates them), a new
+    # staging Job (which finds every file complete), and nothing protected deleted, no new file system.
+    assert effects(d, head) == (RESTARTS_SERVING, STAGES_AGAIN)
+
+
 @pytest.mark.parametrize("variant,expected", [("efs-prod", True), ("efs-ephemeral", False), ("fsx-prod", True), ("s3-fsx-ephemeral", False)])
 def test_protection_follows_production(variants, variant, expected):
     rec, _ = variants[variant]
     (fs,) = rec.of_type(EFS_FS) + rec.of_type(FSX_FS)
-    pv = rec.one(PV)
-    for res in (fs, pv):
-        assert res.options["protect"] is expected, res.name
-        assert res.options["retain_on_delete"] is expected, res.name
-    assert rec.one(PVC).options["protect"] is expected
-    # Nothing else is protected: the rest is cheap to recreate.
-    others = [r.name for r in rec.resources if r.custom and r not in (fs, pv, rec.one(PVC)) and r.options["protect"]]
+    assert fs.options["protect"] is expected and fs.options["retain_on_delete"] is expected
+    # Nothing else is protected: the rest is cheap to recreate. The volumes and claims hold no data (Retain), so a
+    # running stack can replace them (the access points' volumes) without `pulumi state unprotect`.
+    others = [r.name for r in rec.resources if r.custom and r is not fs and (r.options["protect"] or r.options["retain_on_delete"])]
     assert not others
+    for pv in rec.of_type(PV):
+        assert manifest(pv)["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
 
 
 # ---- FSx ----------------------------------------------------------------------------------------------
@@ -362,7 +621,8 @@ def test_fsx_file_system_sized_by_the_plan(fsx_prod, prod_storage):
     assert comp.fsx_sizing == sizing
     assert comp.read_throughput_bytes_per_s == sizing.throughput_bytes_per_s >= prod_storage.required_read_bytes_per_s
     # The volume's capacity is the file system's.
-    assert plain(rec.one(PV).inputs)["spec"]["capacity"] == {"storage": f"{sizing.storage_capacity_gib}Gi"}
+    for pv in rec.of_type(PV):
+        assert plain(pv.inputs)["spec"]["capacity"] == {"storage": f"{sizing.storage_capacity_gib}Gi"}
 
 
 def test_fsx_security_group_opens_lustre_ports_only(fsx_prod):
@@ -385,38 +645,71 @@ def test_fsx_security_group_opens_lustre_ports_only(fsx_prod):
 # ---- the volume and the claim ----------------------------------------------------------------------------
 
 
+def _pairs(rec) -> dict[str, tuple[dict, dict]]:
+    """(volume, claim) manifests by claim name."""
+    pvs = {manifest(r)["spec"]["claimRef"]["name"]: manifest(r) for r in rec.of_type(PV)}
+    pvcs = {manifest(r)["metadata"]["name"]: manifest(r) for r in rec.of_type(PVC)}
+    assert set(pvs) == set(pvcs)
+    return {name: (pvs[name], pvcs[name]) for name in pvs}
+
+
 @pytest.mark.parametrize("variant", ["efs-prod", "fsx-prod"])
 def test_static_binding(variants, variant):
     rec, comp = variants[variant]
-    pv, pvc = manifest(rec.one(PV)), manifest(rec.one(PVC))
-    assert pv["spec"]["storageClassName"] == "" == pvc["spec"]["storageClassName"]
-    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
-    assert pv["spec"]["claimRef"]["name"] == pvc["metadata"]["name"] == comp.pvc_name == "model-weights"
-    assert pv["spec"]["claimRef"]["namespace"] == pvc["metadata"]["namespace"] == "gpu-serving"
-    assert pv["spec"]["accessModes"] == ["ReadWriteMany"] == pvc["spec"]["accessModes"]
-    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
-    assert pv["spec"]["capacity"]["storage"] == pvc["spec"]["resources"]["requests"]["storage"]
+    pairs = _pairs(rec)
+    # The same claims for either kind: a change of kind leaves the serving pods' claim alone.
+    assert set(pairs) == {"model-weights-serving", "model-weights-staging"} == {comp.pvc_name, comp.staging_pvc_name}
+    for name, (pv, pvc) in pairs.items():
+        assert pv["spec"]["storageClassName"] == "" == pvc["spec"]["storageClassName"]
+        assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] == f"gpu-serving-{name}"
+        assert pv["spec"]["claimRef"]["name"] == pvc["metadata"]["name"] == name
+        assert pv["spec"]["claimRef"]["namespace"] == pvc["metadata"]["namespace"] == "gpu-serving"
+        assert pv["spec"]["accessModes"] == ["ReadWriteMany"] == pvc["spec"]["accessModes"]
+        assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+        assert pv["spec"]["capacity"]["storage"] == pvc["spec"]["resources"]["requests"]["storage"]
     assert not [r for r in rec.resources if r.type == "kubernetes:storage.k8s.io/v1:StorageClass"]
+    # The serving claim keeps the Pulumi names of the one volume and claim a stack had before the access points.
+    serving_pv = next(r for r in rec.of_type(PV) if manifest(r)["spec"]["claimRef"]["name"] == comp.pvc_name)
+    serving_pvc = next(r for r in rec.of_type(PVC) if manifest(r)["metadata"]["name"] == comp.pvc_name)
+    assert (serving_pv.name, serving_pvc.name) == ("weights-pv", "weights-pvc")
     fs = (rec.of_type(EFS_FS) + rec.of_type(FSX_FS))[0]
-    assert pv["spec"]["csi"]["volumeHandle"] == recording.placeholder("id", fs.name)
+    fs_id = recording.placeholder("id", fs.name)
+    for pv, _ in pairs.values():
+        assert pv["spec"]["csi"]["volumeHandle"].split("::")[0] == fs_id
 
 
-def test_efs_volume_attributes(efs_prod):
-    rec, _ = efs_prod
-    csi = manifest(rec.one(PV))["spec"]["csi"]
-    assert csi["driver"] == EFS_CSI_DRIVER
-    # The driver refuses any other attribute (aws-efs-csi-driver pkg/driver/node.go).
-    assert set(csi["volumeAttributes"]) <= {"path", "encryptintransit", "mounttargetip", "crossaccount"}
-    assert csi["volumeAttributes"]["mounttargetip"] == "10.0.0.17"
+def test_efs_volumes_go_through_the_access_points(efs_prod):
+    rec, comp = efs_prod
+    pairs = _pairs(rec)
+    fs_id = recording.placeholder("id", rec.one(EFS_FS).name)
+    aps = {r.name.rsplit("-", 1)[-1]: recording.placeholder("id", r.name) for r in rec.of_type(EFS_AP)}
+    for role, claim in (("serving", comp.pvc_name), ("staging", comp.staging_pvc_name)):
+        pv, _ = pairs[claim]
+        csi = pv["spec"]["csi"]
+        assert csi["driver"] == EFS_CSI_DRIVER
+        # fs-xxx::fsap-xxx: the file system through the access point, no subpath (aws-efs-csi-driver node.go, parseVolumeId).
+        assert csi["volumeHandle"] == f"{fs_id}::{aps[role]}"
+        # The driver accepts no other attribute (node.go, NodePublishVolume; keys compared lower-cased).
+        assert {k.lower() for k in csi["volumeAttributes"]} <= {"encryptintransit", "mounttargetip", "mounttargetipmap", "crossaccount"}
+        assert csi["volumeAttributes"] == {"encryptInTransit": "true", "mounttargetip": "10.0.0.17"}
+        # `iam`: the node plugin signs the mount (the policy grants no anonymous client); serving mounts read-only.
+        assert pv["spec"]["mountOptions"] == (["iam", "ro"] if role == "serving" else ["iam"])
+        assert "tls" not in pv["spec"]["mountOptions"]  # deprecated as a mount option by the driver; encryptInTransit says it
 
 
 def test_fsx_volume_attributes(fsx_prod):
-    rec, _ = fsx_prod
-    pv = manifest(rec.one(PV))
-    csi = pv["spec"]["csi"]
-    assert csi["driver"] == FSX_CSI_DRIVER
-    assert csi["volumeAttributes"] == {"dnsname": "<id:weights-fsx>.fsx.us-east-1.amazonaws.com", "mountname": "abcdefgh"}
-    assert pv["spec"]["mountOptions"] == ["flock"]
+    rec, comp = fsx_prod
+    pairs = _pairs(rec)
+    for claim, (pv, _) in pairs.items():
+        csi = pv["spec"]["csi"]
+        assert csi["driver"] == FSX_CSI_DRIVER
+        assert csi["volumeHandle"] == recording.placeholder("id", "weights-fsx")
+        assert csi["volumeAttributes"] == {"dnsname": "<id:weights-fsx>.fsx.us-east-1.amazonaws.com", "mountname": "abcdefgh"}
+    # FSx for Lustre has no access points and no IAM client authorization (module doc): two views of the file
+    # system, the serving one mounted read-only.
+    assert pairs[comp.pvc_name][0]["spec"]["mountOptions"] == ["flock", "ro"]
+    assert pairs[comp.staging_pvc_name][0]["spec"]["mountOptions"] == ["flock"]
+    assert not rec.of_type(EFS_AP) and not rec.of_type(EFS_POLICY)
 
 
 # ---- Kubernetes schemas -------------------------------------------------------------------------------------
@@ -515,7 +808,7 @@ def test_staging_job(efs_prod, prod_storage):
     assert pod["restartPolicy"] == "Never"
     # The claim, read-write, at the mount path; the script's destination is the model path under it.
     (vol,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
-    assert vol["persistentVolumeClaim"] == {"claimName": "model-weights"}
+    assert vol["persistentVolumeClaim"] == {"claimName": "model-weights-staging"} == {"claimName": comp.staging_pvc_name}
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == vol["name"]]
     assert mount["mountPath"] == "/models" and not mount.get("readOnly")
     # The program: a file of the ConfigMap the pod mounts read-only, whose hash the pod carries.
@@ -557,7 +850,9 @@ def test_staging_job(efs_prod, prod_storage):
     assert job["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     assert not res.options.get("custom_timeouts")
     needs = {u.rsplit("::", 1)[-1] for u in res.options["depends_on"]}
-    assert {"weights-pvc", "weights-efs-mt", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts", "weights-staging-egress"} <= needs
+    assert {"weights-staging-pvc", "weights-efs-mt", "weights-efs-policy", "weights-hf-token", "weights-staging-sa", "weights-staging-scripts",
+            "weights-staging-egress"} <= needs  # fmt: skip
+    assert "weights-pvc" not in needs  # the serving claim is not the Job's
     # Its egress: HTTPS to the hub, and nothing else (no VPC CIDR given: no exception; no Pod Identity for hf).
     netpol = manifest(rec.one(NETWORK_POLICY))
     assert netpol["spec"]["podSelector"]["matchLabels"] == job["spec"]["template"]["metadata"]["labels"]
@@ -736,6 +1031,7 @@ def test_aws_enum_values_are_in_botocore(variants, variant):
         (dict(staging_image="python"), "pinned"),
         (dict(staging_image=pulumi.Output.from_input("registry/staging:tag")), "staging_image_id"),
         (dict(source="s3", checkpoint="s3://bucket-name/p", cluster_name="c", hf_token=pulumi.Output.secret("x")), "hf_token"),
+        (dict(mount_role_arn=None), "mount_role_arn"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(prod_storage, overrides, message):

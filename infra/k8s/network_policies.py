@@ -1,9 +1,11 @@
-"""The serving namespace's NetworkPolicies: deny by default, then exactly the connections each pod needs.
+"""The stack's NetworkPolicies: deny by default, then exactly the connections each pod needs.
 
 Pure builders of `networking.k8s.io/v1` NetworkPolicy manifests. `namespace_policies`
-are the namespace's own (stack.py creates them with the namespace, before any pod);
+are the serving namespace's own (stack.py creates them with the namespace, before any pod);
 `serving_policies(spec)` belong to the serving layer (components/serving.py);
-`staging_policy(...)` to the weight storage (components/storage.py).
+`staging_policy(...)` to the weight storage (components/storage.py);
+`operator_namespace_policies(...)` to the namespaces the operators are installed
+into (components/operators.py; "The operators' namespaces" below).
 
 - `default-deny`: every pod of the namespace, ingress and egress, no rule: a
   pod receives and opens only what a policy below allows.
@@ -67,6 +69,52 @@ client of the node), so no pod opens an NFS or Lustre connection. The
 serving pods need nothing outside the cluster: the weights are local
 (`HF_HUB_OFFLINE=1`) and usage reporting is off.
 
+The operators' namespaces (`gpu-operator` and `kuberay`, which
+components/operators.py creates; the EFA device plugin goes into
+`kube-system`, which is EKS's: CoreDNS, the VPC CNI, kube-proxy, the pod
+identity agent and the CSI drivers run there with needs the stack does not
+own, and the plugin's DaemonSet asks the kubelet for nothing over the pod
+network, so no policy is put there). Each gets the same `default-deny` and
+`allow-dns`, and:
+
+- `allow-api-server`: every pod may open TCP 443 to the Kubernetes API
+  server, as the pods see it: the `kubernetes` Service's ClusterIP, the first
+  address of the cluster's service CIDR (`kubernetes_service_ip`; the
+  operators' in-cluster clients dial `KUBERNETES_SERVICE_HOST`, that
+  address). The rule names the ClusterIP, not the control plane's ENIs behind
+  it: the VPC CNI's eBPF filter sees a pod's packet before kube-proxy rewrites
+  the Service address ("Services" below; the controller adds Services'
+  ClusterIPs to rules "to handle eBPF probe limitations post-DNAT",
+  amazon-network-policy-controller-k8s pkg/resolvers/endpoints.go; an AWS
+  maintainer reads a DENY logged against a service-range address as the
+  policy's missing service range, aws/aws-network-policy-agent issue #549;
+  otterize/intents-operator pull request #488 logs the same for a ClusterIP).
+  Every operator and operand there talks to the API server and to
+  nothing else in or outside the cluster: the GPU operator, NFD's master,
+  worker and garbage collector (node-feature-discovery chart v0.19.0,
+  vendored in gpu-operator v26.7.0: their own optional policies allow only
+  DNS and the API server), GPU feature discovery, the MIG manager and the
+  validator (which creates its check pods through the API), the CRD upgrade
+  hook; KubeRay's RayCluster controller calls no Ray dashboard (only its
+  RayJob and RayService controllers do, ray-operator/controllers/ray/utils/
+  dashboardclient, v1.7.0), and the serving namespace admits no one on Ray's
+  ports anyway. Neither chart installs an admission webhook at the pinned
+  versions, so nothing calls into these namespaces.
+- `<component>-metrics`: only when `metrics_clients` names some (the
+  stack passes `gpu-serving:serving.metricsClients`, the Prometheus the
+  serving metrics go to): each component's metrics port accepts them. The
+  ports and the pods' labels are the charts' own, at the pinned versions
+  (components/operators.py, `METRICS_TARGETS`): the GPU operator's
+  `metrics` 8080 (deployments/gpu-operator/templates/operator.yaml,
+  v26.7.0), the DCGM exporter's 9400
+  (assets/state-dcgm-exporter/0800_daemonset.yaml, `DCGM_EXPORTER_LISTEN`),
+  NFD's `http` 8080 (metrics and healthz, charts/node-feature-discovery
+  values `master.port`, `worker.port`, `gc.port`), KubeRay's `http` 8080
+  (helm-chart/kuberay-operator/templates/deployment.yaml, v1.7.0). None of
+  these pods runs in the host's network (the vendored gpu-operator values set
+  `hostNetwork: false` on every operand), so the policies do apply to them;
+  their probes come from the kubelet, on the pod's own node (always allowed).
+
 Enforcement is the VPC CNI's network policy agent (`enableNetworkPolicy` in
 the vpc-cni add-on's configuration, components/cluster.py). These objects do
 not depend on it: without it they are accepted and have no effect.
@@ -74,7 +122,9 @@ not depend on it: without it they are accepted and have no effect.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+import ipaddress
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from infra.k8s import checks, exposure
 from infra.k8s.serving_spec import (
@@ -100,6 +150,9 @@ POD_IDENTITY_PORT = 80
 ANYWHERE = "0.0.0.0/0"
 DEFAULT_DENY = "default-deny"
 ALLOW_DNS = "allow-dns"
+ALLOW_API_SERVER = "allow-api-server"
+# The `kubernetes` Service's port (the API server, as pods reach it).
+API_SERVER_PORT = 443
 
 
 def policy(name: str, namespace: str, pod_selector: Mapping[str, str], *, ingress=None, egress=None, labels=None) -> dict:
@@ -233,6 +286,54 @@ def staging_policy(
     if pod_identity:
         egress.append({"to": [{"ipBlock": {"cidr": POD_IDENTITY_AGENT}}], "ports": tcp(POD_IDENTITY_PORT)})
     return policy(name, namespace, pod_labels, egress=egress, labels=labels)
+
+
+# --- the operators' namespaces ------------------------------------------------------------
+
+
+def kubernetes_service_ip(service_cidr: str) -> str:
+    """The `kubernetes` Service's ClusterIP: the first address of the service CIDR, as a /32 (or /128).
+
+    kube-apiserver takes it for itself, whatever the range ("Select the first valid IP from
+    ServiceClusterIPRange to use as the GenericAPIServer service IP":
+    `utilnet.GetIndexedIP(&serviceClusterIPRange, 1)`, kubernetes `ServiceIPRange`).
+    """
+    net = ipaddress.ip_network(service_cidr, strict=True)
+    return f"{net[1]}/{net.max_prefixlen}"
+
+
+def allow_api_server(namespace: str, api_server_cidrs: Sequence[Any]) -> dict:
+    """Every pod of the namespace may open TCP 443 to the API server's address(es) (strings or Outputs)."""
+    to = [{"ipBlock": {"cidr": cidr}} for cidr in api_server_cidrs]
+    return policy(ALLOW_API_SERVER, namespace, {}, egress=[{"to": to, "ports": tcp(API_SERVER_PORT)}])
+
+
+@dataclass(frozen=True)
+class MetricsTarget:
+    """A component's pods (their labels, as its chart sets them) and the port(s) they serve metrics on."""
+
+    name: str
+    selector: Mapping[str, str]
+    ports: tuple[int, ...]
+
+
+def metrics_policy(namespace: str, target: MetricsTarget, clients: Clients) -> Optional[dict]:
+    """The component's metrics ports open to the configured clients; None when there are none."""
+    peers = client_peers(clients)
+    if not peers:
+        return None
+    return policy(f"{target.name}-metrics", namespace, target.selector, ingress=[{"from": peers, "ports": tcp(*target.ports)}])
+
+
+def operator_namespace_policies(
+    namespace: str, *, api_server_cidrs: Sequence[Any], metrics_targets: Sequence[MetricsTarget] = (), metrics_clients: Clients = Clients()
+) -> list[dict]:
+    """An operator namespace's policies: deny by default, DNS, the API server, metrics for the clients (module doc)."""
+    if not api_server_cidrs:
+        raise ValueError(f"namespace {namespace}: the API server's address is needed (every operator there talks to it)")
+    out = [default_deny(namespace), allow_dns(namespace), allow_api_server(namespace, api_server_cidrs)]
+    out += [p for t in metrics_targets if (p := metrics_policy(namespace, t, metrics_clients)) is not None]
+    return out
 
 
 def names(policies: Iterable[dict]) -> list[str]:

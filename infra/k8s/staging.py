@@ -20,6 +20,15 @@ runs. The program runs as an unprivileged user (`STAGING_UID`); an init
 container (root, CAP_CHOWN only) first hands it the checkpoint's directory
 (`staging_owner.sh`). Security contexts: infra/k8s/pod_security.py; what the
 pod may reach: infra/k8s/network_policies.py (`staging_policy`).
+
+The volume it mounts read-write is the staging claim (components/storage.py):
+on EFS, the staging access point, the only way in that may write. That door
+enforces no POSIX user and its file system policy grants ClientRootAccess
+because of the init container: the checkpoint's directory goes under the file
+system's root-owned `/` (its organisation's directory may be new too), and
+only root may create it there and chown it; without ClientRootAccess EFS
+squashes the client's root (an unprivileged identity) and both fail. The
+serving pods' door enforces `nobody` and grants no write at all.
 """
 
 from __future__ import annotations
@@ -192,7 +201,8 @@ def owner_container(image: Any, dest: str, mount_path: str) -> dict[str, Any]:
     """Init container: create the checkpoint's directory and hand it to STAGING_UID (staging_owner.sh).
 
     The Job's one root step, with CAP_CHOWN alone (every other capability
-    dropped, no privilege escalation, read-only root file system).
+    dropped, no privilege escalation, read-only root file system); on EFS the
+    reason the staging access point is granted ClientRootAccess (module doc).
     """
     return {
         "name": "own-dest",

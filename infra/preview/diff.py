@@ -9,9 +9,10 @@ changed field of its inputs and options is listed (nested keys as dotted paths,
 index). `render_markdown(d)` writes it up, with a loud callout at the top when
 the change would
 
-- replace an EKS node group, the EKS cluster, a launch template or the weights'
-  file system (a change to a field the provider can only set at creation, or
-  to a `replaceOnChanges` path), or delete a node group or the cluster;
+- replace an EKS node group, the EKS cluster, a launch template, the weights'
+  file system, or the weights' PersistentVolume or claim (a change to a field
+  the provider can only set at creation, or to a `replaceOnChanges` path), or
+  delete a node group or the cluster;
 - swap a node group for a new one of another name under the same component
   (a Capacity Block's group is named after its block: a new reservation id
   brings a new group, created before the old one is deleted);
@@ -61,6 +62,17 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   creates a new template version (`latest_version` becomes unknown), which node
   groups that follow it roll onto.
 
+Kubernetes objects (pulumi-kubernetes replaces what the API server will not
+update): a new `metadata.name` or `metadata.namespace` is another object; a
+PersistentVolume's source is immutable (`spec.csi`: "spec.persistentvolumesource
+is immutable after creation"), and so is a claim's spec but for its resource
+requests ("spec is immutable after creation except resources.requests and
+volumeAttributesClassName for bound claims"), Kubernetes'
+`ValidatePersistentVolumeUpdate` and `ValidatePersistentVolumeClaimUpdate`.
+Only the PersistentVolumes and claims are judged, the weights' way in: a
+replaced serving claim restarts the serving pods, and a protected one stops
+`pulumi up`.
+
 Pulumi writes these fields in camelCase, and flattens Terraform's one-item
 blocks into objects (`launch_template.0.id` is `launchTemplate.id`).
 `ignoreChanges` is honoured: a change under an ignored path is listed, marked
@@ -84,6 +96,8 @@ CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 EFS = "aws:efs/fileSystem:FileSystem"
 FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+PERSISTENT_VOLUME_CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 
 # Input paths (Pulumi names) whose change replaces the resource: Terraform ForceNew,
 # read from the sources named in the module docstring.
@@ -116,6 +130,11 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
     EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
     FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
+    # Kubernetes' immutable fields (module docstring).
+    PERSISTENT_VOLUME: ("metadata.name", "spec.csi", "spec.volumeMode"),
+    PERSISTENT_VOLUME_CLAIM: (
+        "metadata.name", "metadata.namespace", "spec.accessModes", "spec.storageClassName", "spec.volumeMode", "spec.volumeName",
+    ),  # fmt: skip
 }
 
 def _lustre_capacity_replaces(b: dict, h: dict) -> bool:
@@ -145,6 +164,8 @@ SET_FIELDS: dict[str, frozenset[str]] = {
     LAUNCH_TEMPLATE: frozenset(),
     EFS: frozenset(),
     FSX_LUSTRE: frozenset({"securityGroupIds"}),
+    PERSISTENT_VOLUME: frozenset(),
+    PERSISTENT_VOLUME_CLAIM: frozenset(),
 }
 
 # Node group fields updated by UpdateNodegroupVersion: every node is replaced, in batches.
@@ -156,6 +177,7 @@ LT_NOT_VERSIONED = frozenset({"name", "namePrefix", "description", "defaultVersi
 KIND = {
     NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template",
     EFS: "EFS file system", FSX_LUSTRE: "FSx for Lustre file system",
+    PERSISTENT_VOLUME: "PersistentVolume", PERSISTENT_VOLUME_CLAIM: "PersistentVolumeClaim",
 }  # fmt: skip
 
 MAX_VALUE = 80  # characters of a value shown in a table cell
@@ -524,6 +546,11 @@ CONSEQUENCE = {
     "or kept when retained on delete",
     FSX_LUSTRE: "a new, empty file system is created and the weights staged into it again (hours); this one is "
     "deleted, or kept when retained on delete",
+    PERSISTENT_VOLUME: "the new volume is created (under a new name, before this one goes) and this one deleted at the "
+    "end of the update, or left in the cluster, Released, when retained on delete (its data stays: reclaim policy Retain)",
+    PERSISTENT_VOLUME_CLAIM: "the new claim is created (under a new name, before this one goes); the pods that mount a "
+    "claim must move to it (a changed RayCluster template: KubeRay recreates every serving pod), and this one is deleted "
+    "at the end of the update, once no running pod mounts it (pvc-protection)",
 }
 
 
@@ -758,7 +785,8 @@ def render_markdown(d: Diff) -> str:
         lines += [f"#### Stack outputs ({len(d.outputs)} changed)", "", *_field_table(d.outputs, "Output"), ""]
     lines.append(
         "<sub>Replacements are judged from the Terraform AWS provider's ForceNew fields for EKS clusters, node groups, "
-        "launch templates and EFS / FSx for Lustre file systems, and from `replaceOnChanges`; a change to another resource type is shown as an update "
+        "launch templates and EFS / FSx for Lustre file systems, from Kubernetes' immutable fields for PersistentVolumes and claims, "
+        "and from `replaceOnChanges`; a change to another resource type is shown as an update "
         "even where its provider would replace it. Values only the cloud knows are placeholders.</sub>"
     )
     text = "\n".join(lines).rstrip() + "\n"

@@ -54,6 +54,10 @@ COMPUTED_OUTPUTS: dict[str, Callable[[str, dict], dict]] = {
         "certificateAuthority": {"data": placeholder("ca-data", name)},
         "vpcConfig": {"clusterSecurityGroupId": placeholder("cluster-sg", name)},
         "identities": [{"oidcs": [{"issuer": f"https://{placeholder('oidc', name)}"}]}],
+        # components/stack.py derives the API server's ClusterIP from it (the operators' NetworkPolicies);
+        # a stand-in: EKS assigns 10.100.0.0/16 or 172.20.0.0/16 when the cluster names none (botocore eks,
+        # KubernetesNetworkConfigRequest.serviceIpv4Cidr).
+        "kubernetesNetworkConfig": {"ipFamily": "ipv4", "serviceIpv4Cidr": "172.20.0.0/16"},
     },
     # components/network.py exports the placement group's (auto-generated) name.
     "aws:ec2/placementGroup:PlacementGroup": lambda name, inputs: {"name": inputs.get("name", name)},
