@@ -40,6 +40,7 @@ from infra.config import load_stack_file
 from infra.ops import preflight as pf
 from infra.ops import preflight_eks as pfe
 from infra.ops import preflight_stack as pfs
+from infra.ops import preflight_state as pfst
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server, publish_parameter  # noqa: F401  (pytest fixtures)
@@ -863,20 +864,20 @@ def test_acceptance_published_release_and_enough_quota_is_a_go(aws, tmp_path, mo
 def test_a_production_stack_on_a_local_state_file_is_warned(tmp_path):
     from infra.config import REPO_ROOT
 
-    url, source = pf.state_backend(REPO_ROOT, {})
+    url, source = pfst.state_backend(REPO_ROOT, {})
     assert (url, source) == ("file://~", "Pulumi.yaml backend.url")  # the repository's default
     prod = pf.Target(stack="prod", region="us-east-1", instance=get_instance_type("p5.48xlarge"), nodes=4, zone="us-east-1a",
                      capacity_type="on-demand", reservation_id=None, kubernetes_version="1.35", production=True,
                      backend_url=url, backend_source=source)  # fmt: skip
-    check = pf.check_state_backend(prod)
+    check = pfst.check_state_backend(prod)
     assert check.ok is True and "local file" in check.warning and "s3://" in check.fix and "awskms://" in check.fix
-    assert not pf.check_state_backend(dataclasses.replace(prod, production=False)).warning
+    assert not pfst.check_state_backend(dataclasses.replace(prod, production=False)).warning
     # The environment wins over the project (pulumi/pulumi#5789), and an S3 backend needs no warning.
-    url, source = pf.state_backend(REPO_ROOT, {"PULUMI_BACKEND_URL": "s3://state-bucket"})
+    url, source = pfst.state_backend(REPO_ROOT, {"PULUMI_BACKEND_URL": "s3://state-bucket"})
     assert (url, source) == ("s3://state-bucket", "PULUMI_BACKEND_URL")
-    assert not pf.check_state_backend(dataclasses.replace(prod, backend_url=url, backend_source=source)).warning
+    assert not pfst.check_state_backend(dataclasses.replace(prod, backend_url=url, backend_source=source)).warning
     # Nothing set: the current `pulumi login` decides; production is told to make sure.
-    unset = pf.state_backend(tmp_path, {})
+    unset = pfst.state_backend(tmp_path, {})
     assert unset[0] is None
-    check = pf.check_state_backend(dataclasses.replace(prod, backend_url=None, backend_source=unset[1]))
+    check = pfst.check_state_backend(dataclasses.replace(prod, backend_url=None, backend_source=unset[1]))
     assert check.ok is True and check.warning

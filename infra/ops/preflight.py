@@ -79,7 +79,6 @@ import datetime as dt
 import os
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from infra.catalog import eks_versions
@@ -275,6 +274,7 @@ def node_amis(cfg, day: dt.date) -> tuple[NodeAmi, ...]:
 def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Target:
     """The pre-flight target of `Pulumi.<stack>.yaml`; raises UserError on a config error."""
     from infra.aws.access import BASTION_INSTANCE_TYPE, needs_bastion
+    from infra.ops import preflight_state
     from infra.config import load_stack_file, read_stack_file
     from infra.planning import make_plan
 
@@ -314,52 +314,9 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         existing_vpc_id=net.existing_vpc_id,
         nat_zones=() if net.existing_vpc_id else nat_zones(net.zones(region), net.nat_gateway_per_az),
         production=cfg.lifecycle.production,
-        backend_url=(backend := state_backend(root, os.environ))[0],
+        backend_url=(backend := preflight_state.state_backend(root, os.environ))[0],
         backend_source=backend[1],
     )
-
-
-def state_backend(root, environ) -> tuple[Optional[str], str]:
-    """(URL, where it is set) of the backend `pulumi` uses for this project: PULUMI_BACKEND_URL, which takes
-    precedence over the project's choice (pulumi/pulumi#5789, "instead of deferring to the project or the
-    ~/.pulumi/credentials.json file"), else Pulumi.yaml's `backend.url`; None: the current `pulumi login`."""
-    import yaml
-
-    from infra.config import REPO_ROOT
-
-    if environ.get("PULUMI_BACKEND_URL"):
-        return environ["PULUMI_BACKEND_URL"], "PULUMI_BACKEND_URL"
-    project = (Path(root) if root is not None else REPO_ROOT) / "Pulumi.yaml"
-    try:
-        url = ((yaml.safe_load(project.read_text()) or {}).get("backend") or {}).get("url")
-    except (OSError, yaml.YAMLError):
-        url = None
-    return (url, "Pulumi.yaml backend.url") if url else (None, "the current `pulumi login`")
-
-
-def check_state_backend(t: Target) -> Check:
-    """Where the stack's state lives. A production stack on a local file backend is a go with a warning: one
-    machine holds the only copy of the state, with no locking against a second `pulumi up` and no versions to
-    go back to (README, "State of a production stack")."""
-    name = "Pulumi state backend"
-    url, source = t.backend_url, t.backend_source
-    if url is None:
-        detail = f"not set in the project or the environment: {source} decides (`pulumi whoami -v` shows it)"
-        if t.production:
-            return Check(name, True, detail, STATE_FIX, "production state: make sure it is not a local file")
-        return Check(name, True, detail)
-    detail = f"{url} ({source})"
-    if t.production and url.startswith("file://"):
-        return Check(name, True, detail, STATE_FIX,
-                     "production state in a local file: one machine's copy, no locking, no versions to go back to")  # fmt: skip
-    return Check(name, True, detail)
-
-
-STATE_FIX = (
-    "keep production state in S3 with versioning and a KMS secrets provider: `pulumi login s3://<bucket>` (or "
-    "PULUMI_BACKEND_URL) and `pulumi stack init prod --secrets-provider awskms://alias/<key>` (README, \"State of a "
-    "production stack\")"
-)
 
 
 # --------------------------------------------------------------------------- clients
@@ -727,6 +684,7 @@ def check_efa(ec2, t: Target) -> Check:
 def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -> list[Check]:
     # Checks 5 and 6 (EKS) live in preflight_eks.py, 7 to 9 (what the stack creates besides the GPU nodes) in
     # preflight_stack.py; both build on this module.
+    from infra.ops import preflight_state
     from infra.ops.preflight_eks import check_addon_versions, check_eks_version
     from infra.ops.preflight_stack import (
         check_ami_release,
@@ -749,7 +707,7 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_vpc_quota(clients.quotas, clients.ec2, t),
         lambda: check_nat_quota(clients.quotas, clients.ec2, t),
         lambda: check_eip_quota(clients.quotas, clients.ec2, t),
-        lambda: check_state_backend(t),
+        lambda: preflight_state.check_state_backend(t),
     ]
     return [step() for step in steps]
 
