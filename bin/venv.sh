@@ -1,13 +1,18 @@
 # Sourced by bin/plan and bin/test (not run on its own).
-#   ensure_venv FILE: ./venv with requirement FILE installed. The venv is created on
-#   first use; FILE is installed again only when it, or a file it includes with
-#   `-r` (followed recursively, as pip reads them), changed since the last install.
+#   ensure_venv FILE [DIR]: virtualenv DIR (default ./venv) with requirement FILE
+#   installed. It is created on first use; FILE is installed again only when it, or a
+#   file it includes with `-r` (followed recursively, as pip reads them), changed since
+#   the last install. The stamp, DIR/.FILE-without-.txt.sha256, holds the sha256 of
+#   those files: for a file that includes none (requirements-scan.txt into venv-scan/)
+#   that is the stamp `python -m infra scan` writes and reads too (infra/preview/tool_venv.py),
+#   so neither installs again what the other did.
 ensure_venv() {
-    local req="$1" stamp="venv/.${1%.txt}.sha256" sum
-    if [ ! -x venv/bin/python ]; then
-        python3 -m venv venv
+    local req="$1" dir="${2:-venv}" stamp sum
+    stamp="$dir/.${req%.txt}.sha256"
+    if [ ! -x "$dir/bin/python" ]; then
+        python3 -m venv "$dir"
     fi
-    sum=$(venv/bin/python - "$req" <<'PY'
+    sum=$("$dir/bin/python" - "$req" <<'PY'
 import hashlib, re, sys
 from pathlib import Path
 
@@ -28,7 +33,7 @@ print(h.hexdigest())
 PY
 )
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$sum" ]; then
-        venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$req"
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
         echo "$sum" > "$stamp"
     fi
 }

@@ -37,6 +37,14 @@ def fixture_path(*parts: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def checkov() -> Path:
+    """The pinned checkov in venv-scan/, which bin/test sets up (tests/checkov_runs.py); no test installs it."""
+    from tests.checkov_runs import checkov_path
+
+    return checkov_path()
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The repository root (holds Pulumi.yaml and the stack files)."""
     return REPO_ROOT

@@ -223,52 +223,86 @@ def test_pulumi_yaml_installs_requirements_txt_into_the_venv_of_the_program():
 _FAKE_PYTHON = textwrap.dedent(
     """\
     #!/bin/sh
-    # Stands in for venv/bin/python: records pip and the commands, computes like Python otherwise.
+    # Stands in for {venv}/bin/python: records pip (into which virtualenv) and the commands, computes like Python otherwise.
     case "$1 $2" in
-      "-m pip") echo "pip $*" >> "$FAKE_LOG"; exit 0 ;;
+      "-m pip") echo "pip {venv} $*" >> "$FAKE_LOG"; exit 0 ;;
       "-m infra"|"-m pytest") echo "run $*" >> "$FAKE_LOG"; exit 0 ;;
     esac
     exec {python} "$@"
     """
 )
+SCAN = "requirements-scan.txt"  # the security scanner's, into venv-scan/ (infra/preview/scan.py)
 
 
-def _repo_with_a_fake_venv(tmp_path: Path) -> Path:
-    """bin/ and the requirement files copied to `tmp_path`, with the fake venv/bin/python; the log it writes to."""
+def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -> Path:
+    """bin/ and the requirement files copied to `tmp_path`, with a fake python in each of `venvs`; the log they write to."""
     shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
-    for name in (PROGRAM, TOOLS, DEV):
+    for name in (PROGRAM, TOOLS, DEV, SCAN):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
-    fake = tmp_path / "venv" / "bin" / "python"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(_FAKE_PYTHON.format(python=sys.executable))
-    fake.chmod(0o755)
+    for venv in venvs:
+        fake = tmp_path / venv / "bin" / "python"
+        fake.parent.mkdir(parents=True)
+        fake.write_text(_FAKE_PYTHON.format(venv=venv, python=sys.executable))
+        fake.chmod(0o755)
     return tmp_path / "log"
 
 
+def _pip(venv: str, requirements: str) -> str:
+    return f"pip {venv} -m pip install --quiet --disable-pip-version-check -r {requirements}"
+
+
 @pytest.mark.parametrize(("script", "installs", "runs"), [
-    ("bin/plan", TOOLS, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
-    ("bin/test", DEV, ["-m pytest -q"]),
-])  # fmt: skip
+    ("bin/plan", {"venv": TOOLS}, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
+    ("bin/test", {"venv": DEV, "venv-scan": SCAN}, ["-m pytest -q -n auto --dist loadfile"]),
+], ids=["bin/plan", "bin/test"])  # fmt: skip
 def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
-    log = _repo_with_a_fake_venv(tmp_path)
+    log = _repo_with_a_fake_venv(tmp_path, tuple(installs))
     env = {**os.environ, "FAKE_LOG": str(log)}
 
-    def run() -> list[str]:
+    def run() -> tuple[list[str], list[str]]:
+        """(the pip lines, the commands run)"""
         log.write_text("")
         proc = subprocess.run([str(tmp_path / script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        return log.read_text().splitlines()
+        lines = log.read_text().splitlines()
+        assert lines == [line for line in lines if line.startswith("pip ")] + [line for line in lines if line.startswith("run ")]
+        return [line for line in lines if line.startswith("pip ")], [line.removeprefix("run ") for line in lines if line.startswith("run ")]
 
-    first = run()
-    assert first[0].startswith("pip -m pip install") and first[0].endswith(f"-r {installs}")
-    assert [line.removeprefix("run ") for line in first[1:]] == runs
-    assert run() == first[1:]  # nothing changed: no install
-    for name in rf.included(installs):
-        with open(tmp_path / name, "a") as fh:
-            fh.write("# changed\n")
-        again = run()
-        assert again[0].endswith(f"-r {installs}"), f"{script} did not install again after {name} changed"
-        assert run() == first[1:]
+    assert run() == ([_pip(venv, req) for venv, req in installs.items()], runs)  # first use: each virtualenv, then the commands
+    assert run() == ([], runs)  # nothing changed: no install
+    for venv, req in installs.items():
+        for name in rf.included(req):
+            with open(tmp_path / name, "a") as fh:
+                fh.write("# changed\n")
+            pips, _ = run()
+            assert _pip(venv, req) in pips, f"{script} did not install {req} into {venv}/ again after {name} changed"
+            assert pips == [_pip(v, r) for v, r in installs.items() if name in rf.included(r)]  # and nothing else
+            assert run() == ([], runs)
+
+
+def test_bin_test_and_the_scan_share_the_scanners_venv(tmp_path):
+    """The stamp bin/test (bin/venv.sh) writes into venv-scan/ is the one `python -m infra scan` reads, and the other way
+    round: neither installs again what the other did (the scan tests run the checkov bin/test set up)."""
+    from infra.errors import UserError
+    from infra.preview import scan, tool_venv
+
+    log = _repo_with_a_fake_venv(tmp_path, ("venv", "venv-scan"))
+    checkov = tmp_path / "venv-scan" / "bin" / "checkov"
+    checkov.write_text("#!/bin/sh\n")
+    checkov.chmod(0o755)
+    env = {**os.environ, "FAKE_LOG": str(log)}
+    with pytest.raises(UserError, match="not installed"):
+        scan.ensure_checkov(tmp_path, install=False)
+    proc = subprocess.run([str(tmp_path / "bin/test")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert _pip("venv-scan", SCAN) in log.read_text().splitlines()
+    assert scan.ensure_checkov(tmp_path, install=False) == checkov  # up to date for the scan: no install
+
+    (tmp_path / scan.VENV / scan.STAMP).write_text(tool_venv.sha256(tmp_path / SCAN) + "\n")  # as the scan's install writes it
+    log.write_text("")
+    proc = subprocess.run([str(tmp_path / "bin/test")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not [line for line in log.read_text().splitlines() if line.startswith("pip ")]
 
 
 def test_bin_plan_with_arguments_plans_only(tmp_path):

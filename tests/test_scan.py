@@ -5,9 +5,11 @@
   and nested blocks, which resources have `tags_all`), over every aws:* resource the
   prod and test stacks declare, and an FSx / admin-access variant for the types only
   options switch on.
-- The real checkov (pinned, `venv-scan/`, installed on first use from
+- The real checkov (pinned, `venv-scan/`, which bin/test sets up from
   requirements-scan.txt) runs over hand-made insecure and secure resources, over the
-  prod synthesis, and under a guard that records any network call it tries.
+  prod synthesis, and under a guard that records any network call it tries. The scans
+  of the prod synthesis are run once and shared by the tests that read them
+  (tests/checkov_runs.py).
 - The CLI's exit codes run the real command with a stand-in checkov that prints a
   canned report in checkov's JSON format.
 """
@@ -37,6 +39,7 @@ from infra.preview.convert import kubernetes as k8s
 from infra.preview.convert import terraform as tf
 from infra.preview.recording import record
 from infra.preview.synth import document, synthesize
+from tests import checkov_runs
 from tests import requirement_files as rf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -475,12 +478,6 @@ def test_the_scanner_requirements_pin_checkov_and_everything_it_brings():
 # --------------------------------------------------------------------------- the real checkov, offline
 
 
-@pytest.fixture(scope="session")
-def checkov() -> Path:
-    """The pinned checkov in venv-scan/ (installed from requirements-scan.txt on first use)."""
-    return scan.ensure_checkov(log=lambda m: print(m, file=sys.stderr))
-
-
 def test_the_scanner_venv_holds_exactly_the_pinned_requirements(checkov):
     proc = subprocess.run([str(checkov.parent / "python"), "-m", "pip", "freeze", "--all", "--disable-pip-version-check"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -537,25 +534,9 @@ def test_a_pod_template_allowing_privilege_escalation_fails_ckv_k8s_20(checkov):
     assert secure.counts["terraform_plan"].resources == 0
 
 
-@functools.lru_cache(maxsize=None)
-def prod_reports(checkov: Path) -> dict[str, list[dict]]:
-    converted = scan.convert(synth("prod"))
-    out = {}
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for fw in scan.FRAMEWORKS:
-            d = Path(tmp) / fw
-            d.mkdir()
-            for rel, text in converted.files[fw].items():
-                (d / rel).write_text(text)
-            out[fw] = scan.run_checkov(checkov, fw, d, Path(tmp), quiet=False)
-    return out
-
-
 def test_prod_passes_the_checks_that_read_the_converted_names(checkov):
     """Checks that pass only when the conversion names the attributes as Terraform does."""
-    passed = {(c["check_id"], c["resource"].split(".")[0]) for fw, reports in prod_reports(checkov).items()
+    passed = {(c["check_id"], c["resource"].split(".")[0]) for fw, reports in checkov_runs.stack_reports(checkov, synth("prod")).items()
               for rep in reports for c in rep["results"]["passed_checks"]}  # fmt: skip
     expected = {
         ("CKV_AWS_136", "aws_ecr_repository"),  # encryption_configuration (renamed from encryptionConfigurations)
@@ -582,7 +563,7 @@ def test_prod_passes_the_checks_that_read_the_converted_names(checkov):
 
 
 def test_prod_scan_counts_findings_and_no_accepted_risk_is_stale(checkov):
-    result = scan.scan_document(synth("prod"), scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov)
+    result = scan.scan_document(synth("prod"), scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov, runner=checkov_runs.runner)
     assert not result.errors and not [g for g in result.gaps if g.blocking]
     assert not result.stale, f"accepted risks matching no finding of prod, remove them: {result.stale}"
     for fw in scan.FRAMEWORKS:
@@ -616,54 +597,26 @@ def test_the_optional_checks_leave_no_finding_unaccepted(checkov, tmp_path):
     assert {("CKV_K8S_23", "Job.gpu-serving.vllm-efa-check"), ("CKV_K8S_43", "Job.gpu-serving.vllm-benchmark")} <= accepted
     assert not [r for r in result.stale if "efa-check" in r.resource or "benchmark" in r.resource]
 
-_GUARD = textwrap.dedent(
-    """\
-    # Records, and refuses, every network call of the process (the scan test's guard).
-    import os, socket
-
-    _log = os.environ["NET_GUARD_LOG"]
-
-    def _refuse(what):
-        with open(_log, "a") as fh:
-            fh.write(repr(what) + "\\n")
-        raise OSError("network call refused by the test guard: %r" % (what,))
-
-    def _connect(self, address):
-        if isinstance(address, tuple):
-            _refuse(address)
-        return _real_connect(self, address)
-
-    def _getaddrinfo(host, *args, **kwargs):
-        if host not in (None, "localhost", "127.0.0.1", "::1"):
-            _refuse(host)
-        return _real_getaddrinfo(host, *args, **kwargs)
-
-    _real_connect, _real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
-    socket.socket.connect, socket.getaddrinfo = _connect, _getaddrinfo
-    """
-)
-
-
-def test_checkov_runs_without_a_network_call(checkov, tmp_path, monkeypatch):
+def test_checkov_runs_without_a_network_call(checkov, tmp_path):
+    """The guard (tests/checkov_runs.py) sees checkov's calls; the scans of prod under it make none."""
     guard = tmp_path / "guard"
     guard.mkdir()
-    (guard / "sitecustomize.py").write_text(_GUARD)
+    (guard / "sitecustomize.py").write_text(checkov_runs.GUARD)
     log = tmp_path / "net.log"
     log.write_text("")
-    real_env = scan.checkov_env
-    monkeypatch.setattr(scan, "checkov_env", lambda home: {**real_env(home), "PYTHONPATH": str(guard), "NET_GUARD_LOG": str(log)})
 
-    # The guard sees checkov's calls: without the offline environment it checks PyPI for a newer version.
-    probe = subprocess.run([str(checkov), "--version"], env={**real_env(tmp_path), "CKV_SKIP_PACKAGE_UPDATE_CHECK": "false",
-                                                            "PYTHONPATH": str(guard), "NET_GUARD_LOG": str(log)},
+    # Without the offline environment checkov checks PyPI for a newer version: the guard records that.
+    probe = subprocess.run([str(checkov), "--version"], env={**scan.checkov_env(tmp_path), "CKV_SKIP_PACKAGE_UPDATE_CHECK": "false",
+                                                            **checkov_runs.guard_env(guard, log)},
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     assert "pypi.org" in log.read_text(), "the guard did not see checkov's update check"
-    log.write_text("")
 
-    result = scan.scan_document(synth("prod"), [], checkov)
+    # scan.checkov_env's environment with the same guard, over prod (the runs the other prod tests share).
+    doc = synth("prod")
+    result = scan.scan_document(doc, [], checkov, runner=checkov_runs.runner)
     assert result.counts["terraform_plan"].passed and result.counts["kubernetes"].passed
-    assert log.read_text() == "", f"checkov tried the network: {log.read_text()}"
+    assert checkov_runs.guard_logs(checkov, doc) == {fw: "" for fw in scan.FRAMEWORKS}, "checkov tried the network"
 
 
 def test_checkov_gets_no_inherited_credentials(tmp_path, monkeypatch):

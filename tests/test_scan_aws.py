@@ -8,13 +8,11 @@ checkov to judge the stack, and the scan of prod and test with no AWS finding le
   (EC2 takes what the request leaves out from the template), which checkov's instance
   checks read on the instance.
 - The real checkov (pinned, `venv-scan/`) over hand-made resources and over the prod
-  and test syntheses.
+  and test syntheses (those scans shared with tests/test_scan.py: tests/checkov_runs.py).
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,17 +20,12 @@ import pytest
 
 from infra.preview import scan
 from infra.preview.convert import terraform as tf
-from infra.preview.synth import synthesize
-from tests.test_scan import PROVIDER, planned, res
+from tests import checkov_runs
+from tests.test_scan import PROVIDER, planned, res, synth
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTANCE = "aws:ec2/instance:Instance"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
-
-
-@functools.lru_cache(maxsize=None)
-def synth(stack: str) -> dict:
-    return synthesize(stack)
 
 
 # --------------------------------------------------------------------------- names and references
@@ -110,11 +103,6 @@ def test_an_instance_without_a_template_in_the_plan_is_left_alone():
 # --------------------------------------------------------------------------- checkov
 
 
-@pytest.fixture(scope="module")
-def checkov() -> Path:
-    return scan.ensure_checkov(log=lambda m: print(m, file=sys.stderr))
-
-
 INSTANCE_CHECKS = {"CKV_AWS_8", "CKV_AWS_126", "CKV_AWS_135", "CKV2_AWS_41"}
 
 
@@ -133,7 +121,7 @@ def test_checkov_judges_an_instance_by_its_templates_settings(checkov):
 
 @pytest.mark.parametrize("stack", ["prod", "test"])
 def test_no_aws_finding_of_the_stacks_is_left_unaccepted(checkov, stack):
-    result = scan.scan_document(synth(stack), scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov)
+    result = scan.scan_document(synth(stack), scan.load_accepted(REPO_ROOT / scan.ACCEPTED_RISKS), checkov, runner=checkov_runs.runner)
     assert not result.errors
     assert [(f.check, f.resource) for f in result.not_accepted if f.framework == "terraform_plan"] == []
     accepted = sorted((f.check, f.resource) for f, _ in result.accepted if f.framework == "terraform_plan")

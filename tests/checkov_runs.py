@@ -1,0 +1,149 @@
+"""The real checkov for the scan tests (tests/test_scan.py, tests/test_scan_aws.py), run once per input.
+
+- `checkov_path()`: the pinned checkov in venv-scan/. bin/test sets that virtualenv up
+  from requirements-scan.txt (bin/venv.sh, the same stamp the scan's own first-use install
+  writes), so no test installs anything or reaches a package index: a missing or
+  out-of-date venv-scan/ fails the test and names the set-up command.
+- `runner`: a drop-in for `scan.run_checkov` (`scan.scan_document(..., runner=runner)`) that
+  runs checkov once per framework and input in a test session (per xdist worker), keyed
+  by the content of the converted files, and hands every later caller the same reports:
+  the prod and test stacks are each scanned once, however many tests read the scan.
+  Each run goes through `scan.run_checkov` with `scan.checkov_env`'s environment plus a
+  guard (`sitecustomize.py`) that records, and refuses, any network call of the checkov
+  process: a run that tried one fails the test that asked for it, and `guard_logs()`
+  shows what the guard saw during a document's runs (the offline test asserts: nothing).
+  checkov is run without `--quiet`, so the reports also list the passed checks (`--quiet`
+  leaves out only those, not their counts: `parse_reports` reads the same findings).
+- `stack_reports(checkov, doc)`: checkov's reports over a synthesis, by framework (the
+  same runs `runner` shares).
+
+Callers only read what they get back (reports are shared, not copied).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import shutil
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from infra.errors import UserError
+from infra.preview import scan
+
+SETUP = "bin/test (or `source bin/venv.sh && ensure_venv requirements-scan.txt venv-scan`)"
+
+GUARD = textwrap.dedent(
+    """\
+    # Records, and refuses, every network call of the process (the scan tests' guard).
+    import os, socket
+
+    _log = os.environ["NET_GUARD_LOG"]
+
+    def _refuse(what):
+        with open(_log, "a") as fh:
+            fh.write(repr(what) + "\\n")
+        raise OSError("network call refused by the test guard: %r" % (what,))
+
+    def _connect(self, address):
+        if isinstance(address, tuple):
+            _refuse(address)
+        return _real_connect(self, address)
+
+    def _getaddrinfo(host, *args, **kwargs):
+        if host not in (None, "localhost", "127.0.0.1", "::1"):
+            _refuse(host)
+        return _real_getaddrinfo(host, *args, **kwargs)
+
+    _real_connect, _real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+    socket.socket.connect, socket.getaddrinfo = _connect, _getaddrinfo
+    """
+)
+
+
+def checkov_path() -> Path:
+    """checkov in venv-scan/, as set up (never installed here); a missing one fails the test with the fix."""
+    __tracebackhide__ = True
+    try:
+        return scan.ensure_checkov(install=False)
+    except UserError as err:
+        pytest.fail(f"the scan tests run the pinned checkov from {scan.VENV}/: {err}. Set it up with {SETUP}", pytrace=False)
+
+
+def guard_env(guard: Path, log: Path) -> dict[str, str]:
+    """What puts the guard into a Python process (its `sitecustomize.py` in `guard`), logging to `log`."""
+    return {"PYTHONPATH": str(guard), "NET_GUARD_LOG": str(log)}
+
+
+@functools.lru_cache(maxsize=None)
+def _guard_dir() -> Path:
+    guard = Path(tempfile.mkdtemp(prefix="gpu-serving-checkov-guard-"))
+    atexit.register(shutil.rmtree, guard, True)
+    (guard / "sitecustomize.py").write_text(GUARD)
+    return guard
+
+
+_runs: dict[tuple[str, str, str], tuple[list[dict[str, Any]], str]] = {}  # (checkov, framework, input digest) -> (reports, guard log)
+
+
+def _digest(files: dict[str, str]) -> str:
+    """The input of one checkov run: the converted files (relative path -> text)."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + files[rel].encode() + b"\0")
+    return h.hexdigest()
+
+
+def _files(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): p.read_text() for p in directory.rglob("*") if p.is_file()}
+
+
+def runner(checkov: Path, framework: str, directory: Path, home: Path) -> list[dict[str, Any]]:
+    """`scan.run_checkov` under the network guard, once per (checkov, framework, files of `directory`).
+
+    A run during which checkov tried the network fails the test that asked for it (every time it is asked)."""
+    __tracebackhide__ = True
+    key = (str(checkov), framework, _digest(_files(directory)))
+    if key not in _runs:
+        guard = _guard_dir()
+        log = guard / f"net-{len(_runs)}.log"
+        log.write_text("")
+        real_env = scan.checkov_env
+        with mock.patch.object(scan, "checkov_env", lambda h: {**real_env(h), **guard_env(guard, log)}):
+            reports = scan.run_checkov(checkov, framework, directory, home, quiet=False)
+        _runs[key] = (reports, log.read_text())
+    reports, calls = _runs[key]
+    if calls:
+        pytest.fail(f"checkov ({framework}) tried the network: {calls}", pytrace=False)
+    return reports
+
+
+def guard_logs(checkov: Path, doc: dict) -> dict[str, str]:
+    """What the guard recorded during the shared runs over `doc`, by framework ("" where checkov made no network call)."""
+    converted = scan.convert(doc)
+    return {fw: _runs[(str(checkov), fw, _digest(files))][1] for fw, files in converted.files.items() if files}
+
+
+def stack_reports(checkov: Path, doc: dict) -> dict[str, list[dict[str, Any]]]:
+    """checkov's reports (passed checks included) over the converted `doc`, by framework, through `runner`."""
+    converted = scan.convert(doc)
+    out: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-serving-scan-test-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        for fw in scan.FRAMEWORKS:
+            if not converted.files[fw]:
+                out[fw] = []
+                continue
+            directory = Path(tmp) / fw
+            directory.mkdir()
+            for rel, text in converted.files[fw].items():
+                (directory / rel).write_text(text)
+            out[fw] = runner(checkov, fw, directory, home)
+    return out
