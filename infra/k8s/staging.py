@@ -70,8 +70,9 @@ STAGING_DEADLINE_COLD_STARTS = 6
 # ASSUMPTION: six covers transient hub/S3/network errors; a source that cannot
 # be listed fails the Job at once (exit 3), whatever this says.
 STAGING_BACKOFF_LIMIT = 6
-# What `pulumi up` waits for the Job beyond its deadline (the Job's own deadline
-# fails it first; this only keeps Pulumi from timing out before Kubernetes does).
+# What `python -m infra rollout` waits for the Job beyond its deadline (the Job's own
+# deadline fails it first; this only keeps rollout from giving up before Kubernetes does).
+# `pulumi up` does not wait for the Job (components/storage.py).
 STAGING_AWAIT_MARGIN_S = 600
 
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -137,7 +138,7 @@ def staging_deadline_s(checkpoint_bytes: int, cold_start_target_s: float) -> int
 
 
 def staging_await_timeout_s(deadline_s: int) -> int:
-    """How long `pulumi up` waits for the Job to complete."""
+    """How long `python -m infra rollout` waits for the Job to complete (infra/cli/rollout.py)."""
     return deadline_s + STAGING_AWAIT_MARGIN_S
 
 
