@@ -319,7 +319,7 @@ def plan(
     else:
         render(result, console)
         if chart is not None:
-            console.print(f"chart written to {escape(str(chart))}")
+            console.print(f"chart written to {escape(str(chart))}", soft_wrap=True)  # a path the user copies: never broken across lines
     if not result.feasible:
         raise typer.Exit(1)
 

@@ -222,7 +222,7 @@ def perf(
         return
     _render(console, s, points, compared, sla_ttft_ms, sla_tpot_ms)
     if chart is not None:
-        console.print(f"chart written to {escape(str(chart))}")
+        console.print(f"chart written to {escape(str(chart))}", soft_wrap=True)  # a path the user copies: never broken across lines
 
 
 def _aiconfigurator(arch, s: predict.Setup, concurrencies: list[int], isl: float, osl: float) -> list[dict]:
