@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from infra.catalog.instances import INSTANCE_TYPES
-from infra.planning import PlanRequest, make_plan
+from infra.planning import PlanRequest, kv_cache, make_plan, serving
+from infra.planning.layout import evaluate
 
 MODELS = ["qwen3-0.6b", "qwen3-30b-a3b", "llama-3.1-70b", "mixtral-8x7b", "gpt-oss-120b", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro", "kimi-k3"]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -67,16 +68,51 @@ def test_more_nodes_never_lowers_capacity(req):
 
 
 @SETTINGS
+@given(requests)
+def test_memory_figures_are_those_of_the_flags_passed(req):
+    """The budget, KV cache and concurrency the plan prints are vLLM's at the --max-num-seqs
+    it passes (the CUDA graphs and the sampler profile depend on it), however the planner
+    settled on it: at a block's edge 89 can hold 88 requests and 88 hold 89."""
+    plan = make_plan(req)
+    assume(plan.feasible)
+    assert plan.evaluation.knobs.max_num_seqs == plan.max_num_seqs
+    assert plan.serving_args[plan.serving_args.index("--max-num-seqs") + 1] == str(plan.max_num_seqs)
+
+
+def test_max_num_seqs_settles_at_a_block_edge():
+    """The case that cycles (89 holds 88, 88 holds 89): the plan passes the value its cache
+    supports, with that value's figures."""
+    req = PlanRequest(model="qwen3-30b-a3b", instance_type="g5.12xlarge", nodes=2, max_model_len=131072,
+                      gpu_memory_utilization=0.5 + 1e-05, kv_cache_dtype="fp8")  # fmt: skip
+    plan = make_plan(req)
+    assert plan.max_num_seqs_bound == "kv-at-typical-context"
+    assert plan.evaluation.knobs.max_num_seqs == plan.max_num_seqs
+    ev = plan.evaluation
+    per_request = kv_cache.request_blocks(list(ev.kv.groups), ev.admission, release=ev.knobs.release,
+                                          max_len=serving.TYPICAL_CONTEXT_TOKENS)  # fmt: skip
+    assert ev.num_blocks // per_request >= plan.max_num_seqs  # the cache at this value holds it
+    one_more = evaluate_at(plan, plan.max_num_seqs + 1)
+    assert one_more.num_blocks // per_request < plan.max_num_seqs + 1  # and the next value would not
+
+
+def evaluate_at(plan, max_num_seqs: int):
+    ev = plan.evaluation
+    return evaluate(plan.model, plan.instance, plan.nodes, ev.layout, ev.knobs.replace(max_num_seqs=max_num_seqs))
+
+
+@SETTINGS
 @given(requests, st.floats(0.0, 0.1))
 def test_higher_utilization_never_lowers_kv(req, more):
     low = make_plan(req)
     assume(low.feasible)
     lay = low.layout  # same layout: a higher share can rule out a layout (below), not shrink it
+    # Same flags too: left to the planner, the larger cache can raise --max-num-seqs by one,
+    # whose sampler profile costs the last stage a block (qwen3-30b-a3b, 2 x g5.12xlarge, 128k).
     high = make_plan(
         req.replace(
             gpu_memory_utilization=min(req.gpu_memory_utilization + more, 0.97),
             tp=lay.tp, pp=lay.pp, dp=lay.dp, expert_parallel=lay.expert_parallel,
-            weight_format=low.weight_format,
+            weight_format=low.weight_format, max_num_seqs=low.max_num_seqs,
         )  # fmt: skip
     )
     if not high.feasible:

@@ -197,19 +197,29 @@ def settle_max_num_seqs(req: PlanRequest, arch: ModelArch, itype: InstanceType, 
     """The layout evaluated at the --max-num-seqs the plan passes: vLLM captures CUDA graphs
     up to min(2 x max-num-seqs, 512) sizes and profiles the sampler at max-num-seqs, so a
     smaller value leaves more for the KV cache, which can move the bounds of --max-num-seqs
-    again. Repeated until it settles (a few rounds: each only ever frees memory)."""
+    again. Repeated until it settles (a few rounds: each only ever frees memory). It can
+    also cycle at a block's edge (at 89 the KV cache holds 88 requests, at 88 it holds 89):
+    then the largest value the KV cache at that value supports. The evaluation returned is
+    always the one at the value returned, so the plan's figures are those of its flags."""
     default = ev.knobs.max_num_seqs
+    tried: dict[int, tuple[Evaluation, int, str]] = {}  # value -> (its evaluation, the value it points to, its bound)
     for _ in range(MAX_SETTLE_ROUNDS):
+        if n in tried:
+            break
         settled = evaluate(arch, itype, nodes, ev.layout, ev.knobs.replace(max_num_seqs=n))
         if not settled.feasible:
             break
         settled.notes.extend(note for note in ev.notes if note not in settled.notes)
-        ev = settled
         again, why = choose_max_num_seqs(req, settled, settled.knobs.replace(max_num_seqs=default), cap)
+        tried[n] = (settled, again, bound)
         if again == n:
-            break
+            return settled, n, bound
         n, bound = again, why
-    return ev, n, bound
+    if not tried:
+        return ev, default, "vllm-default"
+    supported = [m for m, (_, points_to, _) in tried.items() if points_to >= m]
+    m = max(supported) if supported else min(tried)
+    return tried[m][0], m, tried[m][2]
 
 
 def _best_case(cap: performance.Capacity) -> float:
