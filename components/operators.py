@@ -28,7 +28,12 @@ One `Operators` component (`gpu-serving:k8s:Operators`) creates:
   - aws-efa-k8s-device-plugin, only when the GPU instance type has EFA
     interfaces; an EFA instance type the chart does not list is refused with a
     UserError during preview (`infra.helm_values.check_efa_supported`);
-  - kuberay-operator.
+  - kuberay-operator, watching only the namespaces in `kuberay_watch_namespaces` (the
+    serving namespace): a Role and RoleBinding there, no ClusterRole, `--watch-namespace`
+    (infra/k8s/helm_values.py `kuberay_operator_values` cites the chart's templates). The
+    chart creates those RoleBindings in the watched namespaces, so the release depends on
+    their Namespace resources (`kuberay_watch_namespace_resources`; `release_depends_on`):
+    created after them, uninstalled before them.
 
 The Kubernetes provider comes from the caller (`opts.providers` or
 `opts.provider`) and reaches every child through `parent=self`.
@@ -46,7 +51,7 @@ install stays in the cluster to be inspected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, TypeVar
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -65,6 +70,7 @@ from infra.k8s.helm_values import (
     efa_plugin_needed,
     gpu_operator_values,
     kuberay_operator_values,
+    kuberay_watch_namespaces,
 )
 
 TYPE = "gpu-serving:k8s:Operators"
@@ -145,6 +151,12 @@ RELEASE_OPTIONS: dict[str, ReleaseOptions] = {
 @dataclass(frozen=True)
 class OperatorsArgs:
     instance_type: InstanceType  # the GPU nodes' instance type (decides the EFA plugin)
+    # The namespaces KubeRay watches (the serving namespace; at least one): there only it reconciles
+    # RayClusters and holds a Role. Names, so the release's values are plain data a preview shows.
+    kuberay_watch_namespaces: Sequence[str]
+    # The Namespace resources of those namespaces that the stack creates: the KubeRay release waits for
+    # them (the chart puts its Role and RoleBinding in each) and is uninstalled before them.
+    kuberay_watch_namespace_resources: Sequence[pulumi.Resource] = ()
     dcgm_service_monitor: bool = False  # a ServiceMonitor for the DCGM exporter (needs the Prometheus operator CRDs)
     # The cluster's service CIDR (EKS: kubernetes_network_config.service_ipv4_cidr): the API server's ClusterIP
     # for the namespaces' NetworkPolicies. None: no NetworkPolicy in the operators' namespaces (module doc).
@@ -168,8 +180,24 @@ def release_values(args: OperatorsArgs) -> dict[str, dict[str, Any]]:
     values = {GPU_OPERATOR.release: gpu_operator_values(dcgm_service_monitor=args.dcgm_service_monitor)}
     if efa_plugin_needed(args.instance_type):
         values[EFA_DEVICE_PLUGIN.release] = efa_device_plugin_values(args.instance_type)
-    values[KUBERAY_OPERATOR.release] = kuberay_operator_values()
+    values[KUBERAY_OPERATOR.release] = kuberay_operator_values(args.kuberay_watch_namespaces)
     return values
+
+
+R = TypeVar("R")
+
+
+def release_depends_on(chart: Chart, namespace_policies: dict[str, Sequence[R]], kuberay_watched: Sequence[R]) -> list[R]:
+    """What a release waits for, besides its own namespace (an input): the NetworkPolicies of that namespace,
+    and for KubeRay the namespaces it watches, where its chart creates a Role and RoleBinding (Helm's
+    install fails on a namespace that does not exist yet; on destroy the release goes first, so the
+    operator keeps its rights there while the RayCluster's finalizers are removed)."""
+    deps = list(namespace_policies.get(chart.namespace, ()))
+    if chart.release == KUBERAY_OPERATOR.release:
+        for ns in kuberay_watched:
+            if ns not in deps:
+                deps.append(ns)
+    return deps
 
 
 class Operators(pulumi.ComponentResource):
@@ -184,7 +212,9 @@ class Operators(pulumi.ComponentResource):
         super().__init__(TYPE, name, None, opts)
         # Fails the preview, with the reason, before anything is created.
         check_efa_supported(args.instance_type)
+        kuberay_watch_namespaces(args.kuberay_watch_namespaces)
         values = release_values(args)
+        self._kuberay_watched = list(args.kuberay_watch_namespace_resources)
         child = pulumi.ResourceOptions(parent=self)
 
         self.namespaces: dict[str, k8s.core.v1.Namespace] = {
@@ -257,6 +287,9 @@ class Operators(pulumi.ComponentResource):
                 # The release name is fixed, so a replacement (e.g. a new namespace) must
                 # uninstall the old release before installing the new one. Its pods start
                 # under their namespace's NetworkPolicies (and Helm's wait then proves them).
-                pulumi.ResourceOptions(delete_before_replace=True, depends_on=self.network_policies.get(chart.namespace, [])),
+                pulumi.ResourceOptions(
+                    delete_before_replace=True,
+                    depends_on=release_depends_on(chart, self.network_policies, self._kuberay_watched),
+                ),
             ),
         )

@@ -184,10 +184,23 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
 
     kube = pulumi.ResourceOptions(providers={"kubernetes": cluster.k8s_provider})
     both = pulumi.ResourceOptions(providers={"aws": provider, "kubernetes": cluster.k8s_provider})
+    # The serving namespace: Pod Security admission at the strictest level its pods pass
+    # (infra/k8s/pod_security.py), and its NetworkPolicies' default deny and DNS before any pod.
+    namespace = k8s.core.v1.Namespace(
+        f"{name}-serving",
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name=cfg.serving.namespace, labels=pod_security.namespace_labels(kubernetes_version)
+        ),
+        opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
+    )
     operators = Operators(
         f"{name}-operators",
         OperatorsArgs(
             instance_type=plan.instance,
+            # KubeRay acts in the serving namespace only (a Role there, no ClusterRole), and its release
+            # waits for that namespace (the chart puts the Role and RoleBinding in it).
+            kuberay_watch_namespaces=(cfg.serving.namespace,),
+            kuberay_watch_namespace_resources=(namespace,),
             dcgm_service_monitor=cfg.serving.monitoring == "podmonitor",
             # The operators' namespaces' NetworkPolicies: the API server's ClusterIP comes from the service CIDR
             # EKS chose, and the metrics ports open to the serving metrics' clients (infra/k8s/network_policies.py).
@@ -197,15 +210,6 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         # After the GPU nodes: Helm's wait then covers the GPU DaemonSets, and on
         # destroy they go before the nodes.
         opts=pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes])),
-    )
-    # The serving namespace: Pod Security admission at the strictest level its pods pass
-    # (infra/k8s/pod_security.py), and its NetworkPolicies' default deny and DNS before any pod.
-    namespace = k8s.core.v1.Namespace(
-        f"{name}-serving",
-        metadata=k8s.meta.v1.ObjectMetaArgs(
-            name=cfg.serving.namespace, labels=pod_security.namespace_labels(kubernetes_version)
-        ),
-        opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )
     namespace_policies = [
         k8s.networking.v1.NetworkPolicy(

@@ -40,6 +40,7 @@ from components.operators import (
     TYPE,
     Operators,
     OperatorsArgs,
+    release_depends_on,
     release_values,
 )
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
@@ -59,12 +60,14 @@ from infra.k8s.helm_values import (
     efa_plugin_needed,
     gpu_operator_values,
     kuberay_operator_values,
+    kuberay_watch_namespaces,
 )
 from infra.preview.recording import Recording, record
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVING = ("gpu-serving",)  # the namespace KubeRay watches in these tests (the stacks' serving namespace)
 EFA_TYPES = ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p6-b200.48xlarge")
 
 # Subtrees whose *contents* are data rather than chart settings, by chart. The
@@ -82,6 +85,25 @@ FREE_FORM: dict[str, set[tuple[str, ...]]] = {
     KUBERAY_OPERATOR.chart: {("nodeSelector",)},
 }
 
+# Keys a chart documents in its values.yaml only as a commented-out example (no default), by chart:
+# the example, uncommented, is the key's default for the checker (so its kind is checked too).
+#   kuberay-operator `# watchNamespace:` / `#   - n1` / `#   - n2`: a list of namespace names.
+COMMENTED_KEYS: dict[str, tuple[str, ...]] = {KUBERAY_OPERATOR.chart: ("watchNamespace",)}
+
+
+def commented_default(text: str, key: str) -> Any:
+    """The value of a top-level key that values.yaml shows only commented out (`# key:` and its indented lines)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.fullmatch(rf"#\s?{re.escape(key)}:.*", line)), None)
+    if start is None:
+        raise AssertionError(f"values.yaml has no commented-out {key!r}")
+    block = [lines[start][1:].lstrip()]
+    for line in lines[start + 1 :]:
+        if not re.match(r"#\s{2,}\S", line):
+            break
+        block.append(line[1:].removeprefix(" "))
+    return yaml.safe_load("\n".join(block))[key]
+
 
 def values_of(chart: Chart) -> dict[str, Any]:
     """Our values for `chart` (the EFA plugin's for p5.48xlarge)."""
@@ -90,7 +112,7 @@ def values_of(chart: Chart) -> dict[str, Any]:
     if chart is EFA_DEVICE_PLUGIN:
         return efa_device_plugin_values(get_instance_type("p5.48xlarge"))
     if chart is KUBERAY_OPERATOR:
-        return kuberay_operator_values()
+        return kuberay_operator_values(SERVING)
     raise AssertionError(chart)
 
 
@@ -141,7 +163,28 @@ def _upstream_values(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def chart_defaults(fixture_file):
-    return lambda chart: _upstream_values(fixture_file("upstream", chart.upstream_folder, "values.yaml"))
+    """The chart's default values, with its commented-out keys (COMMENTED_KEYS) as their examples."""
+
+    def defaults(chart: Chart) -> dict:
+        path = fixture_file("upstream", chart.upstream_folder, "values.yaml")
+        values = dict(_upstream_values(path))
+        for key in COMMENTED_KEYS.get(chart.chart, ()):
+            assert key not in values, f"{key} has a default now: drop it from COMMENTED_KEYS"
+            values[key] = commented_default(path.read_text(), key)
+        return values
+
+    return defaults
+
+
+def test_commented_keys_are_read_from_the_charts_text(chart_defaults):
+    # values.yaml (kuberay-operator 1.7.0): "# watchNamespace:\n#   - n1\n#   - n2".
+    assert chart_defaults(KUBERAY_OPERATOR)["watchNamespace"] == ["n1", "n2"]
+    assert unknown_paths({"watchNamespace": "gpu-serving"}, chart_defaults(KUBERAY_OPERATOR), set()) == [
+        "watchNamespace: we set a string, the chart's default is a list"
+    ]
+    assert commented_default("a: 1\n# b:\n#   - x\n#c: 2\n", "b") == ["x"]
+    with pytest.raises(AssertionError, match="no commented-out 'c'"):
+        commented_default("a: 1\n", "c")
 
 
 @pytest.mark.parametrize("chart", CHARTS, ids=lambda c: c.chart)
@@ -190,7 +233,7 @@ def test_list_items_are_valid_kubernetes_objects():
     version = load_stack_file("prod", REPO).cluster.kubernetes_version + ".0"
     gpu_op = gpu_operator_values()
     efa = efa_device_plugin_values(get_instance_type("p5.48xlarge"))
-    kuberay = kuberay_operator_values()
+    kuberay = kuberay_operator_values(SERVING)
     tolerations = [
         *gpu_op["daemonsets"]["tolerations"],
         *gpu_op["node-feature-discovery"]["worker"]["tolerations"],
@@ -243,7 +286,7 @@ def test_gpu_operator_values():
 
 def test_operators_go_to_the_system_nodes_not_the_gpu_nodes():
     gpu = gpu_labels(get_instance_type("p5.48xlarge"))
-    for selector in (gpu_operator_values()["operator"]["nodeSelector"], kuberay_operator_values()["nodeSelector"]):
+    for selector in (gpu_operator_values()["operator"]["nodeSelector"], kuberay_operator_values(SERVING)["nodeSelector"]):
         assert selector.items() >= system_labels().items()
         assert not selector.items() <= gpu.items()  # a GPU node does not match
 
@@ -256,7 +299,31 @@ def test_defaults_would_not_have_done_it(chart_defaults):
     assert gpu["devicePlugin"]["env"] == []
     efa = chart_defaults(EFA_DEVICE_PLUGIN)
     assert efa["tolerations"] == []  # the chart's values.yaml: no default tolerations
-    assert chart_defaults(KUBERAY_OPERATOR)["nodeSelector"] == {}
+    kuberay = _upstream_values(REPO / "tests/fixtures/upstream" / KUBERAY_OPERATOR.upstream_folder / "values.yaml")
+    assert kuberay["nodeSelector"] == {}
+    # Cluster-wide by default: ClusterRole, no --watch-namespace (tests/test_kuberay_namespaced.py renders both).
+    assert kuberay["singleNamespaceInstall"] is False and "watchNamespace" not in kuberay
+
+
+# ---- KubeRay: the namespaces it watches -------------------------------------------------------
+
+
+def test_kuberay_watches_exactly_the_given_namespaces():
+    v = kuberay_operator_values(SERVING)
+    assert v["watchNamespace"] == ["gpu-serving"]
+    assert v["singleNamespaceInstall"] is True and v["rbacEnable"] is True and v["crNamespacedRbacEnable"] is True
+    assert kuberay_operator_values(("a", "b", "a"))["watchNamespace"] == ["a", "b"]  # each once, order kept
+
+
+@pytest.mark.parametrize(
+    "namespaces, message",
+    [((), "at least one"), (("Gpu_Serving",), "not Kubernetes namespace names"), (("a,b",), "not Kubernetes namespace names"),
+     (("gpu-serving", KUBERAY_OPERATOR.namespace), "own namespace")],
+)  # fmt: skip
+def test_kuberay_watch_namespaces_are_refused_when_wrong(namespaces, message):
+    for call in (kuberay_watch_namespaces, kuberay_operator_values):
+        with pytest.raises(UserError, match=message):
+            call(namespaces)
 
 
 # ---- the EFA device plugin -----------------------------------------------------------------
@@ -341,7 +408,7 @@ def _record(args: OperatorsArgs) -> Recording:
 
 @pytest.fixture(scope="module")
 def p5() -> Recording:
-    return _record(OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), dcgm_service_monitor=True))
+    return _record(OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), kuberay_watch_namespaces=SERVING, dcgm_service_monitor=True))
 
 
 def _releases(rec: Recording) -> dict[str, Any]:
@@ -376,7 +443,9 @@ def test_release_options(p5):
 
 def test_values_reach_the_releases(p5):
     releases = _releases(p5)
-    expected = release_values(OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), dcgm_service_monitor=True))
+    expected = release_values(
+        OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), kuberay_watch_namespaces=SERVING, dcgm_service_monitor=True)
+    )
     assert set(expected) == {c.release for c in CHARTS}
     for chart in CHARTS:
         assert releases[chart.chart].inputs["values"] == expected[chart.release]
@@ -385,6 +454,7 @@ def test_values_reach_the_releases(p5):
     assert gpu["driver"]["enabled"] is False and gpu["toolkit"]["enabled"] is False
     assert gpu["devicePlugin"]["env"] == [{"name": "MOFED_ENABLED", "value": "false"}]
     assert releases[EFA_DEVICE_PLUGIN.chart].inputs["values"]["tolerations"] == gpu_tolerations()
+    assert releases[KUBERAY_OPERATOR.chart].inputs["values"]["watchNamespace"] == ["gpu-serving"]
 
 
 def test_namespaces(p5):
@@ -403,7 +473,7 @@ def test_namespaces(p5):
 
 
 def test_no_efa_plugin_without_efa():
-    rec = _record(OperatorsArgs(instance_type=get_instance_type("g6e.xlarge")))
+    rec = _record(OperatorsArgs(instance_type=get_instance_type("g6e.xlarge"), kuberay_watch_namespaces=SERVING))
     assert set(_releases(rec)) == {GPU_OPERATOR.chart, KUBERAY_OPERATOR.chart}
     assert _releases(rec)[GPU_OPERATOR.chart].inputs["values"]["dcgmExporter"]["serviceMonitor"]["enabled"] is False
 
@@ -412,7 +482,7 @@ def test_unsupported_efa_type_fails_the_program():
     made_up = dataclasses.replace(get_instance_type("p5en.48xlarge"), name="p9z.96xlarge")
     kept = Recording()
     with pytest.raises(UserError, match=re.escape("p9z.96xlarge")):
-        record(lambda: Operators("x", OperatorsArgs(instance_type=made_up)), into=kept)
+        record(lambda: Operators("x", OperatorsArgs(instance_type=made_up, kuberay_watch_namespaces=SERVING)), into=kept)
     assert kept.of_type(RELEASE) == []  # refused before any release is declared
 
 
@@ -423,7 +493,7 @@ def test_component_exposes_releases_and_kuberay():
         provider = k8s.Provider("k8s", kubeconfig="{}")
         ops = Operators(
             "ops",
-            OperatorsArgs(instance_type=get_instance_type("p5.48xlarge")),
+            OperatorsArgs(instance_type=get_instance_type("p5.48xlarge"), kuberay_watch_namespaces=SERVING),
             opts=pulumi.ResourceOptions(providers={"kubernetes": provider}),
         )
         seen["ops"] = ops
@@ -433,3 +503,45 @@ def test_component_exposes_releases_and_kuberay():
     assert len(ops.releases) == 3 and ops.kuberay in ops.releases
     assert ops.releases == [ops.gpu_operator, ops.efa_device_plugin, ops.kuberay]
     assert all(isinstance(r, k8s.helm.v3.Release) for r in ops.releases)
+
+
+# ---- KubeRay's release waits for the namespaces it watches -------------------------------------------
+
+
+def test_release_depends_on_is_the_namespace_policies_and_for_kuberay_the_watched_namespaces():
+    policies = {GPU_OPERATOR.namespace: ["gpu-np"], KUBERAY_OPERATOR.namespace: ["kuberay-np-1", "kuberay-np-2"]}
+    assert release_depends_on(GPU_OPERATOR, policies, ["serving-ns"]) == ["gpu-np"]
+    assert release_depends_on(EFA_DEVICE_PLUGIN, policies, ["serving-ns"]) == []
+    assert release_depends_on(KUBERAY_OPERATOR, policies, ["serving-ns"]) == ["kuberay-np-1", "kuberay-np-2", "serving-ns"]
+    assert release_depends_on(KUBERAY_OPERATOR, {}, ["serving-ns", "serving-ns"]) == ["serving-ns"]
+    assert release_depends_on(KUBERAY_OPERATOR, {}, []) == []
+
+
+def test_the_kuberay_release_waits_for_the_watched_namespace_resource():
+    seen: dict[str, Any] = {}
+
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="{}")
+        serving = k8s.core.v1.Namespace("serving", metadata={"name": "gpu-serving"}, opts=pulumi.ResourceOptions(provider=provider))
+        seen["ops"] = Operators(
+            "ops",
+            OperatorsArgs(
+                instance_type=get_instance_type("p5.48xlarge"),
+                kuberay_watch_namespaces=SERVING,
+                kuberay_watch_namespace_resources=[serving],
+                kubernetes_service_cidr="172.20.0.0/16",
+            ),
+            opts=pulumi.ResourceOptions(providers={"kubernetes": provider}),
+        )
+
+    rec = record(program)
+    serving_urn = next(r.urn for r in rec.of_type(NAMESPACE) if r.inputs["metadata"]["name"] == "gpu-serving")
+    releases = _releases(rec)
+    kuberay_deps = releases[KUBERAY_OPERATOR.chart].options["depends_on"]
+    assert serving_urn in kuberay_deps
+    # ... after its own namespace's NetworkPolicies, as before.
+    policies = {r.urn for r in rec.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy") if r.inputs["metadata"]["namespace"] == "kuberay"}
+    assert policies and policies <= set(kuberay_deps)
+    # The other releases do not wait for the serving namespace.
+    for chart in (GPU_OPERATOR, EFA_DEVICE_PLUGIN):
+        assert serving_urn not in releases[chart.chart].options["depends_on"]

@@ -19,7 +19,8 @@ Three charts, versions pinned (tests/fixtures/charts.yaml names each chart's sou
   (required node affinity on `node.kubernetes.io/instance-type`), so an
   instance type missing from that list is refused here rather than discovered
   as NCCL quietly using TCP.
-- KubeRay operator: reconciles the serving RayCluster.
+- KubeRay operator: reconciles the serving RayCluster, watching only the serving
+  namespace, with a Role there instead of a ClusterRole (`kuberay_operator_values`).
 
 Placement: operators (Deployments) run on the system nodes
 (`gpu-serving/role=system`); per-node agents (DaemonSets) tolerate the GPU
@@ -28,8 +29,9 @@ taint (both from infra/k8s/scheduling.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from infra.catalog.instances import InstanceType
 from infra.k8s.scheduling import gpu_tolerations, system_node_selector
@@ -250,16 +252,74 @@ def efa_device_plugin_values(itype: InstanceType) -> dict[str, Any]:
 
 # ---- KubeRay operator ------------------------------------------------------------------
 
+# A Kubernetes namespace name (DNS-1123 label): the chart joins the list with "," into one
+# `--watch-namespace` flag, so a name must not hold a comma (none can).
+_NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
-def kuberay_operator_values() -> dict[str, Any]:
-    """Values of the kuberay-operator release (chart 1.7.0).
 
-    Only placement: the chart's defaults (one replica, leader election, CPU 100m
-    and memory 512Mi limits, sized by KubeRay for about 500 Ray pods) fit one
-    RayCluster of a few pods.
+def kuberay_watch_namespaces(namespaces: Sequence[str]) -> tuple[str, ...]:
+    """The namespaces KubeRay watches: at least one, each a valid namespace name, each once (order kept)."""
+    out = tuple(dict.fromkeys(namespaces))
+    if not out:
+        raise UserError("KubeRay must watch at least one namespace (the serving namespace): none given")
+    bad = [n for n in out if not _NAMESPACE_NAME.match(n)]
+    if bad:
+        raise UserError(f"KubeRay watch namespaces {bad} are not Kubernetes namespace names (RFC 1123 labels)")
+    if KUBERAY_OPERATOR.namespace in out:
+        raise UserError(
+            f"KubeRay's own namespace {KUBERAY_OPERATOR.namespace!r} runs no RayCluster: it must not be watched "
+            "(the operator would get its Pod/Secret/Role rights there too)"
+        )
+    return out
+
+
+def kuberay_operator_values(watch_namespaces: Sequence[str]) -> dict[str, Any]:
+    """Values of the kuberay-operator release (chart 1.7.0): placement, and the namespaces it may act in.
+
+    The chart's defaults otherwise (one replica, leader election, CPU 100m and memory
+    512Mi limits, sized by KubeRay for about 500 Ray pods) fit one RayCluster of a few pods.
+
+    Namespaced, not cluster-wide (issue 19 item 4). Files of ray-project/kuberay tag v1.7.0,
+    helm-chart/kuberay-operator/ (copied in tests/fixtures/kuberay-operator-1.7.0-templates/):
+    - templates/role.yaml, rolebinding.yaml and the six ray_*_{editor,viewer}_role.yaml render
+      only `if and .Values.rbacEnable (not .Values.singleNamespaceInstall)`: with
+      singleNamespaceInstall no ClusterRole (Pods, Secrets, Roles in every namespace) and no
+      ClusterRoleBinding is installed, nor the end users' editor/viewer ClusterRoles;
+    - templates/multiple_namespaces_role.yaml and multiple_namespaces_rolebinding.yaml render
+      `if and .Values.rbacEnable .Values.singleNamespaceInstall .Values.crNamespacedRbacEnable`,
+      one Role (the same rules as the ClusterRole, `role.consistentRules` in _helpers.tpl) and
+      one RoleBinding to the operator's ServiceAccount `range` over `watchNamespace` (default:
+      the release namespace), each in that namespace. So each watched namespace must exist
+      before the release (components/operators.py makes the release depend on it);
+    - templates/deployment.yaml passes `--watch-namespace <watchNamespace joined by ",">`
+      (or the release namespace when singleNamespaceInstall and no watchNamespace), and the
+      operator's manager caches and reconciles only there (ray-operator/main.go,
+      cache.Options.DefaultNamespaces);
+    - templates/leader_election_role.yaml and leader_election_role_binding.yaml render on
+      rbacEnable alone: a Role for configmaps, events and coordination.k8s.io leases in the
+      release namespace, where the operator keeps its leader-election lease (main.go: the pod's
+      namespace unless --leader-election-namespace);
+    - the CRDs are in the chart's crds/ folder, not templated: Helm installs them on the first
+      install whatever the values, and never upgrades or deletes them (Helm's chart best
+      practices, "Custom Resource Definitions": "There is no support at this time for upgrading
+      or deleting CRDs using Helm"); values.yaml on singleNamespaceInstall: "this excludes the
+      CRDs, which can only be installed at the cluster scope".
     """
     return {
         # On the system nodes: the operator must keep running while GPU nodes are
         # replaced or drained (it recreates Ray pods), and must not take GPU nodes' CPU.
         "nodeSelector": system_node_selector(),
+        # values.yaml `rbacEnable: true` (a bool): the chart's default, restated because the
+        # namespaced Roles below render only with it (false: no RBAC at all, not even leader election).
+        "rbacEnable": True,
+        # values.yaml `singleNamespaceInstall: false` (a bool): Role/RoleBinding instead of
+        # ClusterRole/ClusterRoleBinding (templates/role.yaml, rolebinding.yaml, multiple_namespaces_*.yaml).
+        "singleNamespaceInstall": True,
+        # values.yaml `crNamespacedRbacEnable: true` (a bool): the chart's default, restated: with it
+        # off the chart would make no Role in the watched namespaces and the operator could do nothing there.
+        "crNamespacedRbacEnable": True,
+        # values.yaml, commented out: `# watchNamespace:` / `#   - n1` / `#   - n2` (a list of names):
+        # the --watch-namespace flag (templates/deployment.yaml) and a Role per entry
+        # (templates/multiple_namespaces_role.yaml).
+        "watchNamespace": list(kuberay_watch_namespaces(watch_namespaces)),
     }
