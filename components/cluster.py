@@ -25,19 +25,23 @@ One `EksCluster` component (`gpu-serving:cluster:EksCluster`) creates:
   instance profile, a security group with no inbound rules, a launch template,
   the instance in a private subnet) and a 443 rule from it on the cluster
   security group; with `private-vpc` a 443 rule per deployer CIDR;
-- one node IAM role for every node group (the GPU node groups use it too);
+- one node IAM role for every node group (the GPU node groups use it too),
+  without the VPC CNI's policy, which is on a role of the CNI's own
+  (`aws-node`, through EKS Pod Identity: `VPC_CNI_IDENTITY`);
 - managed add-ons, every one at the version pinned for the Kubernetes version
   (`infra/catalog/eks_versions.py`; vpc-cni must support `efa-only`
   interfaces; network policy enforcement on, `ADDON_CONFIGURATION`): vpc-cni,
   kube-proxy and eks-pod-identity-agent before any node (a node
   without a CNI never becomes Ready, so its node group would never finish), then
   coredns and the EFS CSI driver (and the FSx CSI driver when asked), whose pods
-  need a node to run on; each CSI driver's controller gets its IAM role through
-  EKS Pod Identity;
+  need a node to run on; the EFS CSI driver's controller gets its IAM role through
+  EKS Pod Identity, the FSx CSI driver's none (`FSX_CSI`: the volumes are static);
 - a small on-demand system node group (AL2023 x86_64, the pinned AMI release)
   for operators and add-ons, on a launch template that requires IMDSv2 and tags
   its instances, volumes and interfaces with the stack's tags;
 - access entries with the cluster-admin access policy for the given principals;
+  when any is given, the identity that creates the cluster gets no admin entry of
+  its own (`infra.aws.access.bootstrap_creator_admin`);
 - a kubeconfig for the endpoint mode (exec auth through `aws eks get-token`;
   with `private-ssm` it points at the local end of the SSM tunnel), exported
   as a secret, and a Kubernetes provider built from it for the next layer
@@ -65,11 +69,22 @@ import pulumi_kubernetes as k8s
 
 from components.protection import encrypted_log_group, kms_key
 from infra.aws import access
-from infra.aws.iam import assume_role_policy, key_policy, key_use_policy, managed_policy_arn, node_policies, partition_of
+from infra.aws.iam import (
+    EFS_CSI,
+    FSX_CSI,
+    VPC_CNI_IDENTITY,
+    AddonIdentity,
+    assume_role_policy,
+    key_policy,
+    key_use_policy,
+    managed_policy_arn,
+    node_policies,
+    partition_of,
+)
 from infra.aws.launch_template import metadata_options, template_version
 from infra.aws.tags import tag_specifications
 from infra.catalog.cloudwatch import DEFAULT_LOG_RETENTION_DAYS, LOG_RETENTION_DAYS
-from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, FSX_CSI_ADDON, NODE_MONITORING_ADDON, addon_names
+from infra.catalog.eks import ADDONS_AFTER_NODES, ADDONS_BEFORE_NODES, NODE_MONITORING_ADDON, addon_names
 from infra.errors import UserError
 from infra.k8s.scheduling import gpu_tolerations, system_labels
 
@@ -104,24 +119,14 @@ ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {
     NODE_MONITORING_ADDON: {"dcgmAgent": {"tolerations": gpu_tolerations()}},
 }
 VPC_CNI_MIN_NETWORK_POLICY = (1, 14, 0)
+# The VPC CNI add-on takes an EKS Pod Identity association from v1.15.5-eksbuild.1 (EKS User Guide, "IAM roles
+# for Amazon EKS add-ons", "Pod Identity Support Reference"); below the EFA minimum today, kept for the pairing.
+VPC_CNI_MIN_POD_IDENTITY = (1, 15, 5)
 # The cluster's upgrade policy (botocore eks, shape SupportType).
 SUPPORT_TYPES = ("STANDARD", "EXTENDED")
 
 
-@dataclass(frozen=True)
-class CsiDriver:
-    """A CSI driver add-on whose controller gets an IAM role through EKS Pod Identity."""
-
-    addon: str
-    namespace: str
-    service_account: str
-    policy: str  # AWS managed policy path under arn:<partition>:iam::aws:policy/
-
-
-# EKS user guide, "Amazon EFS CSI driver": AmazonEFSCSIDriverPolicy for efs-csi-controller-sa.
-EFS_CSI = CsiDriver("aws-efs-csi-driver", "kube-system", "efs-csi-controller-sa", "service-role/AmazonEFSCSIDriverPolicy")
-# EKS user guide, "Deploy the FSx for Lustre driver": AmazonFSxFullAccess for fsx-csi-controller-sa.
-FSX_CSI = CsiDriver(FSX_CSI_ADDON, "kube-system", "fsx-csi-controller-sa", "AmazonFSxFullAccess")
+CsiDriver = AddonIdentity  # the CSI drivers' name for it (infra/aws/iam.py: EFS_CSI, FSX_CSI, VPC_CNI_IDENTITY)
 
 
 @dataclass(frozen=True)
@@ -132,9 +137,11 @@ class ClusterArgs:
     `infra/aws/access.py`); `bastion_subnet_id` is the private subnet of the
     `private-ssm` bastion. `addon_versions`: add-on name -> version, one for
     every add-on the cluster installs. `admin_principal_arns` get cluster-admin
-    through access entries; do not list the identity that runs `pulumi up`: it
-    is already admin (bootstrap_cluster_creator_admin_permissions) and EKS
-    rejects a second entry for it. `instance_tags`: the stack's tags, for what
+    through access entries, and are then the only admins of a new cluster: list
+    the identity that runs `pulumi up` among them (its IAM role's ARN), or the
+    Kubernetes provider is refused. With none, the creator is the admin
+    (`infra.aws.access.bootstrap_creator_admin`, which says what a running
+    cluster keeps). `instance_tags`: the stack's tags, for what
     the system node group's launch template launches (the provider's default
     tags do not reach instances an Auto Scaling group launches).
     """
@@ -255,6 +262,8 @@ def check_vpc_cni_version(version: str) -> None:
         raise UserError(f"vpc-cni {version} cannot drive efa-only interfaces; use v{minimum} or later")
     if parse_addon_version(version) < VPC_CNI_MIN_NETWORK_POLICY:  # below the EFA minimum today; kept for the pairing
         raise UserError(f"vpc-cni {version} cannot enforce network policies; use v1.14.0 or later")
+    if parse_addon_version(version) < VPC_CNI_MIN_POD_IDENTITY:  # likewise
+        raise UserError(f"vpc-cni {version} takes no EKS Pod Identity association; use v1.15.5 or later")
 
 
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:
@@ -274,7 +283,8 @@ def principal_slug(arn: str) -> str:
 def k8s_provider_depends_on(
     system_node_group: pulumi.Resource, addons: dict[str, pulumi.Resource], way_in: Sequence[pulumi.Resource] = ()
 ) -> list[pulumi.Resource]:
-    """What the Kubernetes provider waits for: a schedulable node, every add-on, and the deployer's way in.
+    """What the Kubernetes provider waits for: a schedulable node, every add-on, and the deployer's way in
+    (with it the admin access entries: with admin principals given, the deployer is admin through one).
 
     Charts and operators installed through the provider need DNS (coredns) and
     storage drivers before their pods work, and on `pulumi destroy` their load
@@ -391,7 +401,8 @@ class EksCluster(pulumi.ComponentResource):
             role_arn=self.cluster_role.arn,
             access_config=aws.eks.ClusterAccessConfigArgs(
                 authentication_mode=AUTHENTICATION_MODE,
-                bootstrap_cluster_creator_admin_permissions=True,
+                # Create-only (ignored on a running cluster: `cluster_ignore_changes`).
+                bootstrap_cluster_creator_admin_permissions=access.bootstrap_creator_admin(args.admin_principal_arns),
             ),
             bootstrap_self_managed_addons=False,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.support_type),
@@ -436,9 +447,25 @@ class EksCluster(pulumi.ComponentResource):
         ]
 
         # -- add-ons that nodes need -------------------------------------------------
+        # The Pod Identity agent first: the VPC CNI's credentials come through it (VPC_CNI_IDENTITY).
+        self.pod_identity_roles: dict[str, aws.iam.Role] = {}
         self.addons: dict[str, aws.eks.Addon] = {}
-        for addon in ADDONS_BEFORE_NODES:
-            self.addons[addon] = self._addon(name, addon, args, child)
+        for addon in sorted(ADDONS_BEFORE_NODES, key=lambda a: a != "eks-pod-identity-agent"):
+            if addon != VPC_CNI_IDENTITY.addon:
+                self.addons[addon] = self._addon(name, addon, args, child)
+                continue
+            cni_role, cni_policy = self._addon_role(name, VPC_CNI_IDENTITY, args, tags, child)
+            node_attachments.append(cni_policy)  # every node group waits for it, and outlives it on destroy
+            self.addons[addon] = self._addon(
+                name,
+                addon,
+                args,
+                child,
+                depends_on=[cni_policy, self.addons["eks-pod-identity-agent"]],
+                pod_identity_associations=[
+                    aws.eks.AddonPodIdentityAssociationArgs(role_arn=cni_role.arn, service_account=VPC_CNI_IDENTITY.service_account)
+                ],
+            )
 
         # -- system node group ---------------------------------------------------------
         lt = system_launch_template_args(f"{cluster_name}-system", args.instance_tags)
@@ -481,18 +508,14 @@ class EksCluster(pulumi.ComponentResource):
         after_nodes = [self.system_node_group]
         self.addons["coredns"] = self._addon(name, "coredns", args, child, depends_on=after_nodes)
         self.addons[NODE_MONITORING_ADDON] = self._addon(name, NODE_MONITORING_ADDON, args, child, depends_on=after_nodes)
-        self.pod_identity_roles: dict[str, aws.iam.Role] = {}
         for driver in csi_drivers(args.enable_fsx_csi):
-            association = self._pod_identity(name, driver, args, tags, child)
-            self.addons[driver.addon] = self._addon(
-                name,
-                driver.addon,
-                args,
-                child,
-                depends_on=[*after_nodes, self.addons["eks-pod-identity-agent"], association],
-            )
+            needs: list[pulumi.Resource] = []
+            if driver.policy is not None:
+                needs = [self.addons["eks-pod-identity-agent"], self._pod_identity(name, driver, args, tags, child)]
+            self.addons[driver.addon] = self._addon(name, driver.addon, args, child, depends_on=[*after_nodes, *needs])
 
         # -- access ----------------------------------------------------------------------
+        admin_access: list[pulumi.Resource] = []
         for arn in args.admin_principal_arns:
             slug = principal_slug(arn)
             entry = aws.eks.AccessEntry(
@@ -503,7 +526,7 @@ class EksCluster(pulumi.ComponentResource):
                 tags=tags,
                 opts=child,
             )
-            aws.eks.AccessPolicyAssociation(
+            admin_policy = aws.eks.AccessPolicyAssociation(
                 f"{name}-admin-{slug}-policy",
                 cluster_name=self.cluster.name,
                 principal_arn=entry.principal_arn,
@@ -511,6 +534,7 @@ class EksCluster(pulumi.ComponentResource):
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
                 opts=child,
             )
+            admin_access += [entry, admin_policy]
 
         # -- outputs -----------------------------------------------------------------------
         self.cluster_name = self.cluster.name
@@ -548,12 +572,14 @@ class EksCluster(pulumi.ComponentResource):
             kubeconfig=self.kubeconfig,
             opts=pulumi.ResourceOptions.merge(
                 child,
-                pulumi.ResourceOptions(depends_on=k8s_provider_depends_on(self.system_node_group, self.addons, way_in)),
+                pulumi.ResourceOptions(
+                    depends_on=k8s_provider_depends_on(self.system_node_group, self.addons, [*way_in, *admin_access])
+                ),
             ),
         )
-        # For GPU node groups, as for the system group: the node role's policies (without the worker and CNI
-        # policies a node never joins, and on destroy they must outlive the nodes, or the ENIs the CNI holds
-        # block the VPC's deletion) and the add-ons a node needs.
+        # For GPU node groups, as for the system group: the node role's policies and the VPC CNI's (without
+        # the worker and CNI policies a node never joins, and on destroy they must outlive the nodes, or the
+        # ENIs the CNI holds block the VPC's deletion) and the add-ons a node needs.
         self.node_prerequisites: list[pulumi.Resource] = [*node_attachments, *(self.addons[a] for a in ADDONS_BEFORE_NODES)]
         self.register_outputs(
             {
@@ -683,6 +709,7 @@ class EksCluster(pulumi.ComponentResource):
         args: ClusterArgs,
         child: pulumi.ResourceOptions,
         depends_on: Optional[list[pulumi.Resource]] = None,
+        pod_identity_associations: Optional[list[aws.eks.AddonPodIdentityAssociationArgs]] = None,
     ) -> aws.eks.Addon:
         return aws.eks.Addon(
             f"{name}-{addon}",
@@ -691,30 +718,46 @@ class EksCluster(pulumi.ComponentResource):
             # Every add-on at the version pinned for the cluster's Kubernetes version.
             addon_version=args.addon_versions[addon],
             configuration_values=addon_configuration(addon),
+            pod_identity_associations=pod_identity_associations,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             tags=dict(args.tags),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=depends_on or [])),
         )
 
-    def _pod_identity(
-        self, name: str, driver: CsiDriver, args: ClusterArgs, tags: dict[str, str], child: pulumi.ResourceOptions
-    ) -> aws.eks.PodIdentityAssociation:
+    def _addon_role(
+        self, name: str, identity: AddonIdentity, args: ClusterArgs, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> tuple[aws.iam.Role, aws.iam.RolePolicyAttachment]:
+        """The IAM role EKS Pod Identity gives `identity`'s service account, with its managed policy."""
+        assert identity.policy is not None
+        base = f"{name}-{identity.addon}"
         role = aws.iam.Role(
-            f"{name}-{driver.addon}-role",
+            f"{base}-role",
             # EKS Pod Identity assumes the role with session tags.
             assume_role_policy=assume_role_policy("pods.eks.amazonaws.com", tag_session=True),
-            description=f"{driver.addon} controller in {args.cluster_name or name}",
+            description=(
+                f"VPC CNI ({identity.namespace}/{identity.service_account}) in {args.cluster_name or name}"
+                if identity is VPC_CNI_IDENTITY
+                else f"{identity.addon} controller in {args.cluster_name or name}"
+            ),
             tags=tags,
             opts=child,
         )
-        self.pod_identity_roles[driver.addon] = role
+        self.pod_identity_roles[identity.addon] = role
+        policy = identity.policy
         attachment = aws.iam.RolePolicyAttachment(
-            f"{name}-{driver.addon}-policy",
+            # The CNI's names the service account and the policy, as the node role's attachments name theirs.
+            f"{base}-{identity.service_account}-{policy}" if identity is VPC_CNI_IDENTITY else f"{base}-policy",
             role=role.name,
-            policy_arn=managed_policy_arn(args.region, driver.policy),
+            policy_arn=managed_policy_arn(args.region, policy),
             opts=child,
         )
+        return role, attachment
+
+    def _pod_identity(
+        self, name: str, driver: AddonIdentity, args: ClusterArgs, tags: dict[str, str], child: pulumi.ResourceOptions
+    ) -> aws.eks.PodIdentityAssociation:
+        role, attachment = self._addon_role(name, driver, args, tags, child)
         return aws.eks.PodIdentityAssociation(
             f"{name}-{driver.addon}-identity",
             cluster_name=self.cluster.name,

@@ -21,7 +21,9 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from components.cluster import (
     ADDONS_AFTER_NODES,
     ADDONS_BEFORE_NODES,
+    VPC_CNI_MIN_EFA_ONLY,
     VPC_CNI_MIN_NETWORK_POLICY,
+    VPC_CNI_MIN_POD_IDENTITY,
     ClusterArgs,
     EksCluster,
     addon_names,
@@ -101,7 +103,17 @@ def test_authentication_through_access_entries(private_cluster, eks_model):
     access = private_cluster.one(CLUSTER).inputs["accessConfig"]
     assert access["authenticationMode"] == "API"
     assert access["authenticationMode"] in eks_model.shape_for("AuthenticationMode").enum
-    assert access["bootstrapClusterCreatorAdminPermissions"] is True
+
+def test_the_creator_is_admin_only_when_no_admin_principal_is_given(private_cluster, public_cluster, eks_model):
+    # With admin principals (the prod shape) they are the only admins; without, the creator is the one admin.
+    assert private_cluster.one(CLUSTER).inputs["accessConfig"]["bootstrapClusterCreatorAdminPermissions"] is False
+    assert public_cluster.one(CLUSTER).inputs["accessConfig"]["bootstrapClusterCreatorAdminPermissions"] is True
+    # EKS takes it at creation only (botocore: CreateAccessConfigRequest has it, UpdateAccessConfigRequest not), so
+    # a running cluster must never see the change: it is ignored, and the synth diff (tests/test_access_day_two.py)
+    # shows no replacement.
+    assert "bootstrapClusterCreatorAdminPermissions" in eks_model.shape_for("CreateAccessConfigRequest").members
+    assert "bootstrapClusterCreatorAdminPermissions" not in eks_model.shape_for("UpdateAccessConfigRequest").members
+    assert "accessConfig.bootstrapClusterCreatorAdminPermissions" in private_cluster.one(CLUSTER).options["ignore_changes"]
 
 
 def test_secrets_encrypted_with_a_rotating_key(private_cluster):
@@ -120,7 +132,7 @@ def test_cluster_role_can_use_the_key_and_has_only_the_cluster_policy(private_cl
     trust = json.loads(role["assumeRolePolicy"])
     assert trust["Statement"][0]["Principal"] == {"Service": "eks.amazonaws.com"}
     attachments = private_cluster.of_type(ATTACHMENT)
-    assert len(attachments) == 6  # cluster role 1, node role 3, EFS CSI role 1, bastion role 1 (SSM)
+    assert len(attachments) == 6  # cluster role 1, node role 2, VPC CNI role 1, EFS CSI role 1, bastion role 1 (SSM)
     attached = [a.inputs["policyArn"] for a in attachments if a.inputs["role"] == "gs-cluster-role"]
     assert attached == ["arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"]
     inline = json.loads(private_cluster.named("gs-cluster-encryption").inputs["policy"])
@@ -278,11 +290,38 @@ def test_csi_drivers_get_pod_identity_roles(private_cluster, public_cluster):
     policy = private_cluster.named("gs-aws-efs-csi-driver-policy").inputs["policyArn"]
     assert policy == "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
     assert {"gs-aws-efs-csi-driver-identity", "gs-eks-pod-identity-agent"} <= _depends_on(private_cluster, "gs-aws-efs-csi-driver")
+    # The running stacks' EFS role keeps its names and description (no replacement, no update).
+    assert private_cluster.named("gs-aws-efs-csi-driver-role").inputs["description"] == "aws-efs-csi-driver controller in gs-test"
 
-    associations = {r.inputs["serviceAccount"]: r.inputs for r in public_cluster.of_type(POD_IDENTITY)}
-    assert set(associations) == {"efs-csi-controller-sa", "fsx-csi-controller-sa"}
-    fsx_policy = public_cluster.named("gs-aws-fsx-csi-driver-policy").inputs["policyArn"]
-    assert fsx_policy == "arn:aws:iam::aws:policy/AmazonFSxFullAccess"
+
+def test_the_fsx_csi_driver_gets_no_aws_permissions(public_cluster):
+    # Static volumes only (components/storage.py): the controller is asked for nothing, so no role, no policy
+    # (was AmazonFSxFullAccess), no association; the add-on itself is still installed, after the nodes.
+    assert {r.inputs["serviceAccount"] for r in public_cluster.of_type(POD_IDENTITY)} == {"efs-csi-controller-sa"}
+    fsx = public_cluster.named("gs-aws-fsx-csi-driver")
+    assert fsx.inputs["addonName"] == "aws-fsx-csi-driver" and "podIdentityAssociations" not in fsx.inputs
+    assert "gs-system" in _depends_on(public_cluster, "gs-aws-fsx-csi-driver")
+    assert not [r.name for r in public_cluster.resources if "fsx" in r.name and r.type in (ROLE, ATTACHMENT)]
+    assert not [a for a in public_cluster.of_type(ATTACHMENT) if "FSx" in a.inputs["policyArn"]]
+
+
+def test_the_vpc_cni_has_a_role_of_its_own_through_pod_identity(private_cluster, public_cluster):
+    for rec in (private_cluster, public_cluster):
+        cni = rec.named("gs-vpc-cni").inputs
+        # The add-on's own association (EKS restarts aws-node when it changes), to the aws-node service account.
+        assert cni["podIdentityAssociations"] == [{"roleArn": placeholder("arn", "gs-vpc-cni-role"), "serviceAccount": "aws-node"}]
+        assert parse_addon_version(cni["addonVersion"]) >= VPC_CNI_MIN_POD_IDENTITY
+        trust = json.loads(rec.named("gs-vpc-cni-role").inputs["assumeRolePolicy"])
+        assert trust["Statement"][0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        assert set(trust["Statement"][0]["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
+        attached = [a.inputs["policyArn"] for a in rec.of_type(ATTACHMENT) if a.inputs["role"] == "gs-vpc-cni-role"]
+        assert attached == ["arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"]
+        # The role's policy is there before the add-on and the agent that hands out its credentials; every node
+        # group waits for the policy (and, on destroy, goes before it: the CNI frees its interfaces).
+        assert {"gs-vpc-cni-aws-node-AmazonEKS_CNI_Policy", "gs-eks-pod-identity-agent"} <= _depends_on(rec, "gs-vpc-cni")
+        assert {"gs-vpc-cni-aws-node-AmazonEKS_CNI_Policy", "gs-vpc-cni"} <= _depends_on(rec, "gs-system")
+    # The EFA minimum the version check enforces already implies the first version with Pod Identity.
+    assert VPC_CNI_MIN_POD_IDENTITY <= VPC_CNI_MIN_EFA_ONLY
 
 
 # ---- nodes -----------------------------------------------------------------------------------
@@ -316,9 +355,10 @@ def test_system_node_group_size_and_subnets_from_args():
 def test_node_role_policies_are_minimal(private_cluster):
     node_policies_seen = sorted(a.inputs["policyArn"] for a in private_cluster.of_type(ATTACHMENT) if a.name.startswith("gs-node-"))
     assert node_policies_seen == sorted(
-        f"arn:aws:iam::aws:policy/{p}"
-        for p in ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy")
+        f"arn:aws:iam::aws:policy/{p}" for p in ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
     )
+    # The CNI's policy is on the aws-node role only (test_the_vpc_cni_has_a_role_of_its_own_through_pod_identity).
+    assert "AmazonEKS_CNI_Policy" not in node_policies(ssm=True)
     assert "AmazonSSMManagedInstanceCore" in node_policies(ssm=True)
     assert "AmazonSSMManagedInstanceCore" not in node_policies(ssm=False)
     trust = json.loads(private_cluster.named("gs-node-role").inputs["assumeRolePolicy"])
@@ -343,6 +383,10 @@ def test_admin_access_entries(private_cluster, public_cluster, eks_model):
         assert policy["clusterName"] == "gs-test"
     assert all(e.inputs["type"] == "STANDARD" for e in entries.values())
     assert public_cluster.of_type(ACCESS_ENTRY) == []
+    # The deployer is one of them on a new cluster (no creator admin): the Kubernetes provider waits for every
+    # admin entry and its policy, and on destroy goes before them.
+    waits_for = _depends_on(private_cluster, "gs-k8s")
+    assert {r.name for r in private_cluster.of_type(ACCESS_ENTRY) + private_cluster.of_type(ACCESS_POLICY)} <= waits_for
 
 
 # ---- kubeconfig and the Kubernetes provider ---------------------------------------------------

@@ -60,6 +60,29 @@ BASTION_ROOT_GIB = 8  # the AL2023 AMI's own root size
 SSM_POLICY = "AmazonSSMManagedInstanceCore"
 
 
+def bootstrap_creator_admin(admin_principal_arns: Sequence[str]) -> bool:
+    """Whether EKS makes the cluster's creator an admin (`accessConfig.bootstrapClusterCreatorAdminPermissions`).
+
+    Only when no admin principal is given: then whoever runs the first `pulumi up` is the one admin, and
+    the Kubernetes provider works as that identity. Once `adminPrincipalArns` lists anyone, they are the
+    only admins of a new cluster, and the identity that runs `pulumi up` must be one of them (the
+    provider's `aws eks get-token` is that identity; the entries are made through the EKS API, which IAM
+    allows, before the provider is used).
+
+    EKS sets this at creation only: botocore's eks model has it in CreateAccessConfigRequest, not in
+    UpdateAccessConfigRequest, and the Terraform provider pulumi-aws bridges marks it ForceNew
+    (internal/service/eks/cluster.go), so a change would replace the cluster. The component ignores
+    changes to it (components/cluster.py `cluster_ignore_changes`): a running cluster keeps the entry
+    EKS made for its creator. To remove it, after checking that a listed admin works, delete it by hand:
+    `aws eks delete-access-entry --cluster-name <cluster> --principal-arn <creator's role ARN>` (EKS User
+    Guide, "Grant IAM users and roles access to Kubernetes APIs": "If you don't want that IAM principal to
+    have administrator permissions to the cluster, remove the access entry that Amazon EKS created").
+    `aws eks list-access-entries --cluster-name <cluster>` shows it: the entry no access entry resource of
+    the stack holds.
+    """
+    return not admin_principal_arns
+
+
 def needs_bastion(mode: str) -> bool:
     return mode == PRIVATE_SSM
 

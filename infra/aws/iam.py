@@ -8,7 +8,10 @@ stack works in the China and GovCloud partitions too.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
+
+from infra.catalog.eks import FSX_CSI_ADDON
 
 
 def partition_of(region: str) -> str:
@@ -26,15 +29,84 @@ def managed_policy_arn(region: str, path: str) -> str:
 def node_policies(ssm: bool) -> tuple[str, ...]:
     """Managed policies on the node role, each needed:
 
-    - AmazonEKSWorkerNodePolicy: the kubelet describes the cluster and its instance;
+    - AmazonEKSWorkerNodePolicy: the kubelet describes the cluster and its instance, and the EKS Pod
+      Identity agent (a DaemonSet on the node's credentials) calls eks-auth:AssumeRoleForPodIdentity
+      (EKS User Guide, "Set up the Amazon EKS Pod Identity Agent": the node role needs that action,
+      which this policy grants);
     - AmazonEC2ContainerRegistryReadOnly: pull the add-on and pause images from ECR;
-    - AmazonEKS_CNI_Policy: the VPC CNI (aws-node, on the node's credentials)
-      attaches ENIs and assigns pod IPs;
     - AmazonSSMManagedInstanceCore only on request: a shell on nodes without SSH
       keys or open ports, handy to debug EFA on a GPU node, not needed otherwise.
+
+    Not `VPC_CNI_POLICY`: the VPC CNI gets it on a role of its own (`VPC_CNI_SERVICE_ACCOUNT`, through
+    EKS Pod Identity; components/cluster.py), so the other processes on a node's host network, which
+    reach the node role through IMDS, cannot attach or free network interfaces and addresses.
     """
-    policies = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy")
+    policies = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
     return policies + (("AmazonSSMManagedInstanceCore",) if ssm else ())
+
+
+# The VPC CNI's IAM policy and its service account (EKS User Guide, "Configure Amazon VPC CNI plugin to use
+# IRSA", https://docs.aws.amazon.com/eks/latest/userguide/cni-iam-role.html: AmazonEKS_CNI_Policy for an IPv4
+# cluster, which this stack is (it sets no ipFamily; EKS's default is ipv4), on "the node IAM role, or ... a
+# separate IAM role. We recommend that you assign it to a separate role"; the plugin runs as the `aws-node`
+# service account in kube-system). The separate role is given through EKS Pod Identity, which the VPC CNI
+# add-on supports from v1.15.5-eksbuild.1 (EKS User Guide, "IAM roles for Amazon EKS add-ons", "Pod Identity
+# Support Reference", https://docs.aws.amazon.com/eks/latest/userguide/add-ons-iam.html); the pinned versions
+# are later (components/cluster.py, VPC_CNI_MIN_POD_IDENTITY).
+VPC_CNI_POLICY = "AmazonEKS_CNI_Policy"
+VPC_CNI_NAMESPACE = "kube-system"
+VPC_CNI_SERVICE_ACCOUNT = "aws-node"
+
+
+@dataclass(frozen=True)
+class AddonIdentity:
+    """An add-on's service account and the AWS managed policy its IAM role gets through EKS Pod Identity
+    (`policy` None: the add-on needs no AWS permissions here, and gets no role)."""
+
+    addon: str
+    namespace: str
+    service_account: str
+    policy: Optional[str]  # AWS managed policy path under arn:<partition>:iam::aws:policy/
+
+
+# EKS user guide, "Amazon EFS CSI driver": AmazonEFSCSIDriverPolicy for efs-csi-controller-sa.
+EFS_CSI = AddonIdentity("aws-efs-csi-driver", "kube-system", "efs-csi-controller-sa", "service-role/AmazonEFSCSIDriverPolicy")
+# The FSx CSI driver with no IAM role. The EKS User Guide ("Deploy the FSx for Lustre driver",
+# https://docs.aws.amazon.com/eks/latest/userguide/fsx-csi-create.html) gives its controller AmazonFSxFullAccess
+# for dynamic provisioning: a StorageClass whose claims make the controller create (CreateFileSystem) and delete
+# (DeleteFileSystem) file systems. This stack has none: components/storage.py creates the file system with
+# Pulumi and binds two static PersistentVolumes to it (`storageClassName: ""`, no StorageClass, reclaim policy
+# Retain), which the node plugin mounts with the Lustre client, calling no AWS API (aws-fsx-csi-driver
+# pkg/driver/node.go); the controller is asked for nothing (CreateVolume and DeleteVolume are for provisioned
+# volumes; ControllerPublishVolume is not implemented, pkg/driver/controller.go). No policy, so no role and no
+# Pod Identity association either. Dynamic provisioning is no option of the stack; one that adds it gives this
+# service account a policy of its own scoped to the stack's tags (fsx:CreateFileSystem with aws:RequestTag,
+# fsx:DeleteFileSystem with aws:ResourceTag), not AmazonFSxFullAccess.
+FSX_CSI = AddonIdentity(FSX_CSI_ADDON, "kube-system", "fsx-csi-controller-sa", None)
+# The VPC CNI on a role of its own through EKS Pod Identity (VPC_CNI_POLICY above, and its sources), off the
+# node role: every process on a node's host network reaches the node role through IMDS (the hop limit of 1 stops
+# only pods with a network namespace of their own), and with the CNI policy there any of them could create,
+# attach and delete network interfaces and assign addresses in the VPC.
+#
+# Safe at node bootstrap: aws-node needs its credentials before the node is Ready, and they come from the EKS Pod
+# Identity agent, a DaemonSet on the host network (EKS User Guide, "EKS Pod Identity considerations",
+# https://docs.aws.amazon.com/eks/latest/userguide/pod-identities.html: it "uses the hostNetwork of the node", so
+# it needs no CNI to start) that tolerates every taint (its chart, aws/eks-pod-identity-agent
+# charts/eks-pod-identity-agent/values.yaml: `tolerations: - operator: Exists`; the not-ready taint since
+# v1.2.0-eksbuild.1, aws/amazon-vpc-cni-k8s issue #2780), so it runs on a new node, GPU taint or not, beside
+# aws-node. The agent uses the node role (AmazonEKSWorkerNodePolicy) and calls the EKS Auth API, through the NAT
+# gateway here (an existing VPC without one needs its PrivateLink endpoint: "Set up the Amazon EKS Pod Identity
+# Agent"). Until the agent answers, aws-node exits and the kubelet restarts it (aws/amazon-vpc-cni-k8s issue
+# #3840: with an association and no agent, aws-node exits after "Checking for IPAM connectivity").
+#
+# The association is the add-on's own (`podIdentityAssociations` of the vpc-cni add-on; "IAM roles for Amazon EKS
+# add-ons", https://docs.aws.amazon.com/eks/latest/userguide/add-ons-iam.html: "If you update the pod identity
+# associations for an existing add-on, Amazon EKS initiates a rolling restart of the add-on pods"), so on a
+# running cluster the add-on update restarts aws-node onto the new role before `pulumi up` detaches the policy
+# from the node role (Pulumi deletes what left the program last). Every node group waits for the role's policy
+# and, on destroy, goes before it (components/cluster.py, `node_prerequisites`): the CNI frees its network
+# interfaces while it still may.
+VPC_CNI_IDENTITY = AddonIdentity("vpc-cni", VPC_CNI_NAMESPACE, VPC_CNI_SERVICE_ACCOUNT, VPC_CNI_POLICY)
 
 
 def dns_suffix(region: str) -> str:
