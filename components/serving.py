@@ -84,6 +84,9 @@ class ServingArgs:
     # What the checks and the scripts' ConfigMap need (the operators and the
     # namespace; not the weights): None = `depends_on`.
     check_depends_on: Optional[Sequence[pulumi.Resource]] = None
+    # The image the EFA check runs when it must not wait for `image` (the stack's own image by
+    # digest is known once the weights are staged; the check runs while they are): None = `image`.
+    check_image: Optional[pulumi.Input[str]] = None
 
     def __post_init__(self) -> None:
         if (self.image is None) == (self.spec.image is None):
@@ -139,11 +142,11 @@ class Serving(pulumi.ComponentResource):
         )
         prerequisites = [*args.depends_on, self.scripts, self.api_key_secret, *policies]
 
-        def built(builder: Callable[[ServingSpec], dict]) -> pulumi.Input[dict]:
+        def built(builder: Callable[[ServingSpec], dict], image: Optional[pulumi.Input[str]] = args.image) -> pulumi.Input[dict]:
             """A builder's `spec`, with the image resolved when it is an Output."""
-            if args.image is None:
+            if image is None:
                 return builder(spec)["spec"]
-            return pulumi.Output.from_input(args.image).apply(lambda img: builder(dataclasses.replace(spec, image=img))["spec"])
+            return pulumi.Output.from_input(image).apply(lambda img: builder(dataclasses.replace(spec, image=img))["spec"])
 
         self.efa_check = None
         if spec.efa_check:
@@ -151,7 +154,7 @@ class Serving(pulumi.ComponentResource):
             self.efa_check = self._typed(
                 k8s.batch.v1.Job,
                 f"{name}-efa-check",
-                {"metadata": checks.efa_check_job(spec)["metadata"], "spec": built(checks.efa_check_job)},
+                {"metadata": checks.efa_check_job(spec)["metadata"], "spec": built(checks.efa_check_job, args.image if args.check_image is None else args.check_image)},
                 pulumi.ResourceOptions.merge(
                     child,
                     pulumi.ResourceOptions(

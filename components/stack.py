@@ -24,7 +24,9 @@ from infra.planning import Plan
 from infra.planning.contract import Deployment
 from infra.k8s import network_policies, pod_security
 from infra.k8s.serving_spec import Clients, ServingSpec
-from infra.k8s.staging import staging_image_tag
+from infra.catalog.models import checkpoint_repo, pinned_revision
+from infra.k8s.serving_image import by_digest, serving_image_tag
+from infra.k8s.staging import staged_checkpoint, staging_image_tag
 from infra.aws import names
 from infra.aws.tags import cluster_name as stack_cluster_name, default_tags, launch_template_tags
 from infra.catalog import eks_versions
@@ -179,8 +181,6 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         force_delete=not life.production,  # ephemeral stacks take their images with them
         opts=pulumi.ResourceOptions(provider=provider),
     )
-    # The one reference to the serving image: the stack's own, or the repository's at the config's tag.
-    image = cfg.serving.image or pulumi.Output.concat(repository.repository_url, ":", cfg.serving.image_tag)
 
     kube = pulumi.ResourceOptions(providers={"kubernetes": cluster.k8s_provider})
     both = pulumi.ResourceOptions(providers={"aws": provider, "kubernetes": cluster.k8s_provider})
@@ -237,7 +237,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             storage=deployment.storage,
             production=life.production,
             namespace=cfg.serving.namespace,
-            checkpoint=st.s3_uri if st.source == "s3" else deployment.serve.checkpoint,
+            checkpoint=st.s3_uri if st.source == "s3" else _staged_checkpoint(cfg, deployment),
             source=st.source,
             staging_image=staging_image,
             staging_image_id=st.staging_image or staging_tag,
@@ -252,6 +252,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         ),
         opts=pulumi.ResourceOptions.merge(both, pulumi.ResourceOptions(depends_on=[*in_namespace, *(addon for addon_name, addon in cluster.addons.items() if addon_name.endswith("csi-driver"))])),
     )
+    image, check_image = _serving_image(cfg, repository, storage, provider)
     checks = cfg.checks
     serving = Serving(
         f"{name}-serving",
@@ -287,6 +288,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             # The EFA check needs the device plugins, not the weights: it runs while they are staged.
             check_depends_on=[*operators.releases, *in_namespace],
             image=image,
+            check_image=check_image,
         ),
         opts=kube,
     )
@@ -300,3 +302,35 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         storage=storage,
         serving=serving,
     )
+
+
+def _serving_image(cfg: StackConfig, repository: aws.ecr.Repository, storage: pulumi.Resource,
+                   provider: pulumi.ProviderResource) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+    """The serving image by digest, and the one the EFA check runs.
+
+    The config's own image as given (by digest in production, infra/config/stack.py). Otherwise the
+    image bin/build-image pushed to the stack's repository, by the digest its (immutable) tag holds,
+    asked of ECR once the weights are staged: on a new stack the first `pulumi up` creates the
+    repository and waits for the staging Job while bin/build-image pushes (README, deploy order).
+    The EFA check runs while the weights are staged, before that digest is asked for: it runs the
+    same image by its tag.
+    """
+    if cfg.serving.image:
+        return cfg.serving.image, cfg.serving.image
+    tag = serving_image_tag(cfg.serving.vllm_version, cfg.serving.ray_version)
+    pushed = aws.ecr.get_image_output(
+        repository_name=repository.name,
+        image_tag=tag,
+        opts=pulumi.InvokeOutputOptions(provider=provider, depends_on=[storage]),
+    )
+    image = pulumi.Output.all(repository.repository_url, pushed.image_digest).apply(lambda a: by_digest(a[0], tag, a[1]))
+    return image, pulumi.Output.concat(repository.repository_url, ":", tag)
+
+
+def _staged_checkpoint(cfg: StackConfig, deployment: Deployment) -> str:
+    """The Hugging Face checkpoint the staging Job downloads, at its pinned commit: the config's
+    (for the model's own checkpoint) or the catalog's; refused unpinned when serving runs its code."""
+    checkpoint = deployment.serve.checkpoint
+    own = checkpoint.lower() == checkpoint_repo(cfg.model.name).lower()
+    revision = (cfg.model.revision if own else None) or pinned_revision(checkpoint)
+    return staged_checkpoint(checkpoint, revision, "--trust-remote-code" in deployment.serve.vllm_args)

@@ -419,3 +419,16 @@ def test_config_package_imports_no_pulumi_at_top_level() -> None:
         top_level = [line for line in module.read_text().splitlines() if line.startswith(("import ", "from "))]
         assert not [line for line in top_level if "pulumi" in line], (module.name, top_level)
     assert isinstance(load_stack_file("prod"), StackConfig)
+
+
+def test_a_serving_image_by_tag_is_refused_in_production_only():
+    from infra.config.stack import StackConfig
+
+    base = {"stack": "x", "region": "us-east-1", "model": {"name": "qwen3-0.6b"},
+            "gpu": {"instanceType": "p5.48xlarge", "nodes": 1}}  # fmt: skip
+    tagged = {"image": "registry.example/vllm:0.34.0"}
+    assert StackConfig.model_validate({**base, "serving": tagged, "lifecycle": {"expiresAt": "2999-01-01T00:00:00Z"}}).serving.image
+    with pytest.raises(Exception, match=r"by tag alone"):
+        StackConfig.model_validate({**base, "serving": tagged, "lifecycle": {"production": True, "owner": "o"}})
+    digest = {"image": "registry.example/vllm:0.34.0@sha256:" + "0" * 64}
+    StackConfig.model_validate({**base, "serving": digest, "lifecycle": {"production": True, "owner": "o"}})

@@ -453,3 +453,41 @@ def test_kda_lists_that_do_not_cover_the_layers_are_refused():
     cfg["text_config"]["linear_attn_config"]["full_attn_layers"] = [4, 8]
     with pytest.raises(UserError, match="cover"):
         parse_config(cfg, "broken", "test")
+
+
+# --- Pinned hub revisions (issue 19 item 6) ----------------------------------------------
+
+# Catalog models with no commit found in an offline source yet. The list may only shrink: pin
+# one (CatalogEntry.revision, with revision_source) and take it off here.
+UNPINNED = {
+    "deepseek-v4-flash", "deepseek-v3", "deepseek-r1", "deepseek-v3.2", "kimi-k2", "kimi-k2.5",
+    "qwen3-235b-a22b", "qwen3-235b-a22b-fp8", "qwen3-235b-a22b-nvfp4", "qwen3-30b-a3b",
+    "qwen3-30b-a3b-gptq-int4", "qwen3-32b-awq", "llama-3.1-405b", "llama-3.1-70b", "mixtral-8x7b",
+    "gpt-oss-120b", "qwen3-0.6b",
+}  # fmt: skip
+
+
+def test_unpinned_catalog_models_are_exactly_the_listed_ones():
+    from infra.catalog.models import CATALOG
+
+    assert {name for name, e in CATALOG.items() if e.revision is None} == UNPINNED
+
+
+def test_pinned_revisions_are_commits_with_their_source():
+    from infra.catalog.models import CATALOG, pinned_revision
+
+    for name, entry in CATALOG.items():
+        if entry.revision is not None:
+            assert re.fullmatch(r"[0-9a-f]{40}", entry.revision), name
+            assert entry.revision in entry.revision_source and entry.hf_repo in entry.revision_source, name
+            assert pinned_revision(entry.hf_repo.upper()) == entry.revision
+
+
+def test_every_catalog_model_served_with_remote_code_has_a_pinned_revision():
+    """The tokenizer or model code --trust-remote-code runs is the staged checkpoint's: pinned, never `main`."""
+    from infra.catalog.models import CATALOG
+    from infra.planning.model_serving import model_args
+
+    remote = {name for name in CATALOG if "--trust-remote-code" in model_args(load_model(name))}
+    assert remote == {"kimi-k3"}  # model_serving.py: Kimi K3's tiktoken tokenizer
+    assert all(CATALOG[name].revision for name in remote)

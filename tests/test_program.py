@@ -349,3 +349,34 @@ def test_changing_model_and_instance_type_changes_every_figure():
     assert x["plan"]["vllm_args"] != base["plan"]["vllm_args"] or x["plan"]["kv_cache"] != base["plan"]["kv_cache"]
     assert " ".join(x["plan"]["vllm_args"]) in x["command"]
     assert "moonshotai/Kimi-K3" in x["command"]
+
+
+# --- Pinned inputs (issue 19 item 6) ---------------------------------------------------
+
+
+def test_prod_runs_the_pushed_serving_image_by_digest_and_stages_the_pinned_commit():
+    from infra.catalog.models import CATALOG
+    from infra.k8s.serving_image import serving_image_tag
+
+    rec = _stack("prod")
+    tag = serving_image_tag("0.34.0", "2.60.0")
+    # The digest is the one ECR reports for the tag bin/build-image pushed, asked for by that tag.
+    asked = [args for token, args in rec.calls if token == "aws:ecr/getImage:getImage"]
+    assert asked == [{"imageTag": tag, "repositoryName": "gpu-serving-prod/vllm"}]
+    images = {c["image"] for c, _ in _pods(_raycluster(rec))}
+    assert images == {f"123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-serving-prod/vllm:{tag}@sha256:{'0' * 64}"}
+    # The staging Job downloads every file from the catalog's pinned commit of DeepSeek-V4-Pro.
+    (job,) = [r for r in rec.of_type("kubernetes:batch/v1:Job") if "staging" in r.name]
+    assert f"hf://deepseek-ai/DeepSeek-V4-Pro@{CATALOG['deepseek-v4-pro'].revision}" in json.dumps(job.inputs)
+
+
+def test_prod_refuses_a_serving_image_by_tag_alone():
+    config = _with(engine_config("prod", REPO), "serving", image="123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm:0.34.0")
+    _refused(config, "gpu-serving:serving.image", "by tag alone", "@sha256:<digest>")
+
+
+def test_a_serving_image_given_by_digest_runs_as_given():
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm:0.34.0@sha256:" + "ab" * 32
+    rec = _run(_with(engine_config("prod", REPO), "serving", image=image), "prod")
+    assert {c["image"] for c, _ in _pods(_raycluster(rec))} == {image}
+    assert not [token for token, _ in rec.calls if token == "aws:ecr/getImage:getImage"]

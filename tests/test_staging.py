@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.errors import UserError
 from infra.k8s import script_files
 from infra.k8s.scripts import stage_weights
 from infra.k8s.scripts.stage_weights import EXIT_INCOMPLETE, EXIT_SOURCE, LISTING_FILE_NAME, MARKER_NAME, STAGING_DIR_NAME
@@ -32,6 +33,7 @@ from infra.k8s.staging import (
     model_path,
     source_url,
     split_checkpoint,
+    staged_checkpoint,
     staging_args,
     staging_command,
     staging_config_map,
@@ -714,3 +716,19 @@ def test_a_resumed_partial_counts_as_done_but_not_as_moved(source, tmp_path):
                              str(dest / STAGING_DIR_NAME), str(dest), progress.moved, progress.kept)  # fmt: skip
     # What the partial held is done without being this run's transfer (the rate counts transfers only).
     assert progress.bytes_done == TOTAL and progress.transferred == len(FILES[BIG]) - half
+
+
+def test_the_staged_checkpoint_is_the_pinned_commit_and_remote_code_needs_one():
+    from infra.catalog.models import CATALOG
+
+    kimi = CATALOG["kimi-k3"]
+    staged = staged_checkpoint(kimi.hf_repo, kimi.revision, remote_code=True)
+    assert staged == f"moonshotai/Kimi-K3@{kimi.revision}"
+    # The weights' directory stays org/name whatever the commit: serving reads the same path.
+    assert split_checkpoint(staged, "hf") == ("moonshotai/Kimi-K3", kimi.revision)
+    # No commit: staged from `main` unless serving runs the checkpoint's code; then refused, naming the key.
+    assert staged_checkpoint("Qwen/Qwen3-0.6B", None, remote_code=False) == "Qwen/Qwen3-0.6B"
+    with pytest.raises(UserError, match=r"--trust-remote-code.*set gpu-serving:model.revision"):
+        staged_checkpoint("moonshotai/Kimi-K3", None, remote_code=True)
+    # A reference that names its own revision is kept.
+    assert staged_checkpoint("org/m@v1.0", None, remote_code=True) == "org/m@v1.0"

@@ -48,6 +48,13 @@ class CatalogEntry:
     # ModelOpt checkpoints keep their quantization block in hf_quant_config.json, next to a
     # config.json without one; the bundled copy of that file, if any (in model_configs/).
     quant_file: str | None = None
+    # The Hugging Face commit the staging Job downloads (infra/k8s/staging.py): every file
+    # from that one commit, so what runs (weights, and the tokenizer code of a model served
+    # with --trust-remote-code) is what was reviewed, not whatever `main` holds at staging
+    # time. None: UNPINNED, no commit found in an offline source yet (tests/test_models.py
+    # lists them, so the list can only shrink). `revision_source` says where it was read.
+    revision: str | None = None
+    revision_source: str = ""
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -56,6 +63,10 @@ CATALOG: dict[str, CatalogEntry] = {
         "model card huggingface.co/deepseek-ai/DeepSeek-V4-Pro: 1.6T total, 49B activated "
         "(main model, MTP module not counted, as for V3)",
         {"fp8": "sgl-project/DeepSeek-V4-Pro-FP8", "nvfp4": "nvidia/DeepSeek-V4-Pro-NVFP4"},
+        revision="b5968e9190ef611bbf34a7229255be88a0e937c1",
+        revision_source="huggingface.co/deepseek-ai/DeepSeek-V4-Pro/commit/b5968e9190ef611bbf34a7229255be88a0e937c1, "
+        "cited as the repository's HEAD on 2026-07-10 (after the shared-expert SwiGLU clamp fix, commit a1fd2026) by a "
+        "public KV-cache layout study of this checkpoint that reads config.json and inference/model.py at that commit",
     ),
     "deepseek-v4-flash": CatalogEntry(
         "deepseek-v4-flash.json", "deepseek-ai/DeepSeek-V4-Flash", 284_000_000_000, 13_000_000_000,
@@ -65,6 +76,10 @@ CATALOG: dict[str, CatalogEntry] = {
     "kimi-k3": CatalogEntry(
         "kimi-k3.json", "moonshotai/Kimi-K3", 2_800_000_000_000, None,
         "Hugging Face model page moonshotai/Kimi-K3: 2.8T parameters; no activated figure found",
+        revision="9f62e4e9fffbd0a83ddd60e1c209d828994b3569",
+        revision_source="huggingface.co/moonshotai/Kimi-K3/tree/9f62e4e9fffbd0a83ddd60e1c209d828994b3569: the weights "
+        "two public sources pin (a Kimi K3 technical-report digest, 'model weights pinned to Hugging Face 9f62e4e9'; "
+        "an evaluation harness, MODEL_SOURCE = 'moonshotai/Kimi-K3@9f62e4e9...')",
     ),
     "deepseek-v3": CatalogEntry(
         "deepseek-v3.json", "deepseek-ai/DeepSeek-V3", 671_000_000_000, 37_000_000_000,
@@ -165,6 +180,14 @@ def variant_arch(arch: ModelArch, fmt: str, repo: str | None) -> ModelArch:
     if repo and repo.lower() in known:
         return load_model(repo)
     return with_weight_format(arch, fmt)
+
+
+def pinned_revision(repo: str) -> str | None:
+    """The catalog's pinned Hugging Face commit of a checkpoint repository (None: unpinned or not in the catalog)."""
+    for entry in CATALOG.values():
+        if entry.hf_repo.lower() == repo.strip().lower():
+            return entry.revision
+    return None
 
 
 def checkpoint_repo(name_or_path: str) -> str:

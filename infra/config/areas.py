@@ -63,6 +63,14 @@ class ModelConfig(_Area):
         default=None,
         description="Stored weight format to plan for; null = the checkpoint's own.",
     )
+    revision: Optional[str] = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{40}$",
+        description="Hugging Face commit of the checkpoint the staging Job downloads (every file from that one commit); "
+        "null = the catalog's pinned commit (`infra/catalog/models.py`), if it has one. A model whose serving runs the "
+        "checkpoint's own code (`--trust-remote-code`, e.g. Kimi K3's tokenizer) is refused without a pinned commit.",
+        json_schema_extra={"allowed": "a 40-hex-digit commit, or null"},
+    )
 
 
 class GpuConfig(_Area):
@@ -576,10 +584,11 @@ class ServingConfig(_Area):
     )
     image: Optional[str] = Field(
         default=None,
-        min_length=1,
-        description="Serving image (vLLM with Ray); null = the stack's ECR repository at tag `<vllmVersion>-ray<rayVersion>`, "
-        "built and pushed with `bin/build-image`.",
-        json_schema_extra={"allowed": "an image reference with a tag or digest, or null"},
+        pattern=r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?$",
+        description="Serving image (vLLM with Ray); null = the image `bin/build-image` pushed to the stack's ECR repository "
+        "(tag `<vllmVersion>-ray<rayVersion>-<hash of images/vllm>`), run by the digest that tag holds. In production "
+        "(`lifecycle.production`) an image given here must carry its digest (`...@sha256:...`): a tag can be re-pushed.",
+        json_schema_extra={"allowed": "an image reference with a digest (a tag alone outside production), or null"},
     )
     namespace: str = Field(
         default="gpu-serving",
@@ -633,11 +642,6 @@ class ServingConfig(_Area):
                 {"key": "targetConcurrency"},
             )
         return self
-
-    @property
-    def image_tag(self) -> str:
-        """Tag of the serving image `bin/build-image` pushes to the stack's repository: the vLLM and Ray it holds."""
-        return f"{self.vllm_version}-ray{self.ray_version}"
 
 
 UsdPerMonth = Annotated[float, Field(ge=0)]

@@ -117,6 +117,15 @@ class StackConfig(BaseModel):
                 "storage type is 'fsx' but the FSx for Lustre CSI driver is off; set gpu-serving:cluster.fsxCsi to true",
                 {"loc": ("storage", "type")},
             )
+        image = self.serving.image
+        if image and self.lifecycle.production and "@sha256:" not in image:
+            raise PydanticCustomError(
+                "image_by_tag",
+                "'{image}' names the serving image by tag alone, which can be re-pushed; a production stack runs "
+                "it by digest: give '{image}@sha256:<digest>' (`docker buildx imagetools inspect {image}` prints "
+                "it), or null for the image bin/build-image pushes",
+                {"loc": ("serving", "image"), "image": image},
+            )
         pp = self.serving.pipeline_parallel
         if pp and self.gpu.nodes < pp:
             raise PydanticCustomError(

@@ -40,6 +40,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from infra.errors import UserError
 from infra.k8s import pod_security, script_files
 from infra.k8s.scheduling import system_node_selector
 from infra.k8s.scripts import stage_weights
@@ -105,6 +106,27 @@ def split_checkpoint(checkpoint: str, source: str) -> tuple[str, Optional[str]]:
             raise ValueError(f"S3 checkpoint {checkpoint!r}: '.' and '..' are not allowed in the prefix")
         return "/".join([bucket, *parts]), None
     raise ValueError(f"checkpoint source must be 'hf' or 's3', not {source!r}")
+
+
+def staged_checkpoint(repo: str, revision: Optional[str], remote_code: bool) -> str:
+    """The Hugging Face checkpoint the Job downloads: `org/name@<commit>` when a commit is pinned
+    (`gpu-serving:model.revision`, or the catalog's), so every file comes from that one commit.
+
+    Refused without one when the serving command runs the checkpoint's own code
+    (`--trust-remote-code`): that code would be whatever the repository's `main` holds when the Job
+    runs. A reference that already names its revision is kept as it is.
+    """
+    if "@" in repo:
+        return repo
+    if revision:
+        return f"{repo}@{revision}"
+    if remote_code:
+        raise UserError(
+            f"{repo} is served with --trust-remote-code (its tokenizer or model code runs in the serving pods), and "
+            "no commit of it is pinned: set gpu-serving:model.revision to the Hugging Face commit to stage "
+            f"(40 hex digits; the 'History' of huggingface.co/{repo} lists them), once its code has been read"
+        )
+    return repo
 
 
 def source_url(checkpoint: str, source: str) -> str:

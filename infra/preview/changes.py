@@ -137,7 +137,9 @@ CHANGES: tuple[Change, ...] = (
     # plans only for releases it has one of. What the running stack sees is a new serving image.
     Change("serving image (a vLLM build)", "prod", "`serving.image`",
            (("    coldStartTargetSeconds: 750\n",
-             "    coldStartTargetSeconds: 750\n    image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm:0.34.0-patched\n"),),
+             # By digest, as production requires (an illustrative one: the edit, not a real image).
+             "    coldStartTargetSeconds: 750\n    image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm:0.34.0-patched"
+             "@sha256:" + "1" * 64 + "\n"),),
            (RESTARTS_SERVING,),
            "the engine restarts on the new image: down for the plan's cold start"),
     Change("Capacity Block swap", "prod", "`gpu.capacity.reservationId`",

@@ -201,6 +201,14 @@ CALL_RESULTS: dict[str, Callable[[dict], dict]] = {
     },
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": "us-east-1", "region": "us-east-1", "id": "us-east-1"},
+    # The serving image bin/build-image pushed, by the digest its tag holds (components/stack.py): one
+    # stable placeholder digest, so a preview diff never shows the image changing by itself.
+    "aws:ecr/getImage:getImage": lambda a: {
+        "imageDigest": "sha256:" + "0" * 64,
+        "imageTags": [a.get("imageTag", "")],
+        "repositoryName": a.get("repositoryName", ""),
+        "id": "sha256:" + "0" * 64,
+    },
     # A stack that has never existed: no log group kept from an earlier life (components/protection.py adopt).
     "aws:cloudwatch/getLogGroups:getLogGroups": lambda a: {"arns": [], "logGroupNames": [], "id": "us-east-1"},
 }
