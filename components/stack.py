@@ -306,14 +306,15 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
 
 def _serving_image(cfg: StackConfig, repository: aws.ecr.Repository, storage: pulumi.Resource,
                    provider: pulumi.ProviderResource) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
-    """The serving image by digest, and the one the EFA check runs.
+    """The serving image by digest, for the serving pods and the checks alike.
 
     The config's own image as given (by digest in production, infra/config/stack.py). Otherwise the
     image bin/build-image pushed to the stack's repository, by the digest its (immutable) tag holds,
-    asked of ECR once the weights are staged: on a new stack the first `pulumi up` creates the
-    repository and waits for the staging Job while bin/build-image pushes (README, deploy order).
-    The EFA check runs while the weights are staged, before that digest is asked for: it runs the
-    same image by its tag.
+    asked of ECR once the weight storage and the staging Job exist (the Job is not waited for:
+    pulumi.com/skipAwait), which gives bin/build-image, run beside the first `pulumi up` of a new
+    stack, the cluster's and the nodes' creation to push in (README, deploy order); a tag not
+    pushed yet fails the `up`, which then succeeds once it is. The EFA check runs the same digest:
+    it is created beside the staging Job, so it still runs while the weights are staged.
     """
     if cfg.serving.image:
         return cfg.serving.image, cfg.serving.image
@@ -324,7 +325,7 @@ def _serving_image(cfg: StackConfig, repository: aws.ecr.Repository, storage: pu
         opts=pulumi.InvokeOutputOptions(provider=provider, depends_on=[storage]),
     )
     image = pulumi.Output.all(repository.repository_url, pushed.image_digest).apply(lambda a: by_digest(a[0], tag, a[1]))
-    return image, pulumi.Output.concat(repository.repository_url, ":", tag)
+    return image, image
 
 
 def _staged_checkpoint(cfg: StackConfig, deployment: Deployment) -> str:

@@ -7,22 +7,31 @@ Standard library only. Three rules:
   Deployments, ...) mounts no service-account token, uses the RuntimeDefault
   (or a Localhost) seccomp profile, and every container forbids privilege
   escalation, drops ALL capabilities, has a read-only root file system and
-  adds back only IPC_LOCK (in pods that request EFA interfaces: EFA memory
-  registration) or CHOWN (in init containers: handing a directory to the pod's
-  non-root user).
+  adds back nothing but CHOWN in init containers (handing a directory to the
+  pod's non-root user). EFA needs no capability: the nodes' containerd base
+  runtime spec raises the locked-memory limit (infra/aws/gpu_nodes.py).
 - `check_namespace_pod_security` (stack rule): a namespace the stack creates
   and runs pods in enforces Pod Security admission at exactly the strictest
   level all of them pass (`policies/pod_security.py`, at the version its
   `enforce-version` label pins): a weaker level wastes
-  the admission controller, a stricter one refuses the pods; its `warn` and
-  `audit` levels, if set, are no weaker than `enforce`.
+  the admission controller, a stricter one refuses the pods; never weaker than
+  `baseline` (`privileged` admits anything from anyone who may create a pod
+  there); its `warn` and `audit` levels, if set, are no weaker than `enforce`.
 - `check_network_policies` (stack rule): every namespace the stack runs pods in
   has a default-deny NetworkPolicy (every pod, ingress and egress, no rule);
   and, evaluated with `policies/network_policy.py` over that namespace's
   policies, each RayCluster's GCS, dashboard and client ports refuse a pod of
   another namespace, a pod of the same namespace outside the RayCluster, and
   every address an ipBlock names, while the RayCluster's head and workers
-  reach each other.
+  reach each other. Every Namespace the stack creates (the operators' too,
+  whose pods come from Helm charts) has a default-deny NetworkPolicy.
+- `check_api_clients` (stack rule): a Service in front of a RayCluster's head
+  (the inference API) admits only the clients it names: as a LoadBalancer, it
+  keeps client addresses (`externalTrafficPolicy: Local`, without which the
+  pod sees node addresses and no ipBlock can tell clients apart) and names
+  `loadBalancerSourceRanges`, none of them every address; the NetworkPolicies
+  admit to its target port no pod of another namespace, and, behind a load
+  balancer, no address outside those ranges.
 
 A rule never reports on what it cannot see yet (`<computed>` values).
 """
@@ -36,19 +45,21 @@ if __package__:  # imported as policies.kubernetes_rules
     from . import network_policy as netpol
     from . import pod_security as pss
     from .values import has_unknown
-    from .workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource
+    from .workloads import _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource
 else:  # run by the policy analyzer from the pack's directory
     import network_policy as netpol  # type: ignore[no-redef]
     import pod_security as pss  # type: ignore[no-redef]
     from values import has_unknown  # type: ignore[no-redef]
-    from workloads import EFA, _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
+    from workloads import _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVICE = "kubernetes:core/v1:Service"
 PSA_PREFIX = "pod-security.kubernetes.io/"
 # What a container may add back after dropping ALL, and where (module doc).
-EFA_CAPABILITIES = frozenset({"IPC_LOCK"})
 INIT_CAPABILITIES = frozenset({"CHOWN"})
+# The weakest Pod Security level a namespace of the stack may enforce (module doc).
+MINIMUM_ENFORCED_LEVEL = "baseline"
 # KubeRay's labels on every pod it creates (ray-operator/controllers/ray/common/pod.go, labelPod).
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
@@ -75,7 +86,6 @@ def _pod_problems(where: str, pod: Mapping) -> list[str]:
             "a pod that never calls the Kubernetes API should not carry credentials for it"
         )
     pod_seccomp = _map(_map(pod.get("securityContext")).get("seccompProfile")).get("type")
-    efa = requests_resource(pod, EFA)
     for key, c in containers(pod):
         name = f"{'init container' if key == 'initContainers' else 'container'} {c.get('name', '?')}"
         sc = _map(c.get("securityContext"))
@@ -84,12 +94,12 @@ def _pod_problems(where: str, pod: Mapping) -> list[str]:
         caps = _map(sc.get("capabilities"))
         if "ALL" not in {str(x).upper() for x in _list(caps.get("drop"))}:
             out.append(f"{where}, {name}: drop ALL capabilities (securityContext.capabilities.drop: [ALL])")
-        allowed = (EFA_CAPABILITIES if efa else frozenset()) | (INIT_CAPABILITIES if key == "initContainers" else frozenset())
+        allowed = INIT_CAPABILITIES if key == "initContainers" else frozenset()
         extra = sorted({str(x).upper().removeprefix("CAP_") for x in _list(caps.get("add"))} - allowed)
         if extra:
             out.append(
-                f"{where}, {name}: adds {', '.join(extra)}; only IPC_LOCK (pods that request {EFA}) "
-                "and CHOWN (init containers) may be added back"
+                f"{where}, {name}: adds {', '.join(extra)}; only CHOWN (init containers) may be added back "
+                f"(EFA pods need none: the nodes raise the locked-memory limit)"
             )
         if sc.get("readOnlyRootFilesystem") is not True:
             out.append(f"{where}, {name}: set securityContext.readOnlyRootFilesystem: true (mount emptyDirs where it writes)")
@@ -155,6 +165,9 @@ def check_namespace_pod_security(resources: Sequence[Mapping], context: Mapping)
                 why = "; ".join(pss.violations(spec, enforce, md, version))
                 out.append((r.get("urn", ""), f"{r.get('name')} ({where}) passes Pod Security {lv} only, but namespace {name} "
                                               f"enforces {enforce}: admission would refuse its pods ({why})"))
+        if not pss.stricter_or_equal(enforce, MINIMUM_ENFORCED_LEVEL):
+            out.append((urn, f"namespace {name} enforces Pod Security {enforce}: the stack's namespaces enforce "
+                             f"{MINIMUM_ENFORCED_LEVEL} or stricter (make the pods pass it)"))
         if pss.stricter_or_equal(strictest, enforce) and strictest != enforce:
             out.append((urn, f"namespace {name} enforces Pod Security {enforce}, but every pod the stack runs there passes "
                              f"{strictest}: enforce {strictest}"))
@@ -226,7 +239,8 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
     """A default deny wherever the stack runs pods; Ray's ports open to the RayCluster's own pods only."""
     out: list[tuple[str, str]] = []
     policies, unknown = _policies_by_namespace(resources)
-    for ns, pods in sorted(_pods_by_namespace(resources)[0].items()):
+    pods_by_ns = _pods_by_namespace(resources)[0]
+    for ns, pods in sorted(pods_by_ns.items()):
         if ns in unknown:
             continue
         if not any(netpol.denies_all(p) for p in policies.get(ns, [])):
@@ -234,6 +248,13 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
             out.append((r.get("urn", ""), f"namespace {ns} runs the stack's pods ({r.get('name')}, ...) but has no default-deny "
                                           "NetworkPolicy (podSelector {}, policyTypes Ingress and Egress, no rules): "
                                           "every pod there accepts connections from anywhere"))
+    for r in (r for r in resources if r.get("type") == NAMESPACE):
+        name = _map(_map(r.get("inputs")).get("metadata")).get("name") or r.get("name")
+        if not isinstance(name, str) or name in pods_by_ns or name in unknown:
+            continue
+        if not any(netpol.denies_all(p) for p in policies.get(name, [])):
+            out.append((r.get("urn", ""), f"namespace {name} is the stack's but has no default-deny NetworkPolicy: what is "
+                                          "installed there (a chart's pods) accepts connections from anywhere"))
     for r in resources:
         spec = raycluster_spec(str(r.get("type", "")), _map(r.get("inputs")))
         ns = _namespace(_map(r.get("inputs")))
@@ -259,4 +280,78 @@ def check_network_policies(resources: Sequence[Mapping], context: Mapping) -> li
                 out.append((r.get("urn", ""), f"RayCluster {r.get('name')}: its head and workers cannot reach each other under "
                                               f"namespace {ns}'s NetworkPolicies; Ray would not start"))
                 break
+    return out
+
+
+# --- the inference API: who may reach it ---------------------------------------------------------------
+
+
+def _head_ports(spec: Mapping) -> dict[str, int]:
+    """The head container's named ports (a Service's targetPort may name one)."""
+    head = _map(_map(_map(spec.get("headGroupSpec")).get("template")).get("spec"))
+    out = {}
+    for c in _list(head.get("containers")):
+        for port in _list(_map(c).get("ports")):
+            port = _map(port)
+            if isinstance(port.get("name"), str) and isinstance(port.get("containerPort"), (int, float)):
+                out[port["name"]] = int(port["containerPort"])
+    return out
+
+
+def _target_ports(service_spec: Mapping, named: Mapping[str, int]) -> list[int]:
+    out = []
+    for port in (_map(p) for p in _list(service_spec.get("ports"))):
+        target = port.get("targetPort", port.get("port"))
+        if isinstance(target, str) and not target.isdigit():
+            target = named.get(target)
+        if target is not None:
+            out.append(int(float(target)))
+    return out
+
+
+def _api_problems(svc: Mapping, spec: Mapping, head: netpol.Endpoint, ports: list[int], nps: Sequence[Mapping]) -> list[str]:
+    name = _map(_map(svc.get("inputs")).get("metadata")).get("name") or svc.get("name")
+    out: list[str] = []
+    ranges: list = []
+    lb = spec.get("type") == "LoadBalancer"
+    if lb:
+        if spec.get("externalTrafficPolicy") != "Local":
+            out.append(f"Service {name}: a LoadBalancer without externalTrafficPolicy: Local rewrites client addresses to the "
+                       "nodes', so no NetworkPolicy can tell the configured clients from anyone else in the VPC")
+        ranges = [ipaddress.ip_network(str(c), strict=False) for c in _list(spec.get("loadBalancerSourceRanges"))]
+        if not ranges:
+            out.append(f"Service {name}: a LoadBalancer without loadBalancerSourceRanges admits every address that reaches it")
+        elif any(r.prefixlen == 0 for r in ranges):
+            out.append(f"Service {name}: loadBalancerSourceRanges includes every address")
+    for port in ports:
+        if netpol.allowed(nps, netpol.pod(PROBE_NAMESPACE, {}), head, port):
+            out.append(f"Service {name}: a pod of another namespace can reach the API port {port}")
+        if lb and ranges:
+            for ip in [OUTSIDE_ADDRESS, *_block_addresses(nps)]:
+                inside = any(ipaddress.ip_address(ip) in r for r in ranges if r.version == ipaddress.ip_address(ip).version)
+                if not inside and netpol.allowed(nps, netpol.address(ip), head, port):
+                    out.append(f"Service {name}: address {ip}, outside its loadBalancerSourceRanges, can reach the API port {port}")
+    return out
+
+
+def check_api_clients(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """A Service in front of a RayCluster's head admits only the clients it names (module doc)."""
+    out: list[tuple[str, str]] = []
+    policies, unknown = _policies_by_namespace(resources)
+    heads = []
+    for r in resources:
+        spec = raycluster_spec(str(r.get("type", "")), _map(r.get("inputs")))
+        if spec is not None and not has_unknown(_map(r.get("inputs")).get("spec")):
+            heads.append((_ray_endpoints(r, spec)[0], _head_ports(spec)))
+    for svc in (r for r in resources if r.get("type") == SERVICE):
+        props = _map(svc.get("inputs"))
+        spec, ns = _map(props.get("spec")), _namespace(props)
+        if has_unknown(props.get("spec")) or ns in unknown:
+            continue
+        selector = _map(spec.get("selector"))
+        for head, named in heads:
+            if head.namespace != ns or not selector or not netpol.selects({"matchLabels": dict(selector)}, head.labels):
+                continue
+            ports = _target_ports(spec, named)
+            out.extend((svc.get("urn", ""), m) for m in _api_problems(svc, spec, head, ports, policies.get(ns, [])))
     return out

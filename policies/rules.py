@@ -58,7 +58,7 @@ else:  # run by the policy analyzer from the pack's directory: its modules are t
 
 # What the rules below read from the shared modules, and the rules that live there (RULES wires them in;
 # callers reach every rule through this module).
-GPU, UNKNOWN, ALLOWED_CAPABILITIES, ALLOWED_HOST_PATH_PREFIX = workloads.GPU, workloads.UNKNOWN, workloads.ALLOWED_CAPABILITIES, workloads.ALLOWED_HOST_PATH_PREFIX
+GPU, UNKNOWN = workloads.GPU, workloads.UNKNOWN
 _list, _map, _truthy, is_unknown = workloads._list, workloads._map, workloads._truthy, workloads.is_unknown
 same_resource = values.same_resource
 pod_gpus, ray_pod_templates, raycluster_spec = workloads.pod_gpus, workloads.ray_pod_templates, workloads.raycluster_spec
@@ -66,6 +66,7 @@ check_serving_pods = workloads.check_serving_pods
 check_pods_least_privilege = kubernetes_rules.check_pods_least_privilege
 check_namespace_pod_security = kubernetes_rules.check_namespace_pod_security
 check_network_policies = kubernetes_rules.check_network_policies
+check_api_clients = kubernetes_rules.check_api_clients
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -627,7 +628,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "serving-pods-shm-limits-unprivileged",
-        "Serving pods (RayCluster templates, GPU Jobs) mount a memory-backed /dev/shm, set cpu/memory/GPU limits and are not privileged (only IPC_LOCK and /var/lib/gpu-serving/ host paths).",
+        "Serving pods (RayCluster templates, GPU Jobs) mount a memory-backed /dev/shm, set cpu/memory/GPU limits and are not privileged: no added capability, no host path, not root.",
         MANDATORY,
         check_serving_pods,
         "resource",
@@ -635,14 +636,14 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "pods-least-privilege",
         "Every pod template mounts no service-account token and uses the RuntimeDefault seccomp profile; every container forbids "
-        "privilege escalation, drops ALL capabilities (adding back only IPC_LOCK for EFA, CHOWN in init containers) and has a read-only root.",
+        "privilege escalation, drops ALL capabilities (adding back only CHOWN in init containers) and has a read-only root.",
         MANDATORY,
         check_pods_least_privilege,
         "resource",
     ),
     Rule(
         "namespace-pod-security",
-        "A namespace the stack creates and runs pods in enforces Pod Security admission at the strictest level all of its pods pass.",
+        "A namespace the stack creates and runs pods in enforces Pod Security admission at the strictest level all of its pods pass, and at least baseline.",
         MANDATORY,
         check_namespace_pod_security,
         "stack",
@@ -653,6 +654,14 @@ RULES: tuple[Rule, ...] = (
         "ports admit only the RayCluster's own pods.",
         MANDATORY,
         check_network_policies,
+        "stack",
+    ),
+    Rule(
+        "api-admits-only-its-clients",
+        "A Service in front of a RayCluster's head admits only the clients it names: as a LoadBalancer with externalTrafficPolicy "
+        "Local and loadBalancerSourceRanges; no pod of another namespace, and no address outside those ranges, reaches its port.",
+        MANDATORY,
+        check_api_clients,
         "stack",
     ),
     Rule(

@@ -142,26 +142,39 @@ def workload_pod_templates(resource_type: str, props: Mapping) -> list[tuple[str
     return [("pod template", pod)] if gpus else []
 
 
-# Beyond its devices a serving pod may hold IPC_LOCK (EFA pins host memory past RLIMIT_MEMLOCK, which Kubernetes
-# cannot raise) and its hostPath directories under /var/lib/gpu-serving/ (the compile cache): infra/k8s/raycluster.py.
-ALLOWED_CAPABILITIES = frozenset({"IPC_LOCK"})
-ALLOWED_HOST_PATH_PREFIX = "/var/lib/gpu-serving/"
+# A serving pod gets its devices from the device plugins and nothing else from the node: no added capability
+# (EFA's locked-memory limit comes from the nodes' containerd base runtime spec, infra/aws/gpu_nodes.py), no
+# host path (the compile cache is an emptyDir), no root: infra/k8s/pod_security.py.
 
 
 def _host_path_problems(where: str, pod: Mapping) -> list[str]:
-    out: list[str] = []
-    for v in (_map(v) for v in _list(pod.get("volumes")) if _map(_map(v).get("hostPath"))):
-        path, kind, parts = str(v["hostPath"].get("path", "")), v["hostPath"].get("type"), [p for p in str(v["hostPath"].get("path", "")).split("/") if p not in ("", ".")]
-        if ".." in parts or not ("/" + "/".join(parts) + "/").startswith(ALLOWED_HOST_PATH_PREFIX) or len(parts) < 4:
-            out.append(f"{where}: volume {v.get('name', '?')} mounts host path {path!r}: serving pods may only mount their own directories under {ALLOWED_HOST_PATH_PREFIX} (the compile cache)")
-        elif kind not in ("Directory", "DirectoryOrCreate"):
-            out.append(f"{where}: volume {v.get('name', '?')}: hostPath type {kind!r} must be Directory or DirectoryOrCreate")
-    return out
+    return [
+        f"{where}: volume {_map(v).get('name', '?')} mounts host path {_map(_map(v).get('hostPath')).get('path', '')!r}: "
+        "serving pods mount nothing from the node (an emptyDir holds the compile cache)"
+        for v in _list(pod.get("volumes")) if _map(v).get("hostPath") is not None
+    ]  # fmt: skip
+
+
+def _run_as(sc: Mapping, pod_sc: Mapping, key: str) -> Any:
+    """A container's effective securityContext field: its own, else the pod's."""
+    return sc.get(key) if sc.get(key) is not None else pod_sc.get(key)
+
+
+def _root_problem(where: str, name: str, sc: Mapping, pod_sc: Mapping) -> Optional[str]:
+    user, non_root = _run_as(sc, pod_sc, "runAsUser"), _run_as(sc, pod_sc, "runAsNonRoot")
+    if is_unknown(user) or is_unknown(non_root):
+        return None
+    if user is not None and int(user) == 0:
+        return f"{where}, {name}: runs as root (runAsUser 0): serving pods run as a non-root user"
+    if not _truthy(non_root) and user is None:
+        return f"{where}, {name}: may run as root (neither runAsUser nor runAsNonRoot says otherwise): set runAsNonRoot and a runAsUser"
+    return None
 
 
 def _container_problems(where: str, pod: Mapping) -> list[str]:
     out: list[str] = _host_path_problems(where, pod)
     volumes = {_map(v).get("name"): _map(v) for v in _list(pod.get("volumes"))}
+    pod_sc = _map(pod.get("securityContext"))
     for init, key in ((False, "containers"), (True, "initContainers")):
         for c in _list(pod.get(key)):
             c = _map(c)
@@ -187,9 +200,13 @@ def _container_problems(where: str, pod: Mapping) -> list[str]:
                 )
             if _truthy(sc.get("allowPrivilegeEscalation")):
                 out.append(f"{where}, {name}: allows privilege escalation (securityContext.allowPrivilegeEscalation: true)")
-            extra = sorted({str(c).upper().removeprefix("CAP_") for c in _list(_map(sc.get("capabilities")).get("add"))} - ALLOWED_CAPABILITIES)
+            extra = sorted({str(c).upper().removeprefix("CAP_") for c in _list(_map(sc.get("capabilities")).get("add"))})
             if extra:
-                out.append(f"{where}, {name}: adds capabilities {', '.join(extra)}: serving pods may add only IPC_LOCK (EFA memory registration)")
+                out.append(f"{where}, {name}: adds capabilities {', '.join(extra)}: serving pods add none (EFA's locked-memory "
+                           "limit comes from the nodes' containerd base runtime spec)")
+            root = _root_problem(where, name, sc, pod_sc)
+            if root:
+                out.append(root)
             res = c.get("resources")
             if is_unknown(res):
                 continue
@@ -202,7 +219,7 @@ def _container_problems(where: str, pod: Mapping) -> list[str]:
 
 
 def check_serving_pods(resource_type: str, props: Mapping, options: Mapping, context: Mapping) -> list[str]:
-    """Serving pods: memory-backed /dev/shm, resource limits, not privileged (IPC_LOCK and the compile cache's host directory excepted)."""
+    """Serving pods: memory-backed /dev/shm, resource limits, not privileged: no added capability, no host path, not root."""
     out: list[str] = []
     for where, pod in workload_pod_templates(resource_type, props):
         if is_unknown(pod) or not pod:

@@ -2,7 +2,11 @@
 
 - the nodeadm NodeConfig in the launch template's user data: a MIME multi-part
   document EKS can merge, asking for RAID0 on the instance store, on every
-  AL2023 type with local NVMe (EC2's InstanceStorageInfo, via moto's data);
+  AL2023 type with local NVMe (EC2's InstanceStorageInfo, via moto's data), and
+  on every EFA type (EC2's EfaSupported) for a containers' locked-memory limit
+  that survives nodeadm's merge into containerd's base runtime spec (modelled
+  on nodeadm's code and checked on nodeadm's own e2e case) with the open-file
+  default intact; valid against nodeadm's NodeConfig CRD;
 - the gp3 root volume's IOPS and throughput, within gp3's limits;
 - node auto repair on the GPU node group, as botocore's EKS model spells it;
 - a Capacity Block's node group named after its block, and replaced (old one
@@ -14,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import email
+import json
 import re
 from typing import Any
 
 import botocore.session
+import jsonschema
 import pytest
 import yaml
 from moto.utilities.utils import load_resource
@@ -26,6 +32,7 @@ from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from infra.aws import gpu_nodes as g
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.preview.recording import record
+from tests.test_rayspec import _strict
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -57,22 +64,106 @@ def _parts(user_data: str) -> list[email.message.Message]:
 # --- nodeadm local storage ------------------------------------------------------------------------
 
 
+def _node_config(text: str) -> dict:
+    (part,) = _parts(text)
+    assert part.get_content_type() == g.NODEADM_CONTENT_TYPE
+    return yaml.safe_load(part.get_payload())
+
+
 @pytest.mark.parametrize("name", sorted(INSTANCE_TYPES))
 def test_raid0_on_every_al2023_type_with_instance_store(name):
     itype = get_instance_type(name)
     ec2 = EC2_TYPES[name]
     has_store = bool(ec2.get("InstanceStorageSupported")) and ec2.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0) > 0
+    has_efa = bool(ec2.get("NetworkInfo", {}).get("EfaSupported"))
     assert (itype.local_nvme_bytes > 0) == has_store
     text = g.node_user_data("AL2023_x86_64_NVIDIA", itype)
-    assert (text is not None) == has_store
+    assert (text is not None) == (has_store or has_efa)
     if text is None:
         return
-    (part,) = _parts(text)
-    assert part.get_content_type() == g.NODEADM_CONTENT_TYPE
-    doc = yaml.safe_load(part.get_payload())
-    assert doc == {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
-                   "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}}}  # fmt: skip
-    assert doc["spec"]["instance"]["localStorage"]["strategy"] in g.LOCAL_STORAGE_STRATEGIES
+    doc = _node_config(text)
+    assert (doc["apiVersion"], doc["kind"]) == ("node.eks.aws/v1alpha1", "NodeConfig")
+    storage = doc["spec"].get("instance", {}).get("localStorage")
+    assert storage == ({"strategy": "RAID0"} if has_store else None)
+    assert ("containerd" in doc["spec"]) == has_efa
+
+
+# --- nodeadm: the containers' locked-memory limit on EFA types ---------------------------------------
+
+
+def _nodeadm_merge(default: Any, given: Any) -> Any:
+    """nodeadm's merge of `baseRuntimeSpec` onto its default (nodeadm/internal/util/merge.go: both sides
+    through encoding/json into map[string]interface{}, so every number a float64; mergo WithOverride: maps
+    merged key by key, anything else, arrays included, replaced)."""
+    if isinstance(default, dict) and isinstance(given, dict):
+        out = dict(default)
+        for key, value in given.items():
+            out[key] = _nodeadm_merge(default.get(key), value)
+        return out
+    return given
+
+
+def _as_go_float64(doc: Any) -> Any:
+    """A JSON document as Go's encoding/json decodes it into interface{} and encodes it back."""
+    return json.loads(json.dumps(doc), parse_int=lambda digits: _go_float_text(float(digits)), parse_float=float)
+
+
+def _go_float_text(value: float) -> int | float:
+    # encoding/json writes a float64 below 1e21 in plain decimal, i.e. the float's exact integer value.
+    return int(value) if value.is_integer() and abs(value) < 1e21 else value
+
+
+def _user_node_config(fixture_file, name: str = "p5.48xlarge") -> tuple[dict, dict]:
+    default = json.loads(fixture_file("amazon-eks-ami-nodeadm", "base-runtime-spec.json").read_text())
+    doc = _node_config(g.node_user_data("AL2023_x86_64_NVIDIA", get_instance_type(name)))
+    return default, doc
+
+
+def test_the_merge_model_reproduces_nodeadms_own_case(fixture_file):
+    """The merge above, on nodeadm's e2e case (tests/e2e/cases/containerd-base-runtime-spec): its
+    expected file is what nodeadm wrote, so the model replaces arrays as nodeadm does."""
+    default = json.loads(fixture_file("amazon-eks-ami-nodeadm", "base-runtime-spec.json").read_text())
+    case = yaml.safe_load(fixture_file("amazon-eks-ami-nodeadm", "e2e-containerd-base-runtime-spec-config.yaml").read_text())
+    expected = json.loads(fixture_file("amazon-eks-ami-nodeadm", "e2e-containerd-base-runtime-spec-expected.json").read_text())
+    assert _nodeadm_merge(_as_go_float64(default), _as_go_float64(case["spec"]["containerd"]["baseRuntimeSpec"])) == expected
+
+
+def test_efa_nodes_raise_memlock_and_keep_the_open_file_default(fixture_file):
+    default, doc = _user_node_config(fixture_file)
+    merged = _nodeadm_merge(_as_go_float64(default), _as_go_float64(doc["spec"]["containerd"]["baseRuntimeSpec"]))
+    limits = {r["type"]: r for r in merged["process"]["rlimits"]}
+    # nodeadm's own open-file limit survives the array's replacement.
+    (nofile,) = [r for r in default["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE"]
+    assert limits["RLIMIT_NOFILE"] == nofile
+    assert set(limits) == {r["type"] for r in default["process"]["rlimits"]} | {"RLIMIT_MEMLOCK"}
+    # The locked-memory limit survives the float64 round trip unchanged, still a uint64 (the OCI spec's
+    # POSIXRlimit.Hard/Soft), and covers all of the instance's memory (pinning cannot exceed it).
+    memlock = limits["RLIMIT_MEMLOCK"]
+    assert memlock["soft"] == memlock["hard"] == g.EFA_MEMLOCK_BYTES
+    assert memlock["hard"] < 2**64
+    for name, itype in INSTANCE_TYPES.items():
+        if itype.max_efa_interfaces:
+            assert memlock["soft"] > EC2_TYPES[name]["MemoryInfo"]["SizeInMiB"] * 2**20, name
+    # The rest of nodeadm's default spec is untouched.
+    assert {k: v for k, v in merged.items() if k != "process"} == _as_go_float64({k: v for k, v in default.items() if k != "process"})
+
+
+def test_unlimited_would_not_survive_nodeadms_merge():
+    """Why not 2**64 - 1 ("unlimited"): through a float64 it becomes 2**64, which no uint64 holds."""
+    assert _as_go_float64({"hard": 2**64 - 1})["hard"] == 2**64
+    assert _as_go_float64({"hard": g.EFA_MEMLOCK_BYTES})["hard"] == g.EFA_MEMLOCK_BYTES
+
+
+def test_the_node_config_validates_against_nodeadms_crd(fixture_file):
+    crd = yaml.safe_load(fixture_file("amazon-eks-ami-nodeadm", "node.eks.aws_nodeconfigs.yaml").read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["served"] and v["name"] == g.NODEADM_API_VERSION.split("/")[1]]
+    assert crd["spec"]["group"] == g.NODEADM_API_VERSION.split("/")[0] and crd["spec"]["names"]["kind"] == "NodeConfig"
+    schema = _strict(served["schema"]["openAPIV3Schema"])
+    for name, itype in INSTANCE_TYPES.items():
+        text = g.node_user_data("AL2023_x86_64_NVIDIA", itype)
+        if text is not None:
+            errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(_node_config(text))]
+            assert errors == [], (name, errors)
 
 
 def test_no_nodeadm_on_bottlerocket():

@@ -4,10 +4,11 @@
 "Pod Security Standards" page; its tests take a minimal pod that passes
 restricted and break one control at a time. Then the stack's own pods
 (RayCluster head and workers, the EFA check, the benchmark, the staging Job):
-each sets no privilege escalation, drops ALL (adding back only IPC_LOCK on EFA
-nodes, CHOWN in the staging Job's init container), uses RuntimeDefault seccomp
-and mounts no service-account token; their levels are what the namespace's
-labels say (the strictest level all of them pass is the one enforced).
+each sets no privilege escalation, drops ALL (adding back only CHOWN in the
+staging Job's init container), uses RuntimeDefault seccomp and mounts no
+service-account token; all but that init container run as a non-root user;
+their levels are what the namespace's labels say (the strictest level all of
+them pass is the one enforced, and never below baseline).
 """
 
 from __future__ import annotations
@@ -233,11 +234,12 @@ def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
             assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
             added = set(sc["capabilities"].get("add", []))
             if c["name"] == "own-dest":
-                assert added == {"CHOWN"}
-            elif c["name"] in (raycluster.HEAD_CONTAINER, raycluster.WORKER_CONTAINER, "efa-check") and stack == "prod":
-                assert added == {"IPC_LOCK"}  # EFA memory registration (p5)
+                assert added == {"CHOWN"} and sc["runAsUser"] == 0
             else:
-                assert added == set(), (name, c["name"])  # nothing; g6e has no EFA: not even IPC_LOCK
+                # Nothing, EFA included (prod's p5: the nodes raise the locked-memory limit), and never root.
+                assert added == set(), (name, c["name"])
+                assert sc.get("runAsUser", pod["securityContext"].get("runAsUser")) == pod_security.NONROOT_UID, (name, c["name"])
+                assert pod["securityContext"]["runAsNonRoot"] is True, name
         # The policy pack's rule agrees (it reads the same fields).
         assert check_pods_least_privilege("kubernetes:core/v1:Pod", {"metadata": metadata, "spec": pod}, {}, {}) == [], name
 
@@ -245,22 +247,20 @@ def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
 def test_the_levels_of_the_stacks_pods_and_why():
     pods = stack_pods("prod")
     levels = {name: pss.level(spec, md) for name, (md, spec) in pods.items()}
-    assert levels == {"head": "privileged", "worker gpu": "privileged", "efa-check": "privileged", "benchmark": "restricted", "staging": "baseline"}
-    # The serving pods: the node's compile cache and EFA's IPC_LOCK, nothing else, keep them out of baseline.
-    reasons = pss.baseline_violations(pods["head"][1], pods["head"][0])
-    assert len(reasons) == 2 and "hostPath volumes" in reasons[0] and "adds IPC_LOCK" in reasons[1]
-    assert [v.split(":")[0] for v in pss.baseline_violations(pods["efa-check"][1])] == ["capabilities"]
+    # The serving pods pass restricted: no hostPath (an emptyDir holds the compile cache), no capability, non-root.
+    assert levels == {"head": "restricted", "worker gpu": "restricted", "efa-check": "restricted", "benchmark": "restricted", "staging": "baseline"}
     # Staging: only its root init container (CHOWN) keeps it out of restricted.
-    assert all("own-dest" in v for v in pss.restricted_violations(pods["staging"][1]))
-    test_pods = stack_pods("test")
-    assert [v.split(":")[0] for v in pss.baseline_violations(test_pods["head"][1])] == ["hostPath volumes"]  # no EFA on g6e
+    reasons = pss.restricted_violations(pods["staging"][1])
+    assert reasons and all("own-dest" in v for v in reasons)
+    test_levels = {name: pss.level(spec, md) for name, (md, spec) in stack_pods("test").items()}  # one node: no worker, no EFA check
+    assert test_levels == {name: levels[name] for name in test_levels} and "head" in test_levels
 
 
 def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass():
     labels = pod_security.namespace_labels("1.33")
     assert labels == {
-        "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/enforce-version": "v1.33",
-        "pod-security.kubernetes.io/warn": "baseline", "pod-security.kubernetes.io/warn-version": "v1.33",
+        "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.33",
+        "pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/warn-version": "v1.33",
         "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "v1.33",
     }  # fmt: skip
     for stack in ("prod", "test"):
@@ -274,15 +274,17 @@ def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass():
             assert pss.stricter_or_equal(labels[f"pod-security.kubernetes.io/{mode}"], strictest)
 
 
-def test_dropping_the_efa_capability_would_not_lift_the_serving_pods_to_baseline():
-    """Why the namespace cannot enforce baseline: the compile cache's hostPath alone is outside it."""
+def test_what_the_serving_pods_used_to_need_would_not_pass_the_enforced_level():
+    """The namespace enforces baseline: IPC_LOCK or the old hostPath compile cache would be refused at admission."""
     _, head = stack_pods("prod")["head"]
-    head = copy.deepcopy(head)
-    for c in head["containers"]:
-        c["securityContext"]["capabilities"].pop("add", None)
-    assert pss.level(head) == pss.PRIVILEGED
-    head["volumes"] = [v for v in head["volumes"] if "hostPath" not in v]
-    assert pss.level(head) == pss.BASELINE  # root and the rest are baseline; restricted would also need non-root
+    for change, control in (
+        (lambda h: h["containers"][0]["securityContext"]["capabilities"].update(add=["IPC_LOCK"]), "capabilities"),
+        (lambda h: h["volumes"].append({"name": "cc", "hostPath": {"path": "/var/lib/gpu-serving/compile-cache/ns/vllm"}}), "hostPath volumes"),
+    ):
+        broken = copy.deepcopy(head)
+        change(broken)
+        assert pss.level(broken) == pss.PRIVILEGED
+        assert [v.split(":")[0] for v in pss.violations(broken, pod_security.PSA_ENFORCE)] == [control]
 
 
 def test_ray_token_authentication_needs_a_release_that_has_it():

@@ -71,7 +71,8 @@ def container(name="main", *, gpus="8", shm=True, limits=None, security=None, co
 
 
 def pod(*containers, medium="Memory"):
-    return {"containers": list(containers), "volumes": [{"name": "shm", "emptyDir": {"medium": medium} if medium else {}}]}
+    return {"securityContext": {"runAsUser": 65532, "runAsNonRoot": True}, "containers": list(containers),
+            "volumes": [{"name": "shm", "emptyDir": {"medium": medium} if medium else {}}]}  # fmt: skip
 
 
 def raycluster(head_command, head_gpus="8", worker_gpus="8", workers=True):
@@ -330,31 +331,27 @@ def test_privileged_serving_pods_fail():
     one(R.check_serving_pods(JOB, job, NO_OPTS, CTX), "pod template, container efa-check: allows privilege escalation")
 
 
-def test_only_ipc_lock_and_the_compile_cache_directory_are_allowed():
+def test_serving_pods_add_no_capability_mount_no_host_path_and_never_run_as_root():
     rc = raycluster(["vllm", "serve", "m"])
-    spec = pod(container("ray-head", security={"capabilities": {"add": ["IPC_LOCK"], "drop": ["NET_RAW"]}}))
-    spec["volumes"].append({"name": "cc", "hostPath": {"path": "/var/lib/gpu-serving/compile-cache/ns/vllm", "type": "DirectoryOrCreate"}})
+    spec = pod(container("ray-head", security={"capabilities": {"drop": ["ALL"]}}))
     rc["spec"]["headGroupSpec"]["template"]["spec"] = spec
     assert R.check_serving_pods(RAY, rc, NO_OPTS, CTX) == []
-    spec["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK", "CAP_SYS_ADMIN"]
-    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "container ray-head: adds capabilities SYS_ADMIN: serving pods may add only IPC_LOCK")
-    spec["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
-    for path, kind, message in [
-        ("/", "Directory", "mounts host path '/'"),
-        ("/var/lib/gpu-serving", "Directory", "mounts host path '/var/lib/gpu-serving'"),
-        ("/var/lib/gpu-serving/../../run/containerd", "Directory", "mounts host path"),
-        ("/var/lib/gpu-serving/cache", "Socket", "hostPath type 'Socket'"),
-    ]:
-        spec["volumes"][-1]["hostPath"] = {"path": path, "type": kind}
-        one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), message)
-
-
-def test_the_allowed_exceptions_are_the_serving_layers():
-    """The pack cannot import the stack: its two exceptions must be what the builders use."""
-    from infra.k8s import raycluster as rcb
-
-    assert rcb.COMPILE_CACHE_HOST_ROOT.startswith(R.ALLOWED_HOST_PATH_PREFIX)
-    assert set(rcb.EFA_CAPABILITIES) == R.ALLOWED_CAPABILITIES
+    # IPC_LOCK included: EFA's locked-memory limit comes from the nodes, not from a capability.
+    for cap, shown in (("IPC_LOCK", "IPC_LOCK"), ("CAP_SYS_ADMIN", "SYS_ADMIN")):
+        spec["containers"][0]["securityContext"]["capabilities"]["add"] = [cap]
+        one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), f"container ray-head: adds capabilities {shown}: serving pods add none")
+    spec["containers"][0]["securityContext"]["capabilities"].pop("add")
+    spec["volumes"].append({"name": "cc", "hostPath": {"path": "/var/lib/gpu-serving/compile-cache/ns/vllm", "type": "DirectoryOrCreate"}})
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "head template: volume cc mounts host path '/var/lib/gpu-serving/compile-cache/ns/vllm'")
+    spec["volumes"].pop()
+    # Root: the container's own user over the pod's; no user and no runAsNonRoot may be root.
+    spec["containers"][0]["securityContext"]["runAsUser"] = 0
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "container ray-head: runs as root (runAsUser 0)")
+    spec["containers"][0]["securityContext"].pop("runAsUser")
+    spec["securityContext"] = {}
+    one(R.check_serving_pods(RAY, rc, NO_OPTS, CTX), "container ray-head: may run as root")
+    spec["securityContext"] = {"runAsNonRoot": True}  # the kubelet refuses an image whose user is root
+    assert R.check_serving_pods(RAY, rc, NO_OPTS, CTX) == []
 
 
 # --- 8. Load balancers -----------------------------------------------------------------------------------------
@@ -415,9 +412,10 @@ def test_least_privilege_covers_every_workload_not_only_gpu_pods():
     one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", loose, NO_OPTS, CTX), "mounts a service-account token")
     ipc = _job()["inputs"]
     ipc["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
-    one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX), "adds IPC_LOCK")  # no EFA requested
+    one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX), "adds IPC_LOCK")
+    # Not even with EFA: the nodes raise the locked-memory limit (infra/aws/gpu_nodes.py).
     ipc["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"vpc.amazonaws.com/efa": "32"}}
-    assert R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX) == []
+    one(R.check_pods_least_privilege("kubernetes:batch/v1:Job", ipc, NO_OPTS, CTX), "adds IPC_LOCK")
     unknown = _job()["inputs"]
     unknown["spec"]["template"]["spec"]["containers"][0]["securityContext"] = R.UNKNOWN
     assert R.check_pods_least_privilege("kubernetes:batch/v1:Job", unknown, NO_OPTS, CTX) == []
@@ -472,13 +470,13 @@ def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 18
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
     assert {r.name for r in R.RULES if r.scope == "stack"} == {
         "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
-        "namespace-pod-security", "network-policies-isolate-ray",
+        "namespace-pod-security", "network-policies-isolate-ray", "api-admits-only-its-clients",
         "vpcs-have-flow-logs", "default-security-groups-closed",
     }  # fmt: skip
 
@@ -591,13 +589,16 @@ def _no_pod_security_labels(doc):
     del _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]
 
 
-def _serving_pods_within_baseline(doc):
-    """Without the node's compile cache and EFA's capability, every pod passes baseline: privileged is then too weak."""
-    spec = _find(doc, RAY)["inputs"]["spec"]
-    for t in [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]:
-        t["spec"]["volumes"] = [v for v in t["spec"]["volumes"] if "hostPath" not in v]
-        for c in t["spec"]["containers"]:
-            c["securityContext"]["capabilities"].pop("add")
+def _enforce_privileged(doc):
+    """privileged admits anything: never the stack's level, and weaker than what its pods pass."""
+    _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "privileged"
+
+
+def _head_with_ipc_lock_and_a_host_path(doc):
+    """What the serving pods carried before the nodes raised the locked-memory limit."""
+    head = _find(doc, RAY)["inputs"]["spec"]["headGroupSpec"]["template"]["spec"]
+    head["containers"][0]["securityContext"]["capabilities"]["add"] = ["IPC_LOCK"]
+    head["volumes"].append({"name": "cc", "hostPath": {"path": "/var/lib/gpu-serving/compile-cache/ns/vllm", "type": "DirectoryOrCreate"}})
 
 
 def _efs_unprotected(doc):
@@ -633,8 +634,9 @@ def _no_shm(doc):
     [
         (_imds_optional, "imdsv2-required", "httpTokens is 'optional'"),
         (_public_endpoint, "eks-secrets-audit-private-endpoint", "which EKS reads as 0.0.0.0/0"),
-        (_public_lb, "no-internet-facing-load-balancer", "without the internal annotations"),
-        (_privileged_head, "serving-pods-shm-limits-unprivileged", "container ray-head: runs privileged"),
+        # A public load balancer is also one that keeps no client addresses and names no source ranges.
+        (_public_lb, ("no-internet-facing-load-balancer", "api-admits-only-its-clients"), "without the internal annotations"),
+        (_privileged_head, ("serving-pods-shm-limits-unprivileged", "namespace-pod-security"), "container ray-head: runs privileged"),
         (_efs_unprotected, "production-weights-protected", "lacks protect"),
         (_pv_deleted_on_release, "production-weights-protected", "PersistentVolume gpu-serving-prod-weights-pv has reclaim policy Delete"),
         (_tp_16, "tp-within-node", "--tensor-parallel-size 16"),
@@ -642,16 +644,17 @@ def _no_shm(doc):
         (_unencrypted_root, "storage-encrypted", "EBS volume not encrypted"),
         (_no_shm, "serving-pods-shm-limits-unprivileged", "worker group gpu template, container ray-worker: no /dev/shm"),
         (_no_default_deny, "network-policies-isolate-ray", "namespace gpu-serving runs the stack's pods"),
-        (_ray_open_to_every_namespace, "network-policies-isolate-ray", "a pod of another namespace can reach the head's Ray GCS port 6379"),
+        # Every port of the head opened to every namespace: Ray's and the API's.
+        (_ray_open_to_every_namespace, ("network-policies-isolate-ray", "api-admits-only-its-clients"), "a pod of another namespace can reach the head's Ray GCS port 6379"),
         (_ray_open_to_the_vpc, "network-policies-isolate-ray", "address 10.0.0.1 can reach the head's Ray client server port 10001"),
         (_ray_pods_cut_off, "network-policies-isolate-ray", "its head and workers cannot reach each other"),
         (_staging_escalates, "pods-least-privilege", "container stage: set securityContext.allowPrivilegeEscalation: false"),
         (_staging_adds_chown_outside_init, "pods-least-privilege", "container stage: adds CHOWN"),
         (_head_mounts_a_token, "pods-least-privilege", "head template: mounts a service-account token"),
         (_writable_worker_root, "pods-least-privilege", "container ray-worker: set securityContext.readOnlyRootFilesystem: true"),
-        (_enforce_restricted, "namespace-pod-security", "passes Pod Security privileged only, but namespace gpu-serving enforces restricted"),
+        (_enforce_restricted, "namespace-pod-security", "passes Pod Security baseline only, but namespace gpu-serving enforces restricted"),
         (_no_pod_security_labels, "namespace-pod-security", "without Pod Security admission"),
-        (_serving_pods_within_baseline, "namespace-pod-security", "every pod the stack runs there passes baseline: enforce baseline"),
+        (_enforce_privileged, "namespace-pod-security", "enforces Pod Security privileged: the stack's namespaces enforce baseline or stricter"),
     ],
     ids=lambda v: getattr(v, "__name__", None) if callable(v) else None,
 )
@@ -659,17 +662,78 @@ def test_a_mutated_prod_document_fails_the_right_rule(prod_doc, mutate, rule, fr
     doc = copy.deepcopy(prod_doc)
     mutate(doc)
     found = check_document(doc)
-    assert {v.rule for v in found} == {rule}, [(v.rule, v.message) for v in found]
+    # Some mutations break two rules (a privileged serving pod: the serving pods' own, and baseline admission).
+    assert {v.rule for v in found} == ({rule} if isinstance(rule, str) else set(rule)), [(v.rule, v.message) for v in found]
     assert any(fragment in v.message for v in found), [v.message for v in found]
     assert all(v.mandatory for v in found)
 
 
+def _as_internal_lb(doc, cidrs=("10.8.0.0/16",)):
+    """prod as `serviceType: internal-lb` with `apiClients.cidrs` would synthesise it: the API Service and the
+    API NetworkPolicy from the stack's own builders."""
+    from infra.k8s import exposure, network_policies
+    from infra.k8s.serving_spec import Clients
+    from tests.test_rayspec import make_spec, stack_plan
+
+    spec = make_spec(stack_plan("prod"), service_type="internal-lb", api_clients=Clients(cidrs=cidrs))
+    built = exposure.service(spec)
+    svc = _find(doc, R.SERVICE, "-api")["inputs"]
+    svc["spec"] = {**built["spec"], "selector": svc["spec"]["selector"]}
+    svc["metadata"]["annotations"] = built["metadata"]["annotations"]
+    (api,) = [p for p in network_policies.serving_policies(spec) if p["metadata"]["name"].endswith("-api")]
+    ns = svc["metadata"]["namespace"]
+    doc["resources"] = [r for r in doc["resources"] if not (r["type"] == NETPOL and r["inputs"]["metadata"]["name"].endswith("-api"))]
+    doc["resources"].append({"type": NETPOL, "name": "api", "urn": "urn:api", "options": {}, "inputs": {
+        "metadata": {"name": api["metadata"]["name"], "namespace": ns}, "spec": api["spec"]}})  # fmt: skip
+    return svc
+
+
 def test_the_stacks_internal_load_balancer_passes(prod_doc):
     doc = copy.deepcopy(prod_doc)
-    svc = _find(doc, R.SERVICE, "-api")["inputs"]
-    svc["spec"]["type"] = "LoadBalancer"
-    svc["metadata"]["annotations"] = dict(INTERNAL_NLB_ANNOTATIONS)  # what serviceType internal-lb sets
+    svc = _as_internal_lb(doc)
+    assert svc["spec"]["type"] == "LoadBalancer" and svc["metadata"]["annotations"] == dict(INTERNAL_NLB_ANNOTATIONS)
     assert check_document(doc) == []
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda svc, doc: svc["spec"].update(externalTrafficPolicy="Cluster"), "without externalTrafficPolicy: Local"),
+        (lambda svc, doc: svc["spec"].pop("loadBalancerSourceRanges"), "without loadBalancerSourceRanges admits every address"),
+        (lambda svc, doc: svc["spec"].update(loadBalancerSourceRanges=["0.0.0.0/0"]), "loadBalancerSourceRanges includes every address"),
+        # The NetworkPolicy admits the whole VPC while the load balancer names one client network.
+        (lambda svc, doc: svc["spec"].update(loadBalancerSourceRanges=["10.8.1.0/24"]), "address 10.8.0.1, outside its loadBalancerSourceRanges"),
+    ],
+)
+def test_an_api_load_balancer_that_admits_more_than_its_clients_fails(prod_doc, mutate, fragment):
+    doc = copy.deepcopy(prod_doc)
+    mutate(_as_internal_lb(doc), doc)
+    found = check_document(doc)
+    assert {v.rule for v in found} == {"api-admits-only-its-clients"}, [(v.rule, v.message) for v in found]
+    assert any(fragment in v.message for v in found), [v.message for v in found]
+
+
+def test_the_api_refuses_pods_of_other_namespaces(prod_doc):
+    doc = copy.deepcopy(prod_doc)
+    _as_internal_lb(doc)
+    api = [r for r in doc["resources"] if r["type"] == NETPOL and r["inputs"]["metadata"]["name"].endswith("-api")][0]
+    api["inputs"]["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})  # every namespace
+    found = check_document(doc)
+    assert {v.rule for v in found} == {"api-admits-only-its-clients"}
+    assert any("a pod of another namespace can reach the API port 8000" in v.message for v in found)
+
+
+def test_every_namespace_the_stack_creates_denies_by_default(prod_doc):
+    doc = copy.deepcopy(prod_doc)
+    operator_ns = [r["inputs"]["metadata"]["name"] for r in doc["resources"] if r["type"] == "kubernetes:core/v1:Namespace"
+                   and r["inputs"]["metadata"]["name"] != "gpu-serving"]  # fmt: skip
+    assert operator_ns  # the GPU operator's and KubeRay's
+    ns = operator_ns[0]
+    doc["resources"] = [r for r in doc["resources"] if not (r["type"] == NETPOL and r["inputs"]["metadata"].get("namespace") == ns
+                                                            and not r["inputs"]["spec"].get("ingress") and not r["inputs"]["spec"].get("egress"))]  # fmt: skip
+    found = check_document(doc)
+    assert {v.rule for v in found} == {"network-policies-isolate-ray"}
+    assert any(f"namespace {ns} is the stack's but has no default-deny NetworkPolicy" in v.message for v in found)
 
 
 def test_the_test_stack_may_leave_its_storage_unprotected(test_doc):
@@ -692,7 +756,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 17 policy rules passed: stack prod" in proc.stdout
+    assert "All 18 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -709,12 +773,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 17 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 18 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 17
+    assert result["passed"] is False and len(result["rules"]) == 18
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]

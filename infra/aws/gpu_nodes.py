@@ -57,6 +57,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import yaml
+
 from infra.catalog.capacity import CAPACITY_BLOCK, CAPACITY_KINDS, CAPACITY_RESERVATION, ON_DEMAND, is_reserved
 from infra.catalog.eks import AL2023, BOTTLEROCKET, ami_family
 from infra.catalog.instances import InstanceType
@@ -198,19 +200,61 @@ def uses_instance_store(ami_type: str, itype: InstanceType) -> bool:
     return ami_family(ami_type) == AL2023 and itype.local_nvme_bytes > 0
 
 
+# Containers' locked-memory limit on EFA nodes. libfabric's EFA provider pins host memory, and the kernel
+# refuses a pin beyond RLIMIT_MEMLOCK to a process without CAP_IPC_LOCK (`ib_umem_get`); Kubernetes has no
+# ulimit field, so the limit comes from containerd's base runtime spec, which nodeadm writes from its default
+# merged with `spec.containerd.baseRuntimeSpec` (awslabs/amazon-eks-ami, nodeadm/internal/containerd/
+# base_runtime_spec.go; the field: PR #1794). The merge (nodeadm/internal/util/merge.go, mergo WithOverride)
+# replaces arrays whole, so `process.rlimits` must repeat the default's open-file limit
+# (nodeadm/internal/containerd/base-runtime-spec.json: RLIMIT_NOFILE 65536 soft, 1048576 hard; its e2e case
+# containerd-base-runtime-spec shows a given list replacing it). It also decodes numbers into float64, so
+# "unlimited" (2**64 - 1) would come out as 2**64 and no longer parse as the uint64 the OCI spec wants:
+# 2**63 bytes is exact in a float64 and beyond any instance's memory, which is what bounds pinning.
+# Bottlerocket raises it to unlimited by itself when an EFA device is attached (bottlerocket-core-kit,
+# sources/api/schnauzer/src/helpers/mod.rs, generate_oci_resource_limits).
+DEFAULT_NOFILE_RLIMIT = {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+EFA_MEMLOCK_BYTES = 2**63
+
+
+def raises_memlock(ami_type: str, itype: InstanceType) -> bool:
+    """Whether the node's user data raises the containers' locked-memory limit (AL2023, an EFA type)."""
+    return ami_family(ami_type) == AL2023 and itype.max_efa_interfaces > 0
+
+
+def node_config(ami_type: str, itype: InstanceType) -> Optional[dict]:
+    """The nodeadm NodeConfig of the GPU nodes' user data, or None when it would be empty.
+
+    - `spec.instance.localStorage.strategy: RAID0` on a type with instance store, so
+      images, image layers, caches and emptyDir volumes are on the local NVMe rather
+      than the EBS root volume;
+    - `spec.containerd.baseRuntimeSpec.process.rlimits` on an EFA type: the open-file
+      default and RLIMIT_MEMLOCK at EFA_MEMLOCK_BYTES, so the serving containers register
+      EFA memory without root or CAP_IPC_LOCK (infra/k8s/pod_security.py).
+    The type alone decides (not the node count), so scaling never changes the template.
+    """
+    spec: dict = {}
+    if uses_instance_store(ami_type, itype):
+        spec["instance"] = {"localStorage": {"strategy": LOCAL_STORAGE_STRATEGY}}
+    if raises_memlock(ami_type, itype):
+        memlock = {"type": "RLIMIT_MEMLOCK", "soft": EFA_MEMLOCK_BYTES, "hard": EFA_MEMLOCK_BYTES}
+        spec["containerd"] = {"baseRuntimeSpec": {"process": {"rlimits": [dict(DEFAULT_NOFILE_RLIMIT), memlock]}}}
+    if not spec:
+        return None
+    return {"apiVersion": NODEADM_API_VERSION, "kind": "NodeConfig", "spec": spec}
+
+
 def node_user_data(ami_type: str, itype: InstanceType) -> Optional[str]:
     """The launch template's user data: a MIME multi-part document with one nodeadm NodeConfig, or None.
 
     EKS merges it with the NodeConfig that joins the node to the cluster (EKS
     User Guide, "Customize managed nodes with launch templates": user data of
     managed node groups on Amazon Linux must be a MIME multi-part archive, and
-    EKS merges its own with it when the template names no AMI). Ours only asks
-    nodeadm to assemble the instance-store NVMe devices as RAID0 for containerd
-    and the kubelet, so images, image layers, caches and emptyDir volumes are
-    on the local NVMe instead of the EBS root volume. None where that does not
-    apply (Bottlerocket, or a type without instance store).
+    EKS merges its own with it when the template names no AMI). What it asks
+    for: `node_config`. None where nothing applies (Bottlerocket, or a type
+    with neither instance store nor EFA).
     """
-    if not uses_instance_store(ami_type, itype):
+    config = node_config(ami_type, itype)
+    if config is None:
         return None
     b = USER_DATA_BOUNDARY
     return (
@@ -221,13 +265,8 @@ def node_user_data(ami_type: str, itype: InstanceType) -> Optional[str]:
         f"Content-Type: {NODEADM_CONTENT_TYPE}\n"
         "\n"
         "---\n"
-        f"apiVersion: {NODEADM_API_VERSION}\n"
-        "kind: NodeConfig\n"
-        "spec:\n"
-        "  instance:\n"
-        "    localStorage:\n"
-        f"      strategy: {LOCAL_STORAGE_STRATEGY}\n"
-        "\n"
+        + yaml.safe_dump(config, sort_keys=False)
+        + "\n"
         f"--{b}--\n"
     )
 

@@ -244,7 +244,7 @@ def _render_startup(su: dict, console: Console) -> None:
     t.add_row("each node reads", f"{su['node_read_bytes'] / 1e9:,.0f} GB (the whole checkpoint) at {su['node_read_bytes_per_s'] / 2**20:,.0f} MiB/s: {su['weights_read_s']:,.0f} s")
     t.add_row("page cache", f"{_gib(su['page_cache_bytes'])} per pod, {cache}")
     t.add_row("cold start", f"{su['cold_start_s']:,.0f} s ({su['engine_init_s']:,.0f} s engine init, {su['compile_s']:,.0f} s of it compiling)")
-    t.add_row("restart", f"{su['restart_s']:,.0f} s with the node's compile cache")
+    t.add_row("restart", f"{su['restart_s']:,.0f} s for a container restart (the pod's compile cache kept)")
     t.add_row("startup probe", f"{su['startup_budget_s']:,} s ({su['startup_probe_failure_threshold']} x {su['startup_probe_period_s']} s): {su['ray_join_timeout_s']:,} s Ray join + the engine's {su['engine_ready_timeout_s']:,} s")
     t.add_row("VLLM_ENGINE_READY_TIMEOUT_S", f"{su['engine_ready_timeout_s']:,}")
     t.add_row("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", f"{su['execute_model_timeout_s']:,}")

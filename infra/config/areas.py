@@ -308,7 +308,15 @@ class ClusterConfig(_Area):
     )
     admin_principal_arns: list[str] = Field(
         default_factory=list,
-        description="IAM roles or users given cluster admin through EKS access entries.",
+        description=(
+            "IAM roles or users given cluster admin through EKS access entries. Empty: whoever runs the first "
+            "`pulumi up` is the one admin. Non-empty: on a new cluster they are the only admins (list the role that "
+            "runs `pulumi up` too). A running cluster keeps its creator's admin entry (EKS sets it only at creation; "
+            "changing it would replace the cluster): once a listed admin works, remove it with `aws eks "
+            "delete-access-entry --cluster-name <cluster> --principal-arn <creator's ARN>` (`aws eks "
+            "list-access-entries` shows it); until then do not list the creator there: EKS refuses a second "
+            "entry for the same principal."
+        ),
         json_schema_extra={"allowed": "a list of IAM ARNs such as arn:aws:iam::123456789012:role/admin"},
     )
     system_instance_type: str = Field(

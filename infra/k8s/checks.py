@@ -8,10 +8,10 @@
 
 Both Jobs run their scripts from the serving layer's ConfigMap
 (`raycluster.scripts_config_map`), mounted read-only, with the figures as
-arguments. Their containers drop every capability (the EFA check adds back
-IPC_LOCK on EFA nodes, as the Ray containers do), never escalate privileges,
-have read-only root file systems (they write to an emptyDir at /tmp) and mount
-no service-account token; the benchmark runs as a non-root user
+arguments. Their containers drop every capability and add none (the EFA
+check gets its locked-memory limit from the node, as the Ray containers do),
+never escalate privileges, have read-only root file systems (they write to an
+emptyDir at /tmp), run as a non-root user and mount no service-account token
 (infra/k8s/pod_security.py).
 
 The serving image must carry the EFA userspace (libfabric >= 1.18) and the
@@ -25,7 +25,7 @@ import json
 
 from infra.k8s import pod_security, script_files
 from infra.k8s.raycluster import (
-    efa_security_context,
+    ray_security_context,
     gpu_pod_resources,
     nccl_env,
     node_selector,
@@ -144,7 +144,7 @@ def efa_check_job(spec: ServingSpec) -> dict:
         "env": [*quiet_env(), *nccl_env(spec, info=True)],
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT, "protocol": "TCP"}],
         "resources": gpu_pod_resources(spec),
-        **efa_security_context(spec),
+        **ray_security_context(),
         "volumeMounts": [shm_mount(), script_files.volume_mount(), tmp_mount()],
     }
     return {
@@ -171,7 +171,7 @@ def efa_check_job(spec: ServingSpec) -> dict:
                     "restartPolicy": "Never",
                     "subdomain": name,
                     "enableServiceLinks": False,
-                    **pod_security.hardened_pod(),
+                    **pod_security.hardened_pod(pod_security.NONROOT_UID),
                     "nodeSelector": node_selector(spec),
                     "tolerations": tolerations(),
                     "containers": [container],

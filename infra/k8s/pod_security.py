@@ -3,41 +3,40 @@
 Pure. Every container drops ALL capabilities, never escalates privileges
 (`allowPrivilegeEscalation: false`: the kernel's no_new_privs, so no setuid
 binary or file capability gives anything back) and has a read-only root file
-system (what it writes goes to emptyDirs, the compile cache or the weights
+system (what it writes goes to emptyDirs or, for staging, the weights
 volume); every pod uses the runtime's default seccomp profile and mounts no
 service-account token (none of them calls the Kubernetes API). What each pod
 adds back, and why:
 
-- the Ray containers and the EFA check on EFA nodes: `IPC_LOCK`. libfabric's
-  EFA provider registers (pins) host memory through the verbs interface, and
-  the kernel refuses a pin beyond RLIMIT_MEMLOCK unless the process holds
-  CAP_IPC_LOCK (Linux `drivers/infiniband/core/umem.c`, `ib_umem_get`:
-  `new_pinned > lock_limit && !capable(CAP_IPC_LOCK)` is -ENOMEM). Kubernetes
-  cannot raise a container's RLIMIT_MEMLOCK, so the capability is the only
-  way (infra/k8s/raycluster.py, "EFA memory registration"; memlock_check.py
-  verifies it before Ray starts). NCCL itself needs nothing else: its
-  transports use the device nodes the device plugins mount (GPUs, EFA
-  `uverbs`), shared memory (`/dev/shm`) and sockets between the pods, none of
-  which takes a capability; the containers run as the image's root, but a root
-  without capabilities is only the owner of root-owned files;
-- the weight-staging Job's first init container: `CHOWN`, to hand the
-  checkpoint's directory on the shared file system (whose root directory EFS
-  and FSx create owned by root, mode 0755) to the unprivileged user the
+- the weight-staging Job's first init container: `CHOWN`, as root, to hand
+  the checkpoint's directory on the shared file system (whose root directory
+  EFS and FSx create owned by root, mode 0755) to the unprivileged user the
   program runs as (`staging_owner.sh`);
-- nothing else: the benchmark and the staging program run as a non-root user
-  (`NONROOT_UID`) with no capability at all.
+- nothing else. The Ray containers, the EFA check, the benchmark and the
+  staging program run as a non-root user (`NONROOT_UID`) with no capability at
+  all. On EFA nodes libfabric pins host memory, which the kernel refuses beyond
+  RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK (Linux
+  `drivers/infiniband/core/umem.c`, `ib_umem_get`); Kubernetes cannot raise a
+  container's limit, so the nodes do: containerd's base runtime spec gives
+  every container a limit beyond the node's memory (infra/aws/gpu_nodes.py,
+  `node_config`; Bottlerocket does it itself on EFA nodes), and the Ray
+  containers check it before Ray starts (memlock_check.py). NCCL needs nothing
+  else: its transports use the device nodes the device plugins mount, which a
+  non-root user may open (the kernel creates EFA's `uverbs` nodes mode 0666,
+  drivers/infiniband/core/uverbs_main.c `uverbs_devnode`; the NVIDIA driver its
+  nodes 0666 by default, `NVreg_DeviceFileMode`; the container runtime keeps
+  the host's mode), shared memory (`/dev/shm`) and sockets between the pods.
 
 Pod Security admission (`namespace_labels`): the namespace enforces the
-strictest level every pod in it passes. The serving pods mount the compile
-cache from the node (a hostPath volume) and add IPC_LOCK, both outside the
-baseline level (Kubernetes docs, "Pod Security Standards": baseline forbids
-hostPath volumes and capabilities beyond the container runtime's default
-set), so the namespace enforces `privileged`; it warns at `baseline` (whoever
-creates a pod beyond baseline is told so: the EFA check Job at `pulumi up`,
-KubeRay for the serving pods) and audits at `restricted`. The policy pack
-(policies/pod_security.py) evaluates every pod template against these levels
-and fails when the enforced level is weaker than what the pods need, or
-stricter than what they pass.
+strictest level every pod in it passes, `baseline` (the staging Job's
+ownership step runs as root with CHOWN, which `restricted` forbids; every
+other pod passes `restricted`: no hostPath, no added capability, non-root), and
+warns and audits at `restricted` (whoever creates a pod that would not pass it
+is told so). The policy pack (policies/pod_security.py) evaluates every pod
+template against these levels and fails when the enforced level is weaker than
+what the pods need, or stricter than what they pass, or weaker than
+`baseline`; policies/workloads.py refuses a serving pod that adds a
+capability, mounts a host path or runs as root.
 """
 
 from __future__ import annotations
@@ -48,13 +47,12 @@ from typing import Iterable, Optional
 # UID of distroless images; above 10000, so it maps to no user of a node).
 NONROOT_UID = 65532
 SECCOMP = {"type": "RuntimeDefault"}
-EFA_CAPABILITIES = ("IPC_LOCK",)
 
 # The namespace labels `pod-security.kubernetes.io/<mode>` and `<mode>-version` (modes
 # enforce, warn, audit; a version `v1.<minor>` or `latest`): Kubernetes docs, "Pod
 # Security Admission" (k8s.io/pod-security-admission api/constants.go).
-PSA_ENFORCE = "privileged"
-PSA_WARN = "baseline"
+PSA_ENFORCE = "baseline"
+PSA_WARN = "restricted"
 PSA_AUDIT = "restricted"
 PSA_PREFIX = "pod-security.kubernetes.io/"
 LEVELS = ("privileged", "baseline", "restricted")  # weakest to strictest

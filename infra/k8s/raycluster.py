@@ -55,10 +55,12 @@ Compile cache
 -------------
 What vLLM compiles at start (torch.compile/Inductor artefacts and their Triton
 kernels, DeepGEMM and FlashInfer JIT kernels, the CUDA driver's PTX JIT) is kept
-on the node's root volume, in a `hostPath` directory per serving cluster
-(`/var/lib/gpu-serving/compile-cache/<namespace>/<name>`, mounted at
-`/var/cache/gpu-serving`), so a restarted container, or a pod recreated on the
-same node, finds it and skips compilation; a new node compiles once. vLLM 0.34
+in an emptyDir on the node's disk (the instance store's RAID0 where the type
+has one, infra/aws/gpu_nodes.py), mounted at `/var/cache/gpu-serving`, so a
+restarted container finds it and skips compilation; a new pod compiles once.
+Not a hostPath that would outlive the pod: Pod Security `baseline` forbids
+host paths, and a writable host directory that outlives pods is a way to
+leave code for the next one (the compile output is code vLLM loads). vLLM 0.34
 keys its entries by a hash of the environment, configuration, code and
 compiler, with a directory per global rank (`compilation/backends.py`,
 `compilation/decorators.py`), so a changed deployment never reuses a stale
@@ -67,8 +69,8 @@ lock files while they write, and FlashInfer's locks are known to misbehave on
 NFS (`flashinfer/jit/core.py`, "This should help Lock on NFS"); the serving
 pods keep the weights read-only; the local disk is faster for many small
 files; and a pod's cache never depends on the file system's throughput being
-free. The cost: a pod that lands on another node, or a pipeline stage whose
-ranks move to another node, compiles once there. Variables:
+free. The cost: a recreated pod (a rollout, a node replacement, KubeRay
+recreating the cluster) compiles once more (startup.py COMPILE_S). Variables:
 - `VLLM_CACHE_ROOT` (`envs.py`; torch.compile cache, and DeepGEMM's by default),
 - `TRITON_CACHE_DIR` (vLLM sets it only on its non-AOT path,
   `compilation/compiler_interface.py`; the AOT path, 0.34's default with
@@ -77,20 +79,21 @@ ranks move to another node, compiles once there. Variables:
 - `FLASHINFER_WORKSPACE_BASE` (FlashInfer's `jit/env.py`: `<base>/.cache/flashinfer`),
 - `CUDA_CACHE_PATH` (the driver's JIT cache, default `~/.nv/ComputeCache`).
 CUDA graphs are captured at every start; vLLM never writes them to disk. The
-first init container (`compile_cache.sh`) creates the directory and empties it
-when it grows past 20 GiB, the share of the node's root volume planned for
-caches.
+emptyDir's size limit is 20 GiB, the share of the node's root volume planned
+for caches: past it the kubelet evicts the pod rather than fill the disk.
 
 EFA memory registration
 -----------------------
 libfabric's EFA provider pins host memory; the kernel refuses pins beyond
 RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK (`ib_umem_get`).
-Kubernetes has no ulimit field and the EKS AL2023 containerd runtime spec
-raises only the open-file limit, so on EFA nodes the Ray containers (and the
-EFA check) add the `IPC_LOCK` capability, effective for the image's root user,
-and start by checking it (`memlock_check.py`: the limit is unlimited or
-CAP_IPC_LOCK is effective; otherwise the container stops with the fix). A node
-whose containerd already runs with `LimitMEMLOCK=infinity` passes either way.
+Kubernetes has no ulimit field, so the nodes raise it: on EFA instance types
+the launch template's nodeadm NodeConfig sets RLIMIT_MEMLOCK in containerd's
+base runtime spec beyond the node's memory (infra/aws/gpu_nodes.py
+`node_config`; Bottlerocket does it by itself when EFA is attached), and every
+container starts with it: the Ray containers and the EFA check run as a
+non-root user with no capability. They start by checking it
+(`memlock_check.py`: the limit covers the node's memory, or CAP_IPC_LOCK is
+effective; otherwise the container stops with the fix).
 
 Ray's ports and authentication
 ------------------------------
@@ -125,13 +128,14 @@ NetworkPolicies' business (infra/k8s/network_policies.py).
 
 Pod security
 ------------
-Every container drops all capabilities, never escalates privileges and has a
-read-only root file system; the Ray containers add IPC_LOCK on EFA nodes
-(above); the pods use the runtime's default seccomp profile and mount no
-service-account token (infra/k8s/pod_security.py). What the containers write
-goes to `/dev/shm`, the compile cache, and an emptyDir at `/tmp` (Ray's
-session directory and logs, temporary files, and `HOME`, so the caches and
-configs libraries keep under `~` stay writable). KubeRay copies the Ray
+Every container drops all capabilities, adds none, never escalates privileges
+and has a read-only root file system; the pods run as a non-root user
+(`pod_security.NONROOT_UID`, named by `USER` for Python's getpass), use the
+runtime's default seccomp profile and mount no service-account token: they
+pass Pod Security `restricted` (infra/k8s/pod_security.py). What the
+containers write goes to `/dev/shm`, the compile cache, and an emptyDir at
+`/tmp` (Ray's session directory and logs, temporary files, and `HOME`, so the
+caches and configs libraries keep under `~` stay writable). KubeRay copies the Ray
 container's security context and mounts into the `wait-gcs-ready` init
 container it adds to the workers (common/pod.go).
 
@@ -189,7 +193,6 @@ from infra.k8s.serving_spec import (
     API_PORT_NAME,
     CLIENT_PORT,
     CLIENT_PORT_NAME,
-    COMPILE_CACHE_SCRIPT,
     DASHBOARD_PORT,
     DASHBOARD_PORT_NAME,
     GCS_PORT,
@@ -269,16 +272,13 @@ def gpu_pod_resources(spec: ServingSpec) -> dict:
 SHM_VOLUME = "dshm"
 WEIGHTS_VOLUME = "weights"
 COMPILE_CACHE_VOLUME = "compile-cache"
-# The compile cache on the node's root volume (module doc, "Compile cache"),
-# one directory per serving cluster, mounted at COMPILE_CACHE_DIR.
-COMPILE_CACHE_HOST_ROOT = "/var/lib/gpu-serving/compile-cache"
+# The compile cache: an emptyDir on the node's disk (module doc, "Compile cache"), mounted at COMPILE_CACHE_DIR.
 COMPILE_CACHE_DIR = "/var/cache/gpu-serving"
 # Its bound: the node root volume's allowance for caches (infra/planning/serving.py,
-# ROOT_VOLUME_GIB: "torch.compile, Triton and FlashInfer JIT caches ~20 GiB").
+# ROOT_VOLUME_GIB: "torch.compile, Triton and FlashInfer JIT caches ~20 GiB"); past it
+# the kubelet evicts the pod rather than letting the node's disk fill.
 COMPILE_CACHE_BUDGET_BYTES = 20 * GiB
 assert COMPILE_CACHE_BUDGET_BYTES < ROOT_VOLUME_GIB * GiB
-# What the EFA provider needs to register memory (module doc, "EFA memory registration").
-EFA_CAPABILITIES = list(pod_security.EFA_CAPABILITIES)
 # The containers' root file systems are read-only; what Ray, vLLM and the compilers
 # write outside the compile cache and /dev/shm goes to this emptyDir at /tmp (Ray's
 # session directory, sockets and logs; temporary files; HOME, module doc). Its bound:
@@ -288,6 +288,8 @@ EFA_CAPABILITIES = list(pod_security.EFA_CAPABILITIES)
 TMP_VOLUME = "tmp"
 TMP_DIR = "/tmp"
 TMP_VOLUME_LIMIT = "16Gi"
+# The name getpass.getuser() gives the pods' non-root UID (quiet_env).
+RUN_AS_USER_NAME = "serving"
 
 
 def shm_volume(spec: ServingSpec) -> dict:
@@ -298,9 +300,8 @@ def weights_volume(spec: ServingSpec) -> dict:
     return {"name": WEIGHTS_VOLUME, "persistentVolumeClaim": {"claimName": spec.pvc_name, "readOnly": True}}
 
 
-def compile_cache_volume(spec: ServingSpec) -> dict:
-    path = f"{COMPILE_CACHE_HOST_ROOT}/{spec.namespace}/{spec.name}"
-    return {"name": COMPILE_CACHE_VOLUME, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+def compile_cache_volume() -> dict:
+    return {"name": COMPILE_CACHE_VOLUME, "emptyDir": {"sizeLimit": quantity(COMPILE_CACHE_BUDGET_BYTES)}}
 
 
 def compile_cache_mount() -> dict:
@@ -338,15 +339,9 @@ def _script_init_container(spec: ServingSpec, name: str, script: str, args: list
     }
 
 
-def compile_cache_container(spec: ServingSpec) -> dict:
-    """Init container: create the node's compile cache and keep it within its budget (compile_cache.sh)."""
-    args = [COMPILE_CACHE_DIR, str(COMPILE_CACHE_BUDGET_BYTES)]
-    return _script_init_container(spec, "compile-cache", COMPILE_CACHE_SCRIPT, args, compile_cache_mount())
-
-
-def efa_security_context(spec: ServingSpec) -> dict:
-    """Every capability dropped but IPC_LOCK on EFA nodes (module doc, "EFA memory registration"), no escalation, read-only root."""
-    return {"securityContext": pod_security.container_security_context(EFA_CAPABILITIES if spec.efa_interfaces > 0 else ())}
+def ray_security_context() -> dict:
+    """Every capability dropped, no escalation, a read-only root; the pod's non-root user (module doc, "Pod security")."""
+    return {"securityContext": pod_security.container_security_context()}
 
 
 def tmp_volume() -> dict:
@@ -401,15 +396,20 @@ def vllm_timeouts_env(spec: ServingSpec) -> list[dict]:
 
 
 def quiet_env() -> list[dict]:
-    """A writable HOME on the read-only root file system, and no usage reports (nothing may leave the cluster).
+    """A writable HOME on the read-only root file system, a user name, and no usage reports (nothing may leave the cluster).
 
-    `RAY_USAGE_STATS_ENABLED`: Ray's python/ray/_private/usage/usage_lib.py (vLLM 0.34.0's
+    `USER`: the pods run as a UID with no passwd entry in the image, and Python's
+    `getpass.getuser()` reads LOGNAME, USER, LNAME and USERNAME before it looks the UID up
+    (and fails: Python docs, getpass); torch Inductor names its cache directory with it
+    (torch/_inductor/runtime/cache_dir_utils.py) and vLLM 0.34.0 its temporary directory
+    (vllm/config/vllm.py). `RAY_USAGE_STATS_ENABLED`: Ray's python/ray/_private/usage/usage_lib.py (vLLM 0.34.0's
     Ray executor sets it to 0 itself when unset, vllm/v1/executor/ray_utils.py; this covers
     `ray start` as well); `VLLM_NO_USAGE_STATS` and `DO_NOT_TRACK` (read as
     `VLLM_DO_NOT_TRACK`'s fallback): vLLM 0.34.0 vllm/envs.py.
     """
     return [
         {"name": "HOME", "value": TMP_DIR},
+        {"name": "USER", "value": RUN_AS_USER_NAME},
         {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
@@ -542,12 +542,12 @@ def _ray_ports(head: bool) -> list[dict]:
 def _pod_spec(spec: ServingSpec, container: dict) -> dict:
     return {
         "enableServiceLinks": False,
-        **pod_security.hardened_pod(),
+        **pod_security.hardened_pod(pod_security.NONROOT_UID),
         "nodeSelector": node_selector(spec),
         "tolerations": tolerations(),
-        "initContainers": [compile_cache_container(spec), wait_for_weights_container(spec)],
+        "initContainers": [wait_for_weights_container(spec)],
         "containers": [container],
-        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec), compile_cache_volume(spec), tmp_volume()],
+        "volumes": [shm_volume(spec), weights_volume(spec), scripts_volume(spec), compile_cache_volume(), tmp_volume()],
     }
 
 
@@ -575,7 +575,7 @@ def head_pod_template(spec: ServingSpec) -> dict:
         "env": [*ray_env(spec), api_key_file_env()],
         "ports": _ray_ports(head=True),
         "resources": gpu_pod_resources(spec),
-        **efa_security_context(spec),
+        **ray_security_context(),
         "volumeMounts": [*_ray_mounts(spec), api_key_mount()],
         **head_probes(spec),
     }
@@ -602,7 +602,7 @@ def worker_pod_template(spec: ServingSpec) -> dict:
         "env": ray_env(spec),
         "ports": _ray_ports(head=False),
         "resources": gpu_pod_resources(spec),
-        **efa_security_context(spec),
+        **ray_security_context(),
         "volumeMounts": _ray_mounts(spec),
     }
     return {"metadata": metadata, "spec": _pod_spec(spec, container)}

@@ -107,7 +107,6 @@ EFA_CHECK_NODES = 2
 
 # --- Pod scripts (infra/k8s/scripts/): the ones each pod runs (their hash is on its template) ---
 WAIT_SCRIPT = "wait_for_weights.sh"  # every serving pod's init container
-COMPILE_CACHE_SCRIPT = "compile_cache.sh"  # every serving pod's first init container
 MEMLOCK_SCRIPT = "memlock_check.py"  # run first by every Ray container and the EFA check
 HEAD_SCRIPT = "ray_head.sh"
 WORKER_SCRIPT = "ray_worker.sh"
@@ -126,8 +125,8 @@ API_KEY_SECRET_KEY = "api-key"  # the key's entry in the Secret
 # CKV_K8S_35); ray_head.sh and benchmark.py read it into the variable of the process that needs it.
 API_KEY_DIR = "/var/run/gpu-serving/api-key"
 API_KEY_FILE_ENV = "GPU_SERVING_API_KEY_FILE"
-HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT, API_GUARD_SCRIPT)
-WORKER_SCRIPTS = (WORKER_SCRIPT, MEMLOCK_SCRIPT, WAIT_SCRIPT, COMPILE_CACHE_SCRIPT)
+HEAD_SCRIPTS = (HEAD_SCRIPT, "ray_wait.py", MEMLOCK_SCRIPT, WAIT_SCRIPT, API_GUARD_SCRIPT)
+WORKER_SCRIPTS = (WORKER_SCRIPT, MEMLOCK_SCRIPT, WAIT_SCRIPT)
 EFA_CHECK_SCRIPTS = (EFA_CHECK_SCRIPT, "efa_allreduce.py", MEMLOCK_SCRIPT)
 BENCHMARK_SCRIPTS = (BENCHMARK_SCRIPT,)
 SERVING_SCRIPTS = tuple(sorted({*HEAD_SCRIPTS, *WORKER_SCRIPTS, *EFA_CHECK_SCRIPTS, *BENCHMARK_SCRIPTS}))

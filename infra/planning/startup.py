@@ -98,7 +98,7 @@ class Startup:
     engine_init_s: float
     compile_s: float  # part of engine_init_s a kept compile cache saves
     cold_start_s: float  # weights read + engine init, from an empty compile cache
-    restart_s: float  # the same with the compile cache kept on the node
+    restart_s: float  # the same for a container restart, which keeps the pod's compile cache (an emptyDir)
     page_cache_bytes: int  # what the pod's memory leaves for the page cache
     page_cache_holds_checkpoint: bool  # else a node may read parts of the checkpoint more than once
     ray_join_timeout_s: int
