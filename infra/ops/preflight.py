@@ -67,6 +67,9 @@ The checks, and the AWS calls behind them:
    `backend.url`; a production stack on a local file is a go with a warning
    (one machine's copy, no locking, no versions) whose fix is an S3 backend
    with versioning and a KMS secrets provider.
+11. Serving image pushed (preflight_image.py): ECR DescribeImages of the tag
+   bin/build-image pushes, whose digest `pulumi up` runs; a new stack's missing
+   repository is a go with a warning (push beside the first `up`).
 
 The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
 the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
@@ -213,6 +216,8 @@ class Target:
     production: bool = False  # lifecycle.production
     backend_url: Optional[str] = None  # where `pulumi` keeps the stack's state (state_backend)
     backend_source: str = ""
+    image_repository: Optional[str] = None  # the ECR repository of the serving image; None: serving.image names it
+    image_tag: Optional[str] = None  # the tag bin/build-image pushes (preflight_image.py)
 
     @property
     def instance_type(self) -> str:
@@ -274,7 +279,7 @@ def node_amis(cfg, day: dt.date) -> tuple[NodeAmi, ...]:
 def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Target:
     """The pre-flight target of `Pulumi.<stack>.yaml`; raises UserError on a config error."""
     from infra.aws.access import BASTION_INSTANCE_TYPE, needs_bastion
-    from infra.ops import preflight_state
+    from infra.ops import preflight_image, preflight_state
     from infra.config import load_stack_file, read_stack_file
     from infra.planning import make_plan
 
@@ -316,6 +321,8 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         production=cfg.lifecycle.production,
         backend_url=(backend := preflight_state.state_backend(root, os.environ))[0],
         backend_source=backend[1],
+        image_repository=(image := preflight_image.image_to_check(cfg, stack))[0],
+        image_tag=image[1],
     )
 
 
@@ -328,6 +335,7 @@ class Clients:
     quotas: Any
     eks: Any
     ssm: Any = None
+    ecr: Any = None
 
 
 def make_clients(region: str, session=None) -> Clients:
@@ -337,6 +345,7 @@ def make_clients(region: str, session=None) -> Clients:
         quotas=session.client("service-quotas", region_name=region),
         eks=session.client("eks", region_name=region),
         ssm=session.client("ssm", region_name=region),
+        ecr=session.client("ecr", region_name=region),
     )
 
 
@@ -684,7 +693,7 @@ def check_efa(ec2, t: Target) -> Check:
 def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -> list[Check]:
     # Checks 5 and 6 (EKS) live in preflight_eks.py, 7 to 9 (what the stack creates besides the GPU nodes) in
     # preflight_stack.py; both build on this module.
-    from infra.ops import preflight_state
+    from infra.ops import preflight_image, preflight_state
     from infra.ops.preflight_eks import check_addon_versions, check_eks_version
     from infra.ops.preflight_stack import (
         check_ami_release,
@@ -708,6 +717,7 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_nat_quota(clients.quotas, clients.ec2, t),
         lambda: check_eip_quota(clients.quotas, clients.ec2, t),
         lambda: preflight_state.check_state_backend(t),
+        lambda: preflight_image.check_serving_image(clients.ecr, t),
     ]
     return [step() for step in steps]
 
