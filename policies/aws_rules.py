@@ -20,6 +20,12 @@ module while it is still being defined), so the few helpers are repeated here.
   default security group with no rules, and no rule resource adds one.
 - `vpc-cni-network-policy`: the vpc-cni add-on enforces NetworkPolicies
   (`configurationValues` `{"enableNetworkPolicy": "true"}`).
+- `iam-managed-policies-scoped`: no AWS managed policy of the `*FullAccess`,
+  `AdministratorAccess` or `PowerUserAccess` kind is attached to a role, and
+  `AmazonEKS_CNI_Policy` only to a role that EKS Pod Identity alone assumes,
+  never one EC2 can (the node role: every process on a node's host network
+  reaches its credentials through IMDS; the EKS User Guide recommends the VPC
+  CNI's own role).
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ KMS_KEY = "aws:kms/key:Key"
 VPC = "aws:ec2/vpc:Vpc"
 FLOW_LOG = "aws:ec2/flowLog:FlowLog"
 DEFAULT_SECURITY_GROUP = "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup"
+IAM_ROLE = "aws:iam/role:Role"
+ROLE_POLICY_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+MANAGED_POLICY_PREFIX = "arn:aws:iam::aws:policy/"
+BROAD_MANAGED_POLICIES = ("AdministratorAccess", "PowerUserAccess")
+CNI_POLICY = "AmazonEKS_CNI_Policy"
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"  # EKS User Guide, "EKS Pod Identity": the role's trust policy
 SG_RULE_TYPES = (
     "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
     "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
@@ -203,6 +215,50 @@ def check_vpc_cni_network_policy(resource_type: str, props: Mapping, options: Ma
     return ['the vpc-cni add-on does not enforce NetworkPolicies: set configurationValues to {"enableNetworkPolicy": "true"}']
 
 
+def _role_of(attachment: Mapping, roles: Sequence[Mapping]) -> Optional[Mapping]:
+    """The Role an attachment's `role` (a role name) names, among the stack's."""
+    value = _map(attachment.get("inputs")).get("role")
+    for role in roles:
+        inputs = _map(role.get("inputs"))
+        if same_resource(attachment, "role", value, role) or (isinstance(value, str) and value in (inputs.get("name"), role.get("name"))):
+            return role
+    return None
+
+
+def _trusted_services(role: Mapping) -> Optional[set[str]]:
+    """The AWS services a role's trust policy lets assume it; None while the policy is unknown."""
+    statements = _statements(_map(role.get("inputs")).get("assumeRolePolicy"))
+    if statements is None:
+        return None
+    out: set[str] = set()
+    for st in statements:
+        if st.get("Effect") == "Allow":
+            out.update(str(s) for s in _as_list(_map(st.get("Principal")).get("Service")))
+    return out
+
+
+def check_managed_policies(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """No broad AWS managed policy on any role; the VPC CNI's policy on a Pod Identity role only (module doc)."""
+    roles = _of_type(resources, IAM_ROLE)
+    out = []
+    for attachment in _of_type(resources, ROLE_POLICY_ATTACHMENT):
+        arn = _map(attachment.get("inputs")).get("policyArn")
+        if not isinstance(arn, str) or is_unknown(arn) or not arn.startswith(MANAGED_POLICY_PREFIX):
+            continue
+        policy = arn.rsplit("/", 1)[-1]
+        urn = attachment.get("urn", "")
+        if policy.endswith("FullAccess") or policy in BROAD_MANAGED_POLICIES:
+            out.append((urn, f"{attachment.get('name')} attaches {policy}: grant what the role's one job needs, scoped to the stack"))
+        if policy == CNI_POLICY:
+            role = _role_of(attachment, roles)
+            services = _trusted_services(role) if role is not None else None
+            if services is not None and services != {POD_IDENTITY_PRINCIPAL}:
+                out.append((urn, f"{attachment.get('name')} attaches {CNI_POLICY} to role {role.get('name')}, which "
+                                 f"{', '.join(sorted(services)) or 'no service'} can assume: give it to aws-node alone, on a "
+                                 "role of its own through EKS Pod Identity"))
+    return out
+
+
 # --- the rules, as `rules.Rule` arguments ----------------------------------------------------------------------
 
 RULES: tuple[dict[str, Any], ...] = (
@@ -247,5 +303,12 @@ RULES: tuple[dict[str, Any], ...] = (
         enforcement=MANDATORY,
         check=check_vpc_cni_network_policy,
         scope="resource",
+    ),
+    dict(
+        name="iam-managed-policies-scoped",
+        description="No *FullAccess, AdministratorAccess or PowerUserAccess managed policy on a role; AmazonEKS_CNI_Policy only on a role EKS Pod Identity alone assumes.",
+        enforcement=MANDATORY,
+        check=check_managed_policies,
+        scope="stack",
     ),
 )

@@ -470,13 +470,13 @@ def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 18
+    assert len(names) == len(set(names)) == 19
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
     assert {r.name for r in R.RULES if r.scope == "stack"} == {
         "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
-        "namespace-pod-security", "network-policies-isolate-ray", "api-admits-only-its-clients",
+        "namespace-pod-security", "network-policies-isolate-ray", "api-admits-only-its-clients", "iam-managed-policies-scoped",
         "vpcs-have-flow-logs", "default-security-groups-closed",
     }  # fmt: skip
 
@@ -616,6 +616,22 @@ def _tp_16(doc):
     args[args.index("--tensor-parallel-size") + 1] = "16"
 
 
+def _attach(doc, name: str, role: str, policy: str) -> None:
+    doc["resources"].append({"type": "aws:iam/rolePolicyAttachment:RolePolicyAttachment", "name": name, "urn": f"urn:{name}",
+                             "options": {}, "inputs": {"role": role, "policyArn": f"arn:aws:iam::aws:policy/{policy}"}})  # fmt: skip
+
+
+def _cni_policy_on_the_node_role(doc):
+    """What the stack did before the VPC CNI got its own role (EKS User Guide: the CNI's own role, not the node's)."""
+    node_role = _find(doc, "aws:iam/role:Role", "-node-role")["name"]
+    _attach(doc, "node-cni", node_role, "AmazonEKS_CNI_Policy")
+
+
+def _fsx_full_access(doc):
+    """What the FSx CSI driver had before its static volumes were found to need no AWS call."""
+    _attach(doc, "fsx-csi", _find(doc, "aws:iam/role:Role", "-aws-efs-csi-driver-role")["name"], "AmazonFSxFullAccess")
+
+
 def _no_efa_ingress(doc):
     doc["resources"].remove(_find(doc, R.SG_INGRESS, "-efa-in-self"))
 
@@ -641,6 +657,8 @@ def _no_shm(doc):
         (_pv_deleted_on_release, "production-weights-protected", "PersistentVolume gpu-serving-prod-weights-pv has reclaim policy Delete"),
         (_tp_16, "tp-within-node", "--tensor-parallel-size 16"),
         (_no_efa_ingress, "efa-security-group-self-referencing", "lacks an ingress rule"),
+        (_cni_policy_on_the_node_role, "iam-managed-policies-scoped", "attaches AmazonEKS_CNI_Policy to role gpu-serving-prod-node-role, which ec2.amazonaws.com can assume"),
+        (_fsx_full_access, "iam-managed-policies-scoped", "attaches AmazonFSxFullAccess"),
         (_unencrypted_root, "storage-encrypted", "EBS volume not encrypted"),
         (_no_shm, "serving-pods-shm-limits-unprivileged", "worker group gpu template, container ray-worker: no /dev/shm"),
         (_no_default_deny, "network-policies-isolate-ray", "namespace gpu-serving runs the stack's pods"),
@@ -756,7 +774,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 18 policy rules passed: stack prod" in proc.stdout
+    assert "All 19 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -773,12 +791,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 18 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 19 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 18
+    assert result["passed"] is False and len(result["rules"]) == 19
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]
