@@ -26,6 +26,8 @@ LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "infra.config": ({"infra.errors", "infra.catalog", "infra.planning", "infra.config"}, CLOUD_SDKS - {"pulumi"} | TOOL_LIBS),
     "infra.aws": ({"infra.errors", "infra.catalog", "infra.planning", "infra.aws"}, CLOUD_SDKS | TOOL_LIBS),
     "infra.k8s": ({"infra.errors", "infra.catalog", "infra.planning", "infra.k8s"}, CLOUD_SDKS | TOOL_LIBS),
+    # Dashboards and alert rules: pure builders from the plan's and the config's figures (issue 20).
+    "infra.monitoring": ({"infra.errors", "infra.catalog", "infra.planning", "infra.monitoring"}, CLOUD_SDKS | TOOL_LIBS),
     "components": ({"infra.errors", "infra.catalog", "infra.planning", "infra.aws", "infra.k8s", "components"}, {"boto3", "botocore"} | TOOL_LIBS),
     "infra.preview": ({"infra.errors", "infra.catalog", "infra.planning", "infra.config", "infra.aws", "infra.k8s", "infra.preview", "policies"}, {"boto3"} | TOOL_LIBS - {"rich"}),
     "infra.ops": ({"infra.errors", "infra.catalog", "infra.planning", "infra.config", "infra.aws", "infra.k8s", "infra.ops"}, set()),
