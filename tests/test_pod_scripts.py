@@ -325,7 +325,35 @@ def test_memlock_check_needs_a_limit_over_the_nodes_memory_or_ipc_lock(tmp_path)
     # No capability, no root: a limit that covers all of the node's memory is enough (what the nodes' base
     # runtime spec gives, infra/aws/gpu_nodes.py); one byte short of it is not.
     assert _memlock(tmp_path, 0, 8192, "--require", mem_total_kib=8192).returncode == 0
-    assert _memlock(tmp_path, 0, 8191, "--require", mem_total_kib=8192).returncode == 1
+    short = _memlock(tmp_path, 0, 8191, "--require", mem_total_kib=8192)
+    assert short.returncode == 1 and "node memory 8192 KiB; CAP_IPC_LOCK absent" in short.stdout
+    assert "CAP_IPC_LOCK absent" in refused.stdout  # every capability but IPC_LOCK is not IPC_LOCK
+
+
+def test_memlock_check_reads_what_it_cannot_find_as_nothing(tmp_path):
+    """A status without CapEff has no capability, a meminfo without MemTotal no memory to cover: only the
+    capability or an unlimited limit would do then."""
+    status, meminfo = tmp_path / "status", tmp_path / "meminfo"
+    status.write_text("Name:\tpython3\n")
+    meminfo.write_text("MemFree:        1024 kB\n")
+    program = script_files.SCRIPTS_DIR / "memlock_check.py"
+
+    def lower() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, 64 * 1024))
+
+    done = subprocess.run([sys.executable, str(program), "--require", "--status", str(status), "--meminfo", str(meminfo)],
+                          capture_output=True, text=True, timeout=30, preexec_fn=lower)  # fmt: skip
+    assert done.returncode == 1 and "node memory 0 KiB; CAP_IPC_LOCK absent" in done.stdout
+
+
+def test_memlock_check_reads_this_machines_proc_by_default():
+    done = subprocess.run([sys.executable, str(script_files.SCRIPTS_DIR / "memlock_check.py")], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    with open("/proc/meminfo") as f:
+        total_kib = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+    assert f"node memory {total_kib} KiB" in done.stdout
 
 
 def test_the_head_refuses_to_start_without_kuberays_command(tmp_path):
