@@ -1,0 +1,366 @@
+"""The Grafana dashboards (infra/monitoring/dashboards.py) against Grafana's schema, promtool and the pinned exporters.
+
+- Every dashboard validates against Grafana's own dashboard JSON schema (the
+  grafana-foundation-sdk's, generated from Grafana's schema; tests/fixtures/metrics/dashboards/),
+  each panel's options and field config against its panel kind's schema and each query
+  against the Prometheus query schema; the data source is the `datasource` variable
+  everywhere; uids are stable; panels do not overlap.
+- Every PromQL query parses with Prometheus' own parser (`promtool check rules` on a rule
+  file of the queries, the Grafana variables filled in as Grafana would).
+- Every metric name a query uses is exported by the pinned vLLM, Ray, dcgm-exporter (default
+  counters) or kube-state-metrics (tests/metric_names.py and this folder's fixtures).
+- The SLA lines are prod's stack config, and move when it does; the plan's lines are prod's
+  plan as `bin/plan` prints it (`Plan.to_json_dict()`); the peaks are the catalog GPU's.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from infra.catalog.instances import get_instance_type
+from infra.config import load_stack_file
+from infra.k8s.serving_spec import ServingSpec
+from infra.monitoring.dashboards import DashboardSpec, dashboard_spec_from, dashboards
+from infra.planning.plan import make_plan
+from tests.conftest import REPO_ROOT, fixture_path, in_ci
+from tests.metric_names import known_metrics, metric_names
+
+PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
+FILES = ("serving.json", "plan-vs-reality.json", "gpus.json", "cluster.json")
+PANEL_KINDS = ("timeseries", "stat", "text")
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prod():
+    config = load_stack_file("prod")
+    return config, make_plan(config.plan_request())
+
+
+@pytest.fixture(scope="module")
+def spec(prod) -> DashboardSpec:
+    return dashboard_spec_from(*prod)
+
+
+def _variants(spec: DashboardSpec) -> list[DashboardSpec]:
+    """prod's, and the switches prod leaves off: an ITL SLA, the MFU counters, the NVLink error counters, no MTP."""
+    return [spec, dataclasses.replace(spec, itl_p99_s=0.05, mfu_metrics=True, nvlink_error_counters=True),
+            dataclasses.replace(spec, speculative_tokens=0, predicted_acceptance_rate=None)]  # fmt: skip
+
+
+def _schema(name: str) -> dict:
+    return json.loads(fixture_path("metrics", "dashboards", "grafana-foundation-sdk", f"{name}.jsonschema.json").read_text())
+
+
+def _definition(schema: dict, ref: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator({"$ref": f"#/definitions/{ref}", "definitions": schema["definitions"]})
+
+
+def _panels(dashboard: dict) -> list[dict]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def _exprs(dashboard: dict) -> list[str]:
+    return [t["expr"] for p in _panels(dashboard) for t in p.get("targets", [])]
+
+
+def _uses(panel: dict, metric: str) -> bool:
+    return any(metric in metric_names(_fill(t["expr"])) for t in panel.get("targets", []))
+
+
+def _lines(panel: dict) -> list[float]:
+    return [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"] if s["value"] is not None]
+
+
+def _panel(dashboard: dict, metric: str, kind: str = "timeseries") -> dict:
+    found = [p for p in _panels(dashboard) if p["type"] == kind and _uses(p, metric)]
+    assert len(found) == 1, (metric, [p["title"] for p in found])
+    return found[0]
+
+
+def _fill(expr: str, variables: dict[str, str] | None = None) -> str:
+    """The query Grafana sends: its variables filled in ($__rate_interval: 4 scrape intervals of 30 s)."""
+    values = {"__rate_interval": "2m", **(variables or {"namespace": "gpu-serving", "model_name": "m", "ray_cluster": "vllm"})}
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
+
+
+def _variables(dashboard: dict) -> dict[str, str]:
+    return {v["name"]: v["query"] for v in dashboard["templating"]["list"] if v["type"] == "constant"}
+
+
+# --- Grafana's schema -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_dashboard_is_valid_grafana_dashboard_json(spec: DashboardSpec, name: str) -> None:
+    board_schema = _schema("dashboard")
+    query = _definition(_schema("prometheus"), "Dataquery")
+    kinds = {kind: _schema(kind) for kind in PANEL_KINDS}
+    for variant in _variants(spec):
+        board = dashboards(variant)[name]
+        json.loads(json.dumps(board))  # plain JSON, as the ConfigMap holds it
+        errors = [f"{list(e.path)}: {e.message[:300]}" for e in jsonschema.Draft7Validator(board_schema).iter_errors(board)]
+        for panel in _panels(board):
+            kind = kinds[panel["type"]]
+            errors += [f"{panel['title']} options: {e.message[:300]}" for e in _definition(kind, "Options").iter_errors(panel["options"])]
+            custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom")
+            if custom is not None:
+                errors += [f"{panel['title']} custom: {e.message}" for e in _definition(kind, "FieldConfig").iter_errors(custom)]
+            for target in panel.get("targets", []):
+                errors += [f"{panel['title']} target: {e.message}" for e in query.iter_errors(target)]
+        assert not errors, errors
+
+
+def test_the_schema_check_refuses_a_broken_dashboard(spec: DashboardSpec) -> None:
+    board = copy.deepcopy(dashboards(spec)["serving.json"])
+    board["panels"][0]["gridPos"]["w"] = 30  # wider than the grid
+    board["panels"][1]["titel"] = "typo"
+    del board["templating"]
+    def messages(errors) -> list[str]:  # with the errors of each branch of an anyOf (a panel or a row)
+        return [m for e in errors for m in [e.message, *messages(e.context)]]
+
+    messages = messages(jsonschema.Draft7Validator(_schema("dashboard")).iter_errors(board))
+    assert any("templating" in m for m in messages) and any("titel" in m for m in messages) and any("30" in m for m in messages)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_datasource_is_a_template_variable(spec: DashboardSpec, name: str) -> None:
+    board = dashboards(spec)[name]
+    (var,) = [v for v in board["templating"]["list"] if v["type"] == "datasource"]
+    assert (var["name"], var["query"]) == ("datasource", "prometheus")
+    ref = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in _panels(board):
+        if panel["type"] == "text":
+            assert "targets" not in panel
+            continue
+        assert panel["datasource"] == ref and panel["targets"], panel["title"]
+        assert all(t["datasource"] == ref for t in panel["targets"]), panel["title"]
+    assert "${datasource}" not in json.dumps([v for v in board["templating"]["list"] if v["type"] != "datasource"])
+
+
+def test_uids_are_stable_unique_and_fit_grafanas_limit(spec: DashboardSpec) -> None:
+    other = dataclasses.replace(spec, namespace="serving-b", served_model_name="other/model", ttft_p99_s=1.0, gpu_count=8)
+    uids = {name: board["uid"] for name, board in dashboards(spec).items()}
+    assert uids == {name: board["uid"] for name, board in dashboards(other).items()}
+    assert len(set(uids.values())) == len(FILES) and all(re.fullmatch(r"[a-z0-9-]{1,40}", u) for u in uids.values())
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_panels_have_unique_ids_and_do_not_overlap(spec: DashboardSpec, name: str) -> None:
+    panels = dashboards(spec)[name]["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, (p["title"], cells.get((x, y)))
+                cells[(x, y)] = p["title"]
+
+
+# --- promtool -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path:
+    if not PROMTOOL.is_file():
+        message = f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return PROMTOOL
+
+
+def _check(promtool: Path, tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess:
+    """`promtool check rules` on one recording rule per query: Prometheus' parser judges each."""
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    return subprocess.run([str(promtool), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_every_query_parses_with_promtool(promtool: Path, spec: DashboardSpec, tmp_path: Path) -> None:
+    exprs = sorted({_fill(e, _variables(board)) for v in _variants(spec) for board in dashboards(v).values() for e in _exprs(board)})
+    assert len(exprs) > 50
+    out = _check(promtool, tmp_path, exprs)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in out.stdout
+
+
+def test_promtool_refuses_a_broken_query(promtool: Path, tmp_path: Path) -> None:
+    out = _check(promtool, tmp_path, ['sum(rate(vllm:num_preemptions_total{namespace="x"}[2m])'])
+    assert out.returncode != 0 and "unclosed left parenthesis" in out.stdout + out.stderr
+
+
+# --- metric names ---------------------------------------------------------------------
+
+
+def _vllm_metrics() -> dict[str, tuple[str, str]]:
+    """vLLM 0.34.0's metrics as exported -> (declared name, the flag it needs or "")."""
+    out = {}
+    for line in fixture_path("metrics", "dashboards", "vllm-0.34.0.tsv").read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        name, kind, _where, needs = line.split("\t")
+        exported = {"counter": [name.removesuffix("_total") + "_total"], "gauge": [name],
+                    "histogram": [name + s for s in ("_bucket", "_sum", "_count")]}[kind]  # fmt: skip
+        out |= {e: (name, needs) for e in exported}
+    return out
+
+
+def _ksm_pod_metrics() -> set[str]:
+    text = fixture_path("metrics", "dashboards", "kube-state-metrics-v2.20.0-pod-metrics.md").read_text()
+    return set(re.findall(r"^\|\s*(kube_[a-z0-9_]+)\s*\|", text, re.MULTILINE))
+
+
+def _dcgm(commented: bool) -> set[str]:
+    (path,) = fixture_path("metrics").glob("dcgm-exporter-*-default-counters.csv")
+    lines = [ln.lstrip("#").strip() if commented else ln for ln in path.read_text().splitlines()]
+    rows = csv.reader(ln for ln in lines if ln.strip() and not ln.startswith("#") and "," in ln)
+    return {row[0].strip() for row in rows if row[0].strip().startswith("DCGM_")}
+
+
+def _names(board: dict) -> set[str]:
+    return set().union(*(metric_names(_fill(e)) for e in _exprs(board)))
+
+
+def test_every_metric_name_is_exported_by_a_pinned_source(spec: DashboardSpec) -> None:
+    known = known_metrics() | set(_vllm_metrics()) | _ksm_pod_metrics()
+    for variant in _variants(spec):
+        boards = dashboards(variant)
+        used = set().union(*(_names(b) for b in boards.values()))
+        optional = _dcgm(commented=True) - _dcgm(commented=False) if variant.nvlink_error_counters else set()
+        assert used - known - optional == set()
+        # The default GPU dashboard draws only what dcgm-exporter exports without a counters file of ours.
+        dcgm = {n for n in _names(boards["gpus.json"]) if n.startswith("DCGM_")}
+        beyond_defaults = dcgm - _dcgm(commented=False)
+        assert bool(beyond_defaults) == variant.nvlink_error_counters, beyond_defaults
+
+
+def test_the_dashboards_use_the_metrics_the_issue_names(spec: DashboardSpec) -> None:
+    boards = dashboards(spec)
+    serving, plan, gpus, cluster = (_names(boards[f]) for f in FILES)
+    assert {"vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+            "vllm:inter_token_latency_seconds_bucket", "vllm:num_requests_waiting", "vllm:num_requests_running",
+            "vllm:num_preemptions_total", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
+            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total"} <= serving
+    assert {"vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total"} <= plan
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_XID_ERRORS"} <= gpus
+    assert {"kube_node_status_condition", "kube_pod_container_status_restarts_total", "ray_resources",
+            "ray_node_cpu_count"} <= cluster  # fmt: skip
+
+
+def test_metrics_behind_a_flag_say_so(prod, spec: DashboardSpec) -> None:
+    """The FLOPs and bytes counters need --enable-mfu-metrics, which prod's plan does not pass: their panels say so;
+    the draft-acceptance counters need a --speculative-config: without MTP no panel asks for them."""
+    _config, plan = prod
+    flagged = {name: needs for name, (_, needs) in _vllm_metrics().items() if needs}
+    assert "--enable-mfu-metrics" not in plan.serving_args and not spec.mfu_metrics
+    for variant in _variants(spec):
+        for board in dashboards(variant).values():
+            for panel in _panels(board):
+                needs = {flagged[n] for t in panel.get("targets", []) for n in metric_names(_fill(t["expr"])) if n in flagged}
+                if "--enable-mfu-metrics" in needs:
+                    assert ("--enable-mfu-metrics" in panel["description"]) != variant.mfu_metrics, panel["title"]
+                if "--speculative-config" in needs:
+                    assert variant.speculative_tokens, panel["title"]
+    assert any("spec_decode" in n for n in _names(dashboards(spec)["serving.json"]))  # prod plans MTP
+
+
+# --- the stack's figures --------------------------------------------------------------
+
+
+def _sla_lines(board: dict) -> dict[str, list[float]]:
+    return {m: _lines(_panel(board, f"vllm:{m}_bucket")) for m in
+            ("time_to_first_token_seconds", "request_time_per_output_token_seconds", "inter_token_latency_seconds")}
+
+
+def test_the_sla_lines_are_the_prod_stack_configs(prod, spec: DashboardSpec) -> None:
+    config, _plan = prod
+    sla = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:serving"]["sla"]
+    assert (sla["ttftP99Ms"], sla["tpotP99Ms"]) == (config.serving.sla.ttft_p99_ms, config.serving.sla.tpot_p99_ms)
+    lines = _sla_lines(dashboards(spec)["serving.json"])
+    assert lines == {"time_to_first_token_seconds": [sla["ttftP99Ms"] / 1000],
+                     "request_time_per_output_token_seconds": [sla["tpotP99Ms"] / 1000],
+                     "inter_token_latency_seconds": []}  # fmt: skip
+    ttft_stat = _panel(dashboards(spec)["serving.json"], "vllm:time_to_first_token_seconds_bucket", "stat")
+    assert _lines(ttft_stat) == [sla["ttftP99Ms"] / 1000]
+
+
+def _stack_with_sla(tmp_path: Path, sla: dict):
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    doc["config"]["gpu-serving:serving"]["sla"] = sla
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
+    shutil.copy(REPO_ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    return load_stack_file("prod", root=tmp_path)
+
+
+def test_a_changed_sla_moves_the_lines(prod, tmp_path: Path) -> None:
+    _config, plan = prod
+    changed = _stack_with_sla(tmp_path, {"ttftP99Ms": 500, "tpotP99Ms": 80, "itlP99Ms": 60})
+    board = dashboards(dashboard_spec_from(changed, plan))["serving.json"]
+    assert _sla_lines(board) == {"time_to_first_token_seconds": [0.5], "request_time_per_output_token_seconds": [0.08],
+                                 "inter_token_latency_seconds": [0.06]}  # fmt: skip
+
+
+def test_the_plan_lines_are_the_prod_plans(prod, spec: DashboardSpec) -> None:
+    config, plan = prod
+    doc = plan.to_json_dict()  # what `bin/plan` prints and the stack exports as `plan`
+    cap = doc["performance"]["sla_capacity"]
+    work = doc["performance"]["workload"]
+    board = dashboards(spec)["plan-vs-reality.json"]
+    assert _lines(_panel(board, "vllm:generation_tokens_total")) == [cap["output_tokens_per_s"]]
+    assert _lines(_panel(board, "vllm:prompt_tokens_total")) == [cap["input_tokens_per_s"]]
+    assert _lines(_panel(board, "vllm:request_success_total")) == [cap["requests_per_s"]]
+    in_engine = [p for p in _panels(board) if p["type"] == "timeseries" and _uses(p, "vllm:num_requests_waiting")]
+    assert [_lines(p) for p in in_engine] == [[cap["concurrency"]]]
+    assert sorted(_lines(_panel(board, "vllm:time_to_first_token_seconds_bucket"))) == sorted(
+        [cap["ttft_ms"]["p99"] / 1000, config.serving.sla.ttft_p99_ms / 1000])
+    assert sorted(_lines(_panel(board, "vllm:request_time_per_output_token_seconds_bucket"))) == sorted(
+        [cap["tpot_ms"]["p99"] / 1000, config.serving.sla.tpot_p99_ms / 1000])
+    assert _lines(_panel(board, "vllm:request_prompt_tokens_sum")) == [work["input_tokens"]]
+    assert _lines(_panel(board, "vllm:request_generation_tokens_sum")) == [work["output_tokens"]]
+    assert _lines(_panel(board, "vllm:prefix_cache_hits_total")) == [work["prefix_cache_hit_rate"]]
+    ratio = _panel(board, "vllm:generation_tokens_total", "stat")["targets"][0]["expr"]
+    assert ratio.endswith(f"/ {cap['output_tokens_per_s']!r}")
+
+
+def test_the_roofline_is_the_catalog_gpus(prod, spec: DashboardSpec) -> None:
+    config, _plan = prod
+    gpu = get_instance_type(config.gpu.instance_type).gpu  # p5.48xlarge: H100 SXM
+    board = dashboards(spec)["plan-vs-reality.json"]
+    assert _lines(_panel(board, "vllm:estimated_flops_per_gpu_total")) == [gpu.bf16_dense_tflops * 1e12, gpu.fp8_dense_tflops * 1e12]
+    assert _lines(_panel(board, "vllm:estimated_read_bytes_per_gpu_total")) == [gpu.hbm_bandwidth_bytes_per_s]
+    hbm = _panel(board, "vllm:estimated_read_bytes_per_gpu_total", "stat")["targets"][0]["expr"]
+    assert hbm.endswith(f"/ {gpu.hbm_bandwidth_bytes_per_s!r}")
+
+
+def test_the_names_and_counts_are_the_stacks(prod, spec: DashboardSpec) -> None:
+    config, plan = prod
+    deployment = plan.deployment()
+    default_raycluster = next(f.default for f in dataclasses.fields(ServingSpec) if f.name == "name")
+    for board in dashboards(spec).values():
+        assert _variables(board) == {"namespace": config.serving.namespace, "model_name": deployment.serve.checkpoint,
+                                     "ray_cluster": default_raycluster}  # fmt: skip
+    cluster = dashboards(spec)["cluster.json"]
+    gpus = deployment.nodes.count * deployment.nodes.gpus_per_node
+    assert (gpus, deployment.nodes.count) == (32, 4)  # Pulumi.prod.yaml: 4 x p5.48xlarge
+    assert _lines(_panel(cluster, "ray_resources", "stat")) == [gpus]
+    assert _lines(_panel(cluster, "ray_node_cpu_count", "stat")) == [deployment.nodes.count]
+    assert _lines(_panel(cluster, "kube_node_status_capacity", "stat")) == [deployment.nodes.count]
+    assert _lines(_panel(dashboards(spec)["gpus.json"], "DCGM_FI_DEV_FB_FREE")) == [plan.knobs.gpu_memory_utilization]
