@@ -6,6 +6,10 @@
 #   those files: for a file that includes none (requirements-scan.txt into venv-scan/)
 #   that is the stamp `python -m infra scan` writes and reads too (infra/preview/tool_venv.py),
 #   so neither installs again what the other did.
+#   ensure_venvs FILE:DIR...: ensure_venv for each pair at the same time (pip is
+#   single-threaded and partly waits on the network), each one's output in its own
+#   log, printed when it is done; a failed one's log goes to stderr under the name of
+#   the virtualenv, and ensure_venvs returns 1 if any failed (after waiting for all).
 ensure_venv() {
     local req="$1" dir="${2:-venv}" stamp sum
     stamp="$dir/.${req%.txt}.sha256"
@@ -36,4 +40,25 @@ PY
         "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
         echo "$sum" > "$stamp"
     fi
+}
+
+ensure_venvs() {
+    local pair logs pids=() names=() i failed=0
+    logs=$(mktemp -d)
+    for pair in "$@"; do
+        names+=("$pair")
+        ensure_venv "${pair%%:*}" "${pair#*:}" >"$logs/${#names[@]}.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        if ! wait "${pids[$i]}"; then
+            echo "setting up ${names[$i]#*:}/ from ${names[$i]%%:*} failed:" >&2
+            cat "$logs/$((i + 1)).log" >&2
+            failed=1
+        else
+            cat "$logs/$((i + 1)).log"
+        fi
+    done
+    rm -rf "$logs"
+    return "$failed"
 }
