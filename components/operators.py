@@ -50,8 +50,8 @@ install stays in the cluster to be inspected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -158,6 +158,8 @@ class OperatorsArgs:
     # them (the chart puts its Role and RoleBinding in each) and is uninstalled before them.
     kuberay_watch_namespace_resources: Sequence[pulumi.Resource] = ()
     dcgm_service_monitor: bool = False  # a ServiceMonitor for the DCGM exporter (needs the Prometheus operator CRDs)
+    # Labels on that ServiceMonitor: those the stack's Prometheus selects by (infra/k8s/monitoring.py MONITOR_LABELS).
+    dcgm_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     # The cluster's service CIDR (EKS: kubernetes_network_config.service_ipv4_cidr): the API server's ClusterIP
     # for the namespaces' NetworkPolicies. None: no NetworkPolicy in the operators' namespaces (module doc).
     kubernetes_service_cidr: Optional[pulumi.Input[str]] = None
@@ -177,7 +179,11 @@ def namespace_policies(namespace: str, api_server_cidr: pulumi.Input[str], metri
 
 def release_values(args: OperatorsArgs) -> dict[str, dict[str, Any]]:
     """The values of each release this component installs, by release name."""
-    values = {GPU_OPERATOR.release: gpu_operator_values(dcgm_service_monitor=args.dcgm_service_monitor)}
+    values = {
+        GPU_OPERATOR.release: gpu_operator_values(
+            dcgm_service_monitor=args.dcgm_service_monitor, monitor_labels=dict(args.dcgm_monitor_labels)
+        )
+    }
     if efa_plugin_needed(args.instance_type):
         values[EFA_DEVICE_PLUGIN.release] = efa_device_plugin_values(args.instance_type)
     values[KUBERAY_OPERATOR.release] = kuberay_operator_values(args.kuberay_watch_namespaces)

@@ -8,6 +8,7 @@ stack name, so renaming a Python variable never replaces a cloud resource.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_aws as aws
@@ -15,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import ClusterArgs, EksCluster
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
+from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
 from components.operators import Operators, OperatorsArgs
 from components.serving import Serving, ServingArgs
@@ -22,7 +24,13 @@ from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
 from infra.planning import Plan
 from infra.planning.contract import Deployment
-from infra.k8s import network_policies, pod_security
+from infra.errors import UserError
+from infra.k8s import monitoring as monitoring_values, network_policies, pod_security
+from infra.k8s.exposure import pod_monitor
+from infra.k8s.helm_values import GPU_OPERATOR, KUBERAY_OPERATOR
+from infra.k8s.monitoring_sizing import Shape, sizing
+from infra.monitoring.alerts import AlertSpec, prometheus_rule_groups
+from infra.monitoring.dashboards import dashboard_spec_from, dashboards
 from infra.k8s.serving_spec import Clients, ServingSpec
 from infra.catalog.models import checkpoint_repo, pinned_revision
 from infra.k8s.serving_image import by_digest, serving_image_tag
@@ -41,6 +49,25 @@ def _clients(config) -> Clients:  # noqa: ANN001 - one of the config's client ob
     return Clients(namespaces=tuple(config.namespaces), cidrs=tuple(config.cidrs))
 
 
+def metrics_clients(cfg: StackConfig) -> Clients:
+    """Who may scrape the metrics ports: `serving.metricsClients`, and the stack's own Prometheus when it has one."""
+    own = (monitoring_values.NAMESPACE,) if cfg.monitoring.in_cluster else ()
+    configured = cfg.serving.metrics_clients
+    return Clients(namespaces=tuple(dict.fromkeys((*configured.namespaces, *own))), cidrs=tuple(configured.cidrs))
+
+
+def prometheus_shape(cfg: StackConfig, plan: Plan) -> Shape:
+    """What the in-cluster Prometheus' series count depends on (infra/k8s/monitoring_sizing.py)."""
+    return Shape(
+        gpu_nodes=plan.nodes,
+        gpus_per_node=plan.instance.gpu_count,
+        vcpus_per_gpu_node=plan.instance.vcpus,
+        system_nodes=cfg.cluster.system_node_count,
+        engines=plan.layout.dp,
+        ray_pods=plan.nodes,  # one Ray pod per GPU node (infra/planning/contract.py)
+    )
+
+
 def root_volume_gib(cfg: StackConfig, deployment: Deployment) -> int:
     return cfg.gpu.root_volume_gib or deployment.nodes.root_volume_gib
 
@@ -55,6 +82,7 @@ class Stack:
     operators: Operators
     storage: ModelStorage
     serving: Serving
+    monitoring: Optional[Monitoring] = None
 
 
 def benchmark_load(plan: Plan) -> dict:
@@ -193,6 +221,36 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         ),
         opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )
+    in_cluster = cfg.monitoring.in_cluster
+    service_cidr = cluster.cluster.kubernetes_network_config.apply(lambda c: c.service_ipv4_cidr)
+    after_gpu_nodes = pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes]))
+    monitoring = None
+    if in_cluster:
+        webhook_url = None
+        if cfg.monitoring.alerts.receiver == "webhook":
+            webhook_url = secret("alertWebhookUrl")
+            if webhook_url is None:
+                raise UserError(
+                    "gpu-serving:monitoring.alerts.receiver is 'webhook' but gpu-serving:alertWebhookUrl is not set; set "
+                    "it with `pulumi config set --secret gpu-serving:alertWebhookUrl <url>`, or set the receiver to none"
+                )
+        monitoring = Monitoring(
+            f"{name}-monitoring",
+            MonitoringArgs(
+                sizing=sizing(prometheus_shape(cfg, plan), cfg.monitoring.retention_days),
+                retention_days=cfg.monitoring.retention_days,
+                serving_namespace=cfg.serving.namespace,
+                operator_namespaces=(GPU_OPERATOR.namespace, KUBERAY_OPERATOR.namespace),
+                kubernetes_service_cidr=service_cidr,
+                node_cidr=None if cfg.network.existing_vpc_id else cfg.network.vpc_cidr,
+                webhook_url=webhook_url,
+                # Rules and dashboards from the stack's SLA and plan (infra/monitoring/), for the serving RayCluster.
+                rule_groups=prometheus_rule_groups(AlertSpec.from_stack(cfg, deployment, raycluster=ServingSpec.name)),
+                dashboards=dashboards(dashboard_spec_from(cfg, plan, ray_cluster=ServingSpec.name)),
+            ),
+            # After the GPU nodes: Helm's wait covers node exporter there too.
+            opts=after_gpu_nodes,
+        )
     operators = Operators(
         f"{name}-operators",
         OperatorsArgs(
@@ -201,15 +259,19 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
             # waits for that namespace (the chart puts the Role and RoleBinding in it).
             kuberay_watch_namespaces=(cfg.serving.namespace,),
             kuberay_watch_namespace_resources=(namespace,),
-            dcgm_service_monitor=cfg.serving.monitoring == "podmonitor",
+            # The stack's Prometheus selects ServiceMonitors by its release label (infra/k8s/monitoring.py).
+            dcgm_service_monitor=cfg.serving.monitoring == "podmonitor" or in_cluster,
+            dcgm_monitor_labels=monitoring_values.MONITOR_LABELS if in_cluster else {},
             # The operators' namespaces' NetworkPolicies: the API server's ClusterIP comes from the service CIDR
             # EKS chose, and the metrics ports open to the serving metrics' clients (infra/k8s/network_policies.py).
-            kubernetes_service_cidr=cluster.cluster.kubernetes_network_config.apply(lambda c: c.service_ipv4_cidr),
-            metrics_clients=_clients(cfg.serving.metrics_clients),
+            kubernetes_service_cidr=service_cidr,
+            metrics_clients=metrics_clients(cfg),
         ),
         # After the GPU nodes: Helm's wait then covers the GPU DaemonSets, and on
-        # destroy they go before the nodes.
-        opts=pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes])),
+        # destroy they go before the nodes. After the monitoring release: DCGM's ServiceMonitor needs its CRDs.
+        opts=pulumi.ResourceOptions.merge(
+            kube, pulumi.ResourceOptions(depends_on=[gpu_nodes, *([monitoring.release] if monitoring else [])])
+        ),
     )
     namespace_policies = [
         k8s.networking.v1.NetworkPolicy(
@@ -254,37 +316,41 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     )
     image, check_image = _serving_image(cfg, repository, storage, provider)
     checks = cfg.checks
+    spec = ServingSpec(
+        deployment=deployment,
+        namespace=cfg.serving.namespace,
+        image=None,  # the Serving component fills in `image` below
+        ray_version=cfg.serving.ray_version,
+        pvc_name=storage.pvc_name,
+        model_path=storage.model_path,
+        marker_path=storage.marker_path,
+        service_type=cfg.serving.service_type,
+        monitoring=cfg.serving.monitoring,
+        monitor_labels=monitoring_values.MONITOR_LABELS if in_cluster else {},
+        suspended=cfg.serving.suspended,
+        efa_check=checks.efa,
+        nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
+        vllm_version=cfg.serving.vllm_version,
+        production=life.production,
+        benchmark=checks.benchmark and not cfg.serving.suspended,  # nothing to measure while suspended
+        ttft_p99_ms=cfg.serving.sla.ttft_p99_ms,
+        tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
+        **benchmark_load(plan),
+        load_balancer_tags=tags,
+        api_clients=_clients(cfg.serving.api_clients),
+        metrics_clients=metrics_clients(cfg),
+        dashboard_clients=_clients(cfg.serving.ray_dashboard_clients),
+        vpc_cidr=vpc_cidr,
+    )
     serving = Serving(
         f"{name}-serving",
         ServingArgs(
-            spec=ServingSpec(
-                deployment=deployment,
-                namespace=cfg.serving.namespace,
-                image=None,  # the Serving component fills in `image` below
-                ray_version=cfg.serving.ray_version,
-                pvc_name=storage.pvc_name,
-                model_path=storage.model_path,
-                marker_path=storage.marker_path,
-                service_type=cfg.serving.service_type,
-                monitoring=cfg.serving.monitoring,
-                suspended=cfg.serving.suspended,
-                efa_check=checks.efa,
-                nccl_busbw_floor_gbps=checks.nccl_bus_bandwidth_floor_gbps,
-                vllm_version=cfg.serving.vllm_version,
-                production=life.production,
-                benchmark=checks.benchmark and not cfg.serving.suspended,  # nothing to measure while suspended
-                ttft_p99_ms=cfg.serving.sla.ttft_p99_ms,
-                tpot_p99_ms=cfg.serving.sla.tpot_p99_ms,
-                **benchmark_load(plan),
-                load_balancer_tags=tags,
-                api_clients=_clients(cfg.serving.api_clients),
-                metrics_clients=_clients(cfg.serving.metrics_clients),
-                dashboard_clients=_clients(cfg.serving.ray_dashboard_clients),
-                vpc_cidr=vpc_cidr,
-            ),
+            spec=spec,
             # Created after, and deleted before, the operators (KubeRay must remove
             # its finalizers) and the weights.
-            depends_on=[*operators.releases, storage, *in_namespace],
+            # With `podmonitor` the Serving component makes the PodMonitor: after the release's CRDs.
+            depends_on=[*operators.releases, storage, *in_namespace,
+                        *([monitoring.release] if monitoring and cfg.serving.monitoring == "podmonitor" else [])],
             # The EFA check needs the device plugins, not the weights: it runs while they are staged.
             check_depends_on=[*operators.releases, *in_namespace],
             image=image,
@@ -292,7 +358,22 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         ),
         opts=kube,
     )
+    if monitoring is not None and cfg.serving.monitoring != "podmonitor":
+        # The serving pods keep their scrape annotations (infra/config/monitoring.py); the stack's Prometheus
+        # finds them through this PodMonitor, which the Serving component makes itself with `podmonitor`.
+        pm = pod_monitor(spec)
+        monitoring.pod_monitor = k8s.apiextensions.CustomResource(
+            f"{name}-monitoring-podmonitor", api_version=pm["apiVersion"], kind=pm["kind"], metadata=pm["metadata"],
+            spec=pm["spec"], opts=pulumi.ResourceOptions(parent=monitoring, depends_on=[monitoring.release, *in_namespace]),
+        )  # fmt: skip
+    if monitoring is not None:
+        pulumi.export("grafanaService", monitoring.grafana_service)
+        pulumi.export("grafanaPortForward", monitoring.grafana_port_forward)
+        pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)  # a secret; user `admin`
+        pulumi.export("prometheusService", monitoring.prometheus_service)
+        pulumi.export("prometheusPortForward", monitoring.prometheus_port_forward)
     return Stack(
+        monitoring=monitoring,
         provider=provider,
         network=network,
         cluster=cluster,

@@ -164,7 +164,7 @@ def test_the_head_hands_the_files_key_to_vllm_and_the_benchmark_to_its_client(tm
 
 def test_the_key_is_random_long_and_a_secret_output():
     doc = synthesize("prod")
-    (password,) = [r for r in doc["resources"] if r["type"] == "random:index/randomPassword:RandomPassword"]
+    (password,) = [r for r in doc["resources"] if r["type"] == "random:index/randomPassword:RandomPassword" and r["name"].endswith("-api-key")]
     assert password["inputs"]["length"] == API_KEY_LENGTH >= 32 and password["inputs"]["special"] is False
     assert 62 ** API_KEY_LENGTH > 2**256  # letters and digits: more than 256 bits
     (secret,) = [r for r in doc["resources"] if r["type"] == "kubernetes:core/v1:Secret" and r["name"].endswith("-api-key")]

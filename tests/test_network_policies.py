@@ -333,7 +333,8 @@ def test_the_prod_synthesis_refuses_outsiders_and_admits_the_raycluster():
         for r in doc["resources"]
         if r["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy"
     ]
-    assert {n["metadata"]["name"] for n in nps if n["metadata"]["namespace"] == NS} == {"default-deny", "allow-dns", "vllm-ray", "model-weights-staging"}
+    # vllm-metrics: prod runs the in-cluster monitoring, whose Prometheus it admits (tests/test_monitoring.py).
+    assert {n["metadata"]["name"] for n in nps if n["metadata"]["namespace"] == NS} == {"default-deny", "allow-dns", "vllm-ray", "model-weights-staging", "vllm-metrics"}
     (rc,) = [r for r in doc["resources"] if r["type"] == "kubernetes:ray.io/v1:RayCluster"]
     head = NP.pod(NS, rc["inputs"]["spec"]["headGroupSpec"]["template"]["metadata"]["labels"])
     workers = [NP.pod(NS, g["template"]["metadata"]["labels"]) for g in rc["inputs"]["spec"]["workerGroupSpecs"]]
@@ -459,7 +460,9 @@ def test_the_prod_synthesis_puts_them_in_place_before_the_releases():
     by_ns: dict[str, set] = {}
     for r in nps:
         by_ns.setdefault(r["inputs"]["metadata"]["namespace"], set()).add(r["inputs"]["metadata"]["name"])
-    assert by_ns["gpu-operator"] == by_ns["kuberay"] == {"default-deny", "allow-dns", "allow-api-server"}
+    # The *-metrics policies admit prod's in-cluster Prometheus (gpu-serving:monitoring, tests/test_monitoring.py).
+    assert by_ns["gpu-operator"] == {"default-deny", "allow-dns", "allow-api-server", "gpu-operator-metrics", "dcgm-exporter-metrics", "node-feature-discovery-metrics"}
+    assert by_ns["kuberay"] == {"default-deny", "allow-dns", "allow-api-server", "kuberay-operator-metrics"}
     assert "kube-system" not in by_ns
     api = [r for r in nps if r["inputs"]["metadata"]["name"] == "allow-api-server"]
     for r in api:

@@ -33,6 +33,9 @@ KEY_FIGURES = {
     "predictedCostPerMillionTokensUsd",
     "apiTunnelCommand",  # both stacks reach the API through the SSM bastion (private-ssm, the default)
     "apiKey",  # the inference API's key (a secret)
+    # The in-cluster monitoring (gpu-serving:monitoring, on by default): where Grafana and Prometheus are, how to
+    # reach them, Grafana's admin password (a secret).
+    "grafanaService", "grafanaPortForward", "grafanaAdminPassword", "prometheusService", "prometheusPortForward",
 }  # fmt: skip
 
 

@@ -335,7 +335,7 @@ def test_raycluster_pod_templates_become_pods_and_helm_releases_are_gaps():
     assert ("Job", "gpu-serving", next(n for k, _, n in kinds if k == "Job")) in kinds  # the Job as a Job, not a Pod
     assert sum(1 for k, _, _ in kinds if k == "Pod") == 2
     helm = sorted(g.resource for g in out.gaps)
-    assert helm == sorted(r["name"] for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release") and len(helm) == 3
+    assert helm == sorted(r["name"] for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release") and len(helm) == 4  # the operators three and kube-prometheus-stack
     assert all("Helm release" in g.reason and not g.blocking for g in out.gaps)
     k8s_types = {r["type"] for r in doc["resources"] if r["type"].startswith("kubernetes:") and r["type"] != "kubernetes:helm.sh/v3:Release"}
     assert {m.source_type for m in out.items} == k8s_types

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, StrictBool, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from infra.catalog.capacity import CAPACITY_KINDS, ON_DEMAND, is_reserved
@@ -27,6 +26,8 @@ from infra.errors import UserError
 from infra.planning.performance import PRESETS, WorkloadSpec
 from infra.planning.request import GPU_MEMORY_UTILIZATION_RANGE, KV_CACHE_DTYPES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import release, supported_range
+from infra.config.base import _Area
+from infra.config.monitoring import MonitoringConfig
 
 PROJECT = "gpu-serving"  # the Pulumi project (Pulumi.yaml) and the namespace of its config keys
 
@@ -41,15 +42,6 @@ EndpointAccess = Literal[ENDPOINT_ACCESS_MODES]  # type: ignore[valid-type]
 FlowLogTrafficType = Literal[FLOW_LOG_TRAFFIC_TYPES]  # type: ignore[valid-type]
 
 
-class _Area(BaseModel):
-    """Common settings: camelCase keys, no unknown keys, immutable."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-    )
 
 
 class ModelConfig(_Area):
@@ -617,7 +609,9 @@ class ServingConfig(_Area):
     )
     monitoring: Literal["podmonitor", "annotations"] = Field(
         default="annotations",
-        description="How Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or scrape annotations.",
+        description="How a Prometheus finds the vLLM and DCGM metrics: a PodMonitor (needs the Prometheus operator's CRDs) or "
+        "scrape annotations. With `monitoring.mode` in-cluster the PodMonitor and DCGM's ServiceMonitor are made whatever "
+        "this says, and `annotations` keeps the annotations too (removing them would restart the serving pods).",
     )
     api_clients: ApiClientsConfig = Field(  # type: ignore[valid-type]
         default_factory=lambda: ApiClientsConfig(),
@@ -625,7 +619,8 @@ class ServingConfig(_Area):
     )
     metrics_clients: MetricsClientsConfig = Field(  # type: ignore[valid-type]
         default_factory=lambda: MetricsClientsConfig(),
-        description="Who may scrape the serving pods' metrics ports (NetworkPolicy).",
+        description="Who may scrape the serving pods' metrics ports (NetworkPolicy); with `monitoring.mode` in-cluster "
+        "the `monitoring` namespace is admitted besides these.",
     )
     ray_dashboard_clients: DashboardClientsConfig = Field(  # type: ignore[valid-type]
         default_factory=lambda: DashboardClientsConfig(),
@@ -768,9 +763,14 @@ AREAS: dict[str, type[_Area]] = {
     "lifecycle": LifecycleConfig,
     "storage": StorageConfig,
     "checks": ChecksConfig,
+    "monitoring": MonitoringConfig,
 }
 
 # Secrets live in their own keys, set with `pulumi config set --secret`; the
 # program reads them with Config.require_secret / get_secret so they stay
 # secret end to end, and the offline tools never decrypt them.
-SECRET_KEYS = {"hfToken": "Hugging Face token for the weight-staging Job (gated or private models)"}
+SECRET_KEYS = {
+    "hfToken": "Hugging Face token for the weight-staging Job (gated or private models)",
+    "alertWebhookUrl": "URL Alertmanager posts alerts to when `monitoring.alerts.receiver` is `webhook` (a Kubernetes "
+    "Secret Alertmanager reads it from; never in plain Helm values)",
+}

@@ -100,7 +100,21 @@ def load_stack_file(stack: str, root: Path | None = None) -> StackConfig:
                 raise UserError(f"{source}: {key} is a secret; whole-area secrets are not supported")
             areas[name] = value
         # Keys of other namespaces (kubernetes:..., etc.) belong to providers.
-    return from_mapping(stack, areas, region=region, profile=profile, source=source)
+    cfg = from_mapping(stack, areas, region=region, profile=profile, source=source)
+    check_secrets_set(cfg, {str(k).partition(":")[2] for k in config if str(k).startswith(PROJECT + ":")}, source)
+    return cfg
+
+
+def check_secrets_set(cfg: StackConfig, present: set[str], source: str) -> None:
+    """Refuse a config that needs a secret key the stack does not set (the names in `present`)."""
+    from infra.config.monitoring import WEBHOOK_SECRET_KEY
+
+    if cfg.monitoring.alerts.receiver == "webhook" and WEBHOOK_SECRET_KEY not in present:
+        key = f"{PROJECT}:{WEBHOOK_SECRET_KEY}"
+        raise UserError(
+            f"{source}: {PROJECT}:monitoring.alerts.receiver is 'webhook' but {key} is not set; set it with "
+            f"`pulumi config set --secret {key} <url>`, or set the receiver to none"
+        )
 
 
 def from_pulumi_config() -> StackConfig:

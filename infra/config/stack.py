@@ -25,6 +25,7 @@ from infra.config.areas import (
     ServingConfig,
     StorageConfig,
 )
+from infra.config.monitoring import MonitoringConfig
 from infra.planning.performance import Sla
 from infra.planning.request import PlanRequest, TcoInputs
 
@@ -59,6 +60,7 @@ class StackConfig(BaseModel):
     lifecycle: LifecycleConfig
     storage: StorageConfig = Field(default_factory=StorageConfig)
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -64,7 +64,12 @@ EFA_DEVICE_PLUGIN = Chart(
 KUBERAY_OPERATOR = Chart(
     "kuberay-operator", "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/", "kuberay"
 )
-CHARTS: tuple[Chart, ...] = (GPU_OPERATOR, EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR)
+# The monitoring stack (components/monitoring.py; values in infra/k8s/monitoring.py).
+KUBE_PROMETHEUS_STACK = Chart(
+    "kube-prometheus-stack", "kube-prometheus-stack", "88.5.3", "https://prometheus-community.github.io/helm-charts", "monitoring"
+)
+OPERATOR_CHARTS: tuple[Chart, ...] = (GPU_OPERATOR, EFA_DEVICE_PLUGIN, KUBERAY_OPERATOR)  # components/operators.py
+CHARTS: tuple[Chart, ...] = (*OPERATOR_CHARTS, KUBE_PROMETHEUS_STACK)
 
 INSTANCE_TYPE_NODE_LABEL = "node.kubernetes.io/instance-type"
 
@@ -142,12 +147,17 @@ EFA_SUPPORTED_INSTANCE_TYPES: tuple[str, ...] = (
 # ---- NVIDIA GPU operator -----------------------------------------------------------
 
 
-def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
+def gpu_operator_values(dcgm_service_monitor: bool = False, monitor_labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Values of the gpu-operator release (chart v26.7.0).
 
     `dcgm_service_monitor`: create the DCGM exporter's ServiceMonitor (needs the
-    Prometheus operator's CRDs in the cluster; off otherwise).
+    Prometheus operator's CRDs in the cluster; off otherwise), with `monitor_labels`
+    (the labels the stack's Prometheus selects ServiceMonitors by; values.yaml
+    `dcgmExporter.serviceMonitor.additionalLabels: {}`).
     """
+    service_monitor: dict[str, Any] = {"enabled": bool(dcgm_service_monitor)}
+    if dcgm_service_monitor and monitor_labels:
+        service_monitor["additionalLabels"] = dict(monitor_labels)
     return {
         # The EKS AL2023 NVIDIA AMI ships the NVIDIA driver (EKS User Guide,
         # "Use EKS-optimized accelerated AMIs"): a driver container would fight
@@ -183,7 +193,7 @@ def gpu_operator_values(dcgm_service_monitor: bool = False) -> dict[str, Any]:
             "enabled": True,
             # The chart defaults this to true; a ServiceMonitor without the
             # Prometheus operator's CRD is an error, so only when asked.
-            "serviceMonitor": {"enabled": bool(dcgm_service_monitor)},
+            "serviceMonitor": service_monitor,
         },
         # Every operand DaemonSet (device plugin, GFD, DCGM exporter, validator,
         # MIG manager) takes these tolerations; the chart's default is

@@ -1,0 +1,205 @@
+"""The in-cluster monitoring stack as plain data: kube-prometheus-stack's values and the monitoring namespace's policies.
+
+Pure functions (no Pulumi): components/monitoring.py turns them into resources, and
+tests/test_monitoring.py checks every key path set here against the chart's own defaults
+(tests/fixtures/upstream/kube-prometheus-stack-88.5.3/: the chart's values.yaml and, for
+the subcharts' own keys, grafana's, kube-state-metrics' and prometheus-node-exporter's).
+
+Chart kube-prometheus-stack 88.5.3 (prometheus-operator v0.93.1; subcharts grafana 12.11.1,
+kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1), release `kube-prometheus-stack`
+in the `monitoring` namespace:
+
+- Prometheus, Alertmanager, the operator, kube-state-metrics and Grafana on the system nodes
+  (`gpu-serving/role=system`); node exporter on every node (its chart tolerates every
+  NoSchedule taint, the GPU taint included, and runs in the host's network on 9100).
+- Prometheus keeps `retentionDays` of samples on a gp3 volume sized with its memory from
+  the stack's series estimate (infra/k8s/monitoring_sizing.py).
+- Monitors and rules are selected by the chart's own default: the label
+  `release: kube-prometheus-stack` (templates/prometheus/prometheus.yaml: with
+  `*SelectorNilUsesHelmValues` true, the selector is `matchLabels: {release: <Release.Name>}`;
+  the namespace selectors default to `{}`, every namespace). `MONITOR_LABELS` is that label:
+  the serving PodMonitor, the DCGM exporter's ServiceMonitor and the stack's PrometheusRule
+  carry it.
+- The scrapers of control-plane components EKS does not expose to pods (controller manager,
+  scheduler, etcd) are off, and so is kube-proxy's (it binds its metrics to 127.0.0.1 on EKS)
+  and the API server's (tens of thousands of series the stack's dashboards and alerts do not
+  read); the chart's default rules for them render only when they are on, so no alert waits
+  on a target that cannot exist.
+- Grafana's admin password comes from a Secret the stack makes (`grafana.admin.existingSecret`);
+  the dashboards' ConfigMaps are found by the sidecar's default label `grafana_dashboard: "1"`.
+- Alertmanager's webhook receiver reads its URL from a Secret file (`url_file`), mounted through
+  `alertmanager.alertmanagerSpec.secrets` at /etc/alertmanager/secrets/<name>/<key>: the URL is
+  never in Helm values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from infra.k8s import network_policies as np_
+from infra.k8s.helm_values import KUBE_PROMETHEUS_STACK
+from infra.k8s.monitoring_sizing import Sizing
+from infra.k8s.scheduling import system_node_selector
+from infra.k8s.serving_spec import API_PORT, RAY_METRICS_PORT
+
+NAMESPACE = KUBE_PROMETHEUS_STACK.namespace
+RELEASE = KUBE_PROMETHEUS_STACK.release
+MONITOR_LABELS: dict[str, str] = {"release": RELEASE}
+DASHBOARD_LABEL = "grafana_dashboard"  # values.yaml grafana.sidecar.dashboards.label
+DASHBOARD_LABEL_VALUE = "1"  # ... labelValue
+STORAGE_CLASS = "gp3"
+ADMIN_USER = "admin"
+ADMIN_USER_KEY = "admin-user"  # values.yaml grafana.admin.userKey
+ADMIN_PASSWORD_KEY = "admin-password"  # grafana.admin.passwordKey
+WEBHOOK_URL_KEY = "url"
+
+# Service names and ports, as the chart names them with this release name (kube-prometheus-stack.fullname is the
+# release name when it contains the chart name; grafana's is `<release>-grafana`; values prometheus.service.port
+# 9090, alertmanager.service.port 9093, grafana's service.port 80 to targetPort 3000).
+PROMETHEUS_SERVICE = f"{RELEASE}-prometheus"
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_SERVICE = f"{RELEASE}-alertmanager"
+ALERTMANAGER_PORT = 9093
+GRAFANA_SERVICE = f"{RELEASE}-grafana"
+GRAFANA_PORT = 80
+GRAFANA_LOCAL_PORT = 3000
+
+# Pods of the namespace, by the labels the chart and the operator give them.
+PROMETHEUS_PODS = {"app.kubernetes.io/name": "prometheus"}  # the operator's StatefulSet pods
+ALERTMANAGER_PODS = {"app.kubernetes.io/name": "alertmanager"}
+OPERATOR_PODS = {"app": f"{RELEASE}-operator"}  # templates/prometheus-operator/deployment.yaml selector
+OPERATOR_WEBHOOK_PORT = 10250  # prometheusOperator.tls.internalPort: the admission webhook and metrics
+NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter service.port, in the host's network
+KUBELET_PORT = 10250
+COREDNS_METRICS_PORT = 9153  # coreDns.service.port
+# Scrape targets outside the namespace: namespace -> ports (the serving pods: vLLM 8000 and Ray 8080; the operators'
+# namespaces: components/operators.py METRICS_TARGETS, the DCGM exporter's 9400 and the operators' 8080).
+DCGM_PORT = 9400
+OPERATOR_METRICS_PORT = 8080
+
+
+def port_forward(service: str, local: int, remote: int) -> str:
+    return f"kubectl -n {NAMESPACE} port-forward svc/{service} {local}:{remote}"
+
+
+def alertmanager_config(webhook_secret: Optional[str]) -> dict[str, Any]:
+    """The parts of values.yaml's `alertmanager.config` the stack changes (Helm merges maps, replaces lists)."""
+    if webhook_secret is None:
+        return {}
+    url_file = f"/etc/alertmanager/secrets/{webhook_secret}/{WEBHOOK_URL_KEY}"
+    return {
+        "route": {
+            "group_by": ["namespace", "alertname"],
+            "receiver": "webhook",
+            # The chart's own: Watchdog (always firing, a dead man's switch) goes nowhere.
+            "routes": [{"receiver": "null", "matchers": ['alertname = "Watchdog"']}],
+        },
+        "receivers": [{"name": "null"}, {"name": "webhook", "webhook_configs": [{"url_file": url_file, "send_resolved": True}]}],
+    }
+
+
+def kube_prometheus_stack_values(
+    sizing: Sizing,
+    retention_days: int,
+    grafana_admin_secret: str,
+    webhook_secret: Optional[str] = None,
+    storage_class: str = STORAGE_CLASS,
+) -> dict[str, Any]:
+    """Values of the kube-prometheus-stack release (chart 88.5.3)."""
+    system = system_node_selector()
+    alertmanager_spec: dict[str, Any] = {"nodeSelector": system}
+    if webhook_secret is not None:
+        alertmanager_spec["secrets"] = [webhook_secret]
+    return {
+        # Not reachable from pods on EKS (module doc); their default rules go with them.
+        "kubeControllerManager": {"enabled": False},
+        "kubeScheduler": {"enabled": False},
+        "kubeEtcd": {"enabled": False},
+        "kubeProxy": {"enabled": False},
+        "kubeApiServer": {"enabled": False},
+        "prometheusOperator": {"nodeSelector": system, "admissionWebhooks": {"patch": {"nodeSelector": system}}},
+        "prometheus": {
+            "prometheusSpec": {
+                "nodeSelector": system,
+                "retention": f"{retention_days}d",
+                "retentionSize": f"{sizing.retention_size_gib}GiB",
+                "resources": {
+                    "requests": {"cpu": "500m", "memory": f"{sizing.memory_mib}Mi"},
+                    # Twice the estimate before the kernel stops it: a query over the whole retention can spike.
+                    "limits": {"memory": f"{2 * sizing.memory_mib}Mi"},
+                },
+                "storageSpec": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "storageClassName": storage_class,
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": f"{sizing.storage_gib}Gi"}},
+                        }
+                    }
+                },
+            }
+        },
+        "alertmanager": {"alertmanagerSpec": alertmanager_spec, **({"config": alertmanager_config(webhook_secret)} if webhook_secret else {})},
+        "grafana": {
+            "nodeSelector": system,
+            "admin": {"existingSecret": grafana_admin_secret, "userKey": ADMIN_USER_KEY, "passwordKey": ADMIN_PASSWORD_KEY},
+        },
+        "kube-state-metrics": {"nodeSelector": system},
+    }
+
+
+# ---- the monitoring namespace's NetworkPolicies --------------------------------------------------------------
+
+
+def _in_namespaces(namespace: str, labels: Optional[Mapping[str, str]] = None) -> dict:
+    peer: dict = {"namespaceSelector": {"matchLabels": {np_.NAMESPACE_NAME_LABEL: namespace}}}
+    if labels:
+        peer["podSelector"] = {"matchLabels": dict(labels)}
+    return peer
+
+
+def scrape_targets(serving_namespace: str, operator_namespaces: Sequence[str]) -> list[tuple[dict, list[int]]]:
+    """(peer, ports) Prometheus scrapes outside its namespace, besides the nodes."""
+    out = [(_in_namespaces(serving_namespace), [API_PORT, RAY_METRICS_PORT])]
+    for ns in operator_namespaces:
+        out.append((_in_namespaces(ns), sorted({DCGM_PORT, OPERATOR_METRICS_PORT}) if ns == "gpu-operator" else [OPERATOR_METRICS_PORT]))
+    out.append((_in_namespaces(np_.DNS_NAMESPACE, np_.DNS_POD_LABELS), [COREDNS_METRICS_PORT]))
+    return out
+
+
+def namespace_policies(
+    *,
+    api_server_cidrs: Sequence[Any],
+    node_cidr: Optional[str],
+    serving_namespace: str,
+    operator_namespaces: Sequence[str],
+    webhook: bool,
+) -> list[dict]:
+    """The monitoring namespace's NetworkPolicies (deny by default, then what each pod needs).
+
+    - `default-deny`, `allow-dns`, `allow-api-server` (infra/k8s/network_policies.py): every pod here talks to
+      the API server (the operator, Prometheus' service discovery, kube-state-metrics, Grafana's sidecars).
+    - `monitoring-internal`: the namespace's pods with each other (Grafana to Prometheus 9090 and Alertmanager
+      9093, Prometheus to Alertmanager and to every exporter here, Alertmanager's cluster port).
+    - `prometheus-scrape`: Prometheus to the scrape targets elsewhere: the serving pods' 8000 and 8080, the
+      operators' metrics ports (DCGM 9400, 8080), CoreDNS's 9153, and on the nodes (`node_cidr`: the VPC's, or
+      anywhere when the VPC is not the stack's) node exporter's 9100 (host network) and the kubelet's 10250.
+    - `operator-webhook`: the API server calls the operator's admission webhook on 10250, from the control
+      plane's interfaces in the VPC (`node_cidr`; anywhere when unknown).
+    - `alertmanager-webhook` (a webhook receiver only): Alertmanager to HTTPS (443) outside the VPC.
+    """
+    ns = NAMESPACE
+    nodes = {"ipBlock": {"cidr": node_cidr or np_.ANYWHERE}}
+    here = {"podSelector": {}}
+    out = np_.operator_namespace_policies(ns, api_server_cidrs=api_server_cidrs)
+    out.append(np_.policy("monitoring-internal", ns, {}, ingress=[{"from": [here]}], egress=[{"to": [here]}]))
+    egress = [{"to": [peer], "ports": np_.tcp(*ports)} for peer, ports in scrape_targets(serving_namespace, operator_namespaces)]
+    egress.append({"to": [nodes], "ports": np_.tcp(NODE_EXPORTER_PORT, KUBELET_PORT)})
+    out.append(np_.policy("prometheus-scrape", ns, PROMETHEUS_PODS, egress=egress))
+    out.append(np_.policy("operator-webhook", ns, OPERATOR_PODS, ingress=[{"from": [nodes], "ports": np_.tcp(OPERATOR_WEBHOOK_PORT)}]))
+    if webhook:
+        block: dict = {"cidr": np_.ANYWHERE}
+        if node_cidr:
+            block["except"] = [node_cidr]
+        out.append(np_.policy("alertmanager-webhook", ns, ALERTMANAGER_PODS, egress=[{"to": [{"ipBlock": block}], "ports": np_.tcp(np_.HTTPS_PORT)}]))
+    return out
