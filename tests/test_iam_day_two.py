@@ -63,7 +63,10 @@ def test_the_fsx_volumes_are_static_so_the_csi_controller_needs_no_aws_permissio
         # The file system Pulumi created, bound by name: nothing for the controller to create or delete.
         assert spec["csi"]["volumeHandle"] == placeholder("id", fs["name"])
         assert spec["storageClassName"] == "" and spec["persistentVolumeReclaimPolicy"] == "Retain"
-    assert not [r for r in fsx_prod["resources"] if r["type"].endswith(":StorageClass")], "a StorageClass provisions dynamically"
+    # (The monitoring's gp3 StorageClass is EBS's, ebs.csi.aws.com, not the FSx driver's.)
+    assert not [r for r in fsx_prod["resources"] if r["type"].endswith(":StorageClass") and r["inputs"]["provisioner"] == "fsx.csi.aws.com"], (
+        "an FSx StorageClass provisions dynamically"
+    )
     # The driver is installed, with no role, association or FSx policy anywhere.
     assert [r for r in _of(fsx_prod, "aws:eks/addon:Addon") if r["inputs"]["addonName"] == "aws-fsx-csi-driver"]
     associations = _of(fsx_prod, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
