@@ -70,6 +70,7 @@ import pulumi_kubernetes as k8s
 from components.protection import encrypted_log_group, kms_key
 from infra.aws import access
 from infra.aws.iam import (
+    EBS_CSI,
     EFS_CSI,
     FSX_CSI,
     VPC_CNI_IDENTITY,
@@ -267,7 +268,7 @@ def check_vpc_cni_version(version: str) -> None:
 
 
 def csi_drivers(enable_fsx_csi: bool) -> tuple[CsiDriver, ...]:
-    return (EFS_CSI, FSX_CSI) if enable_fsx_csi else (EFS_CSI,)
+    return (EFS_CSI, EBS_CSI, FSX_CSI) if enable_fsx_csi else (EFS_CSI, EBS_CSI)
 
 
 def principal_slug(arn: str) -> str:

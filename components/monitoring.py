@@ -13,7 +13,7 @@ One `Monitoring` component (`gpu-serving:k8s:Monitoring`) creates, in this order
 - with a webhook receiver, a Secret holding its URL (the secret config `alertWebhookUrl`),
   which Alertmanager reads as a file (`url_file`);
 - the `gp3` StorageClass Prometheus' volume claims (EBS CSI, encrypted, bound where the pod
-  lands). The EBS CSI driver itself is the cluster's add-on, not this component's;
+  lands). The EBS CSI driver itself is the cluster's add-on (components/cluster.py), not this component's;
 - the kube-prometheus-stack release (infra/k8s/helm_values.py KUBE_PROMETHEUS_STACK, values
   from infra/k8s/monitoring.py), after all of the above;
 - a PrometheusRule with `rule_groups` and one ConfigMap a Grafana dashboard (`dashboards`),

@@ -132,7 +132,7 @@ def test_cluster_role_can_use_the_key_and_has_only_the_cluster_policy(private_cl
     trust = json.loads(role["assumeRolePolicy"])
     assert trust["Statement"][0]["Principal"] == {"Service": "eks.amazonaws.com"}
     attachments = private_cluster.of_type(ATTACHMENT)
-    assert len(attachments) == 6  # cluster role 1, node role 2, VPC CNI role 1, EFS CSI role 1, bastion role 1 (SSM)
+    assert len(attachments) == 7  # cluster role 1, node role 2, VPC CNI role 1, EFS and EBS CSI roles 1 each, bastion role 1 (SSM)
     attached = [a.inputs["policyArn"] for a in attachments if a.inputs["role"] == "gs-cluster-role"]
     assert attached == ["arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"]
     inline = json.loads(private_cluster.named("gs-cluster-encryption").inputs["policy"])
@@ -251,7 +251,7 @@ def _known_addon_names(fixture_file) -> set[str]:
 def test_addon_names_are_known_to_eks(private_cluster, public_cluster, fixture_file):
     known = _known_addon_names(fixture_file)
     base = {r.inputs["addonName"] for r in private_cluster.of_type(ADDON)}
-    assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver", "eks-node-monitoring-agent"}
+    assert base == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver", "aws-ebs-csi-driver", "eks-node-monitoring-agent"}
     with_fsx = {r.inputs["addonName"] for r in public_cluster.of_type(ADDON)}
     assert with_fsx == base | {"aws-fsx-csi-driver"}
     assert with_fsx <= known
@@ -281,7 +281,16 @@ def test_addon_order_around_the_system_node_group(private_cluster, public_cluste
 
 
 def test_csi_drivers_get_pod_identity_roles(private_cluster, public_cluster):
-    efs = private_cluster.one(POD_IDENTITY).inputs
+    by_account = {r.inputs["serviceAccount"]: r.inputs for r in private_cluster.of_type(POD_IDENTITY)}
+    assert set(by_account) == {"efs-csi-controller-sa", "ebs-csi-controller-sa"}
+    # EBS (EKS user guide, "Amazon EBS CSI driver"): AmazonEBSCSIDriverPolicy for kube-system/ebs-csi-controller-sa,
+    # which provisions the monitoring Prometheus' gp3 volume; installed after the nodes, like EFS's.
+    ebs = by_account["ebs-csi-controller-sa"]
+    assert (ebs["namespace"], ebs["roleArn"]) == ("kube-system", placeholder("arn", "gs-aws-ebs-csi-driver-role"))
+    assert private_cluster.named("gs-aws-ebs-csi-driver-policy").inputs["policyArn"] == "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+    assert private_cluster.named("gs-aws-ebs-csi-driver").inputs["addonName"] == "aws-ebs-csi-driver"
+    assert {"gs-aws-ebs-csi-driver-identity", "gs-eks-pod-identity-agent", "gs-system"} <= _depends_on(private_cluster, "gs-aws-ebs-csi-driver")
+    efs = by_account["efs-csi-controller-sa"]
     assert (efs["namespace"], efs["serviceAccount"]) == ("kube-system", "efs-csi-controller-sa")
     assert efs["roleArn"] == placeholder("arn", "gs-aws-efs-csi-driver-role")
     trust = json.loads(private_cluster.named("gs-aws-efs-csi-driver-role").inputs["assumeRolePolicy"])
@@ -297,7 +306,7 @@ def test_csi_drivers_get_pod_identity_roles(private_cluster, public_cluster):
 def test_the_fsx_csi_driver_gets_no_aws_permissions(public_cluster):
     # Static volumes only (components/storage.py): the controller is asked for nothing, so no role, no policy
     # (was AmazonFSxFullAccess), no association; the add-on itself is still installed, after the nodes.
-    assert {r.inputs["serviceAccount"] for r in public_cluster.of_type(POD_IDENTITY)} == {"efs-csi-controller-sa"}
+    assert {r.inputs["serviceAccount"] for r in public_cluster.of_type(POD_IDENTITY)} == {"efs-csi-controller-sa", "ebs-csi-controller-sa"}
     fsx = public_cluster.named("gs-aws-fsx-csi-driver")
     assert fsx.inputs["addonName"] == "aws-fsx-csi-driver" and "podIdentityAssociations" not in fsx.inputs
     assert "gs-system" in _depends_on(public_cluster, "gs-aws-fsx-csi-driver")
@@ -408,7 +417,7 @@ def test_kubeconfig_is_secret_and_feeds_a_kubernetes_provider(private_cluster):
     # (and, on destroy, goes before them: the tunnel stays up until the last object is deleted).
     waits_for = _depends_on(private_cluster, "gs-k8s")
     addons = {r.name for r in private_cluster.of_type(ADDON)}
-    assert len(addons) == 6
+    assert len(addons) == 7
     assert {"gs-eks", "gs-system", *addons, "gs-bastion", "gs-api-from-bastion", "gs-bastion-out-https"} <= waits_for
     exec_ = config["users"][0]["user"]["exec"]
     assert exec_["command"] == "aws"

@@ -245,7 +245,7 @@ def test_todays_names_of_prod_and_test_are_unchanged(stack):
         ("LogGroup", f"{p}-control-plane-logs", f"/aws/eks/{p}/cluster"),
         ("LogGroup", f"{p}-flow-logs", f"/aws/vpc/{p}/flow-logs"),
         ("Repository", f"{p}-vllm", f"{p}/vllm"),
-        *(("Role", n, auto(n)) for n in (f"{p}-cluster-role", f"{p}-node-role", f"{p}-bastion-role", f"{p}-aws-efs-csi-driver-role", f"{p}-flow-logs-role", f"{p}-vpc-cni-role")),
+        *(("Role", n, auto(n)) for n in (f"{p}-cluster-role", f"{p}-node-role", f"{p}-bastion-role", f"{p}-aws-efs-csi-driver-role", f"{p}-aws-ebs-csi-driver-role", f"{p}-flow-logs-role", f"{p}-vpc-cni-role")),
         *(("RolePolicy", n, auto(n)) for n in (f"{p}-cluster-encryption", f"{p}-flow-logs-publish")),
         ("InstanceProfile", f"{p}-bastion-profile", auto(f"{p}-bastion-profile")),
         *(("LaunchTemplate", n, auto(n)) for n in (f"{p}-system-lt", f"{p}-bastion-lt", f"{p}-gpu-lt")),

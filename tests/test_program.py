@@ -111,7 +111,7 @@ def test_prod_resource_types_and_names():
     assert len(rec.of_type("aws:ec2/subnet:Subnet")) == 3 + 3 + 1
     assert len(rec.of_type("aws:ec2/natGateway:NatGateway")) == 3
     addons = {r.inputs["addonName"] for r in rec.of_type("aws:eks/addon:Addon")}
-    assert addons == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver", "eks-node-monitoring-agent"}
+    assert addons == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-efs-csi-driver", "aws-ebs-csi-driver", "eks-node-monitoring-agent"}
 
 
 def test_prod_gpu_nodes_follow_the_plan_and_the_catalog():

@@ -71,6 +71,10 @@ class AddonIdentity:
 
 # EKS user guide, "Amazon EFS CSI driver": AmazonEFSCSIDriverPolicy for efs-csi-controller-sa.
 EFS_CSI = AddonIdentity("aws-efs-csi-driver", "kube-system", "efs-csi-controller-sa", "service-role/AmazonEFSCSIDriverPolicy")
+# EKS user guide, "Amazon EBS CSI driver" (add-ons-aws-ebs-csi-driver.html): the add-on aws-ebs-csi-driver needs
+# AmazonEBSCSIDriverPolicy for ebs-csi-controller-sa in kube-system; it provisions (CreateVolume) the dynamic gp3
+# volumes of the monitoring Prometheus, so, unlike the FSx driver's static volumes, its controller calls EC2.
+EBS_CSI = AddonIdentity("aws-ebs-csi-driver", "kube-system", "ebs-csi-controller-sa", "service-role/AmazonEBSCSIDriverPolicy")
 # The FSx CSI driver with no IAM role. The EKS User Guide ("Deploy the FSx for Lustre driver",
 # https://docs.aws.amazon.com/eks/latest/userguide/fsx-csi-create.html) gives its controller AmazonFSxFullAccess
 # for dynamic provisioning: a StorageClass whose claims make the controller create (CreateFileSystem) and delete

@@ -77,7 +77,9 @@ ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 # repair nodes in EKS clusters": AcceleratedHardwareReady false for 10 minutes,
 # replace or reboot). Without it auto repair sees only a NotReady node.
 NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
-ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver", NODE_MONITORING_ADDON)
+# The EBS CSI driver provisions the gp3 volumes the monitoring Prometheus claims (components/monitoring.py).
+EBS_CSI_ADDON = "aws-ebs-csi-driver"
+ADDONS_AFTER_NODES = ("coredns", "aws-efs-csi-driver", EBS_CSI_ADDON, NODE_MONITORING_ADDON)
 FSX_CSI_ADDON = "aws-fsx-csi-driver"  # only when the stack asks for FSx for Lustre
 
 

@@ -42,6 +42,8 @@ cluster's Kubernetes version. Each pin carries its source:
   identity agent for 1.33, 1.34 and 1.35, the EFS CSI driver and the node
   monitoring agent for 1.35. The same EFS and node monitoring builds for 1.33
   and 1.34 have no such record and stay labelled ASSUMPTION;
+- aws-ebs-csi-driver: the same template's record for 1.35 (commit 03f3e08);
+  the same build for 1.33 and 1.34 is labelled ASSUMPTION;
 - aws-fsx-csi-driver: no DescribeAddonVersions record was found; the pin is the
   first add-on version the guide names, labelled ASSUMPTION.
 
@@ -157,6 +159,13 @@ _NODE_MONITORING = (
     "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 and the agent's chart v1.7.0 pins; no record for "
     "this version was found, and the agent's builds are not tied to a Kubernetes version in the guide"
 )
+# The EBS CSI driver: the same public template's DescribeAddonVersions record (cluster/terraform.tfvars at
+# commit 03f3e08, cluster_version 1.35: eks_addon_version_aws-ebs-csi-driver).
+_EBS_CSI_135 = _DESCRIBED.format(v="1.35", at="commit 03f3e08 (2026)")
+_EBS_CSI = (
+    "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 (" + _EBS_CSI_135 + "); no record for this "
+    "version was found, and the driver's add-on builds are not tied to a Kubernetes version in the guide"
+)
 _FSX_CSI = (
     "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver (hybrid nodes add-on "
     "table, awsdocs/amazon-eks-user-guide pull request 1215, 2026-01)"
@@ -169,6 +178,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "kube-proxy": AddonPin("v1.33.10-eksbuild.13", _KUBE_PROXY_GUIDE),
         "eks-pod-identity-agent": AddonPin("v1.3.8-eksbuild.2", _POD_IDENTITY_133),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "aws-ebs-csi-driver": AddonPin("v1.63.1-eksbuild.1", _EBS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
         "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
     },
@@ -178,6 +188,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "kube-proxy": AddonPin("v1.34.6-eksbuild.13", _KUBE_PROXY_GUIDE),
         "eks-pod-identity-agent": AddonPin("v1.3.10-eksbuild.3", _POD_IDENTITY_134),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI),
+        "aws-ebs-csi-driver": AddonPin("v1.63.1-eksbuild.1", _EBS_CSI),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
         "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING),
     },
@@ -187,6 +198,7 @@ ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
         "kube-proxy": AddonPin("v1.35.3-eksbuild.13", _KUBE_PROXY_GUIDE),
         "eks-pod-identity-agent": AddonPin("v1.3.10-eksbuild.3", _POD_IDENTITY_135),
         "aws-efs-csi-driver": AddonPin("v3.4.1-eksbuild.1", _EFS_CSI_135),
+        "aws-ebs-csi-driver": AddonPin("v1.63.1-eksbuild.1", _EBS_CSI_135),
         "aws-fsx-csi-driver": AddonPin("v1.7.0-eksbuild.1", _FSX_CSI),
         "eks-node-monitoring-agent": AddonPin("v1.7.0-eksbuild.1", _NODE_MONITORING_135),
     },
