@@ -432,6 +432,7 @@ def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
         "Elastic IP quota": "unknown",  # an `ec2` quota
         "Pulumi state backend": "go",  # the test's root has no Pulumi.yaml: the current login decides
         "serving image pushed": "go",  # no repository yet: a new stack, told to push beside its first `up`
+        "cluster admin access": "go",  # no adminPrincipalArns: the caller becomes the admin
     }
 
 

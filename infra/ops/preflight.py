@@ -70,6 +70,9 @@ The checks, and the AWS calls behind them:
 11. Serving image pushed (preflight_image.py): ECR DescribeImages of the tag
    bin/build-image pushes, whose digest `pulumi up` runs; a new stack's missing
    repository is a go with a warning (push beside the first `up`).
+12. Cluster admin access (preflight_admin.py): with adminPrincipalArns given,
+   STS GetCallerIdentity's caller must be one of them (a new cluster makes no
+   other admin, and the Kubernetes provider runs as the caller).
 
 The region is `--region`, else the stack's `aws:region` (where Pulumi deploys), else
 the region of boto3's standard configuration; credentials come from boto3's standard chain (environment, shared files, SSO,
@@ -218,6 +221,7 @@ class Target:
     backend_source: str = ""
     image_repository: Optional[str] = None  # the ECR repository of the serving image; None: serving.image names it
     image_tag: Optional[str] = None  # the tag bin/build-image pushes (preflight_image.py)
+    admin_principal_arns: tuple[str, ...] = ()  # cluster.adminPrincipalArns (preflight_admin.py)
 
     @property
     def instance_type(self) -> str:
@@ -323,6 +327,7 @@ def target_from_stack(stack: str, root=None, region: Optional[str] = None) -> Ta
         backend_source=backend[1],
         image_repository=(image := preflight_image.image_to_check(cfg, stack))[0],
         image_tag=image[1],
+        admin_principal_arns=tuple(cfg.cluster.admin_principal_arns),
     )
 
 
@@ -336,6 +341,7 @@ class Clients:
     eks: Any
     ssm: Any = None
     ecr: Any = None
+    sts: Any = None
 
 
 def make_clients(region: str, session=None) -> Clients:
@@ -346,6 +352,7 @@ def make_clients(region: str, session=None) -> Clients:
         eks=session.client("eks", region_name=region),
         ssm=session.client("ssm", region_name=region),
         ecr=session.client("ecr", region_name=region),
+        sts=session.client("sts", region_name=region),
     )
 
 
@@ -693,7 +700,7 @@ def check_efa(ec2, t: Target) -> Check:
 def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -> list[Check]:
     # Checks 5 and 6 (EKS) live in preflight_eks.py, 7 to 9 (what the stack creates besides the GPU nodes) in
     # preflight_stack.py; both build on this module.
-    from infra.ops import preflight_image, preflight_state
+    from infra.ops import preflight_admin, preflight_image, preflight_state
     from infra.ops.preflight_eks import check_addon_versions, check_eks_version
     from infra.ops.preflight_stack import (
         check_ami_release,
@@ -718,6 +725,7 @@ def run_checks(t: Target, clients: Clients, now: Optional[dt.datetime] = None) -
         lambda: check_eip_quota(clients.quotas, clients.ec2, t),
         lambda: preflight_state.check_state_backend(t),
         lambda: preflight_image.check_serving_image(clients.ecr, t),
+        lambda: preflight_admin.check_admin_access(clients.sts, t),
     ]
     return [step() for step in steps]
 
