@@ -36,6 +36,21 @@ def fixture_path(*parts: str) -> Path:
     return path
 
 
+# Prometheus' promtool, which bin/test installs (bin/install-promtool): the alert and dashboard tests run it.
+PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """promtool at .tools/bin/; missing, it fails the test under CI=true and skips it otherwise."""
+    if not PROMTOOL.is_file():
+        message = f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return PROMTOOL
+
+
 @pytest.fixture(scope="session")
 def checkov() -> Path:
     """The pinned checkov in venv-scan/, which bin/test sets up (tests/checkov_runs.py); no test installs it."""

@@ -25,22 +25,11 @@ import yaml
 from infra.config import load_stack_file
 from infra.monitoring.alerts import AlertSpec, prometheus_rule_groups, rule_file
 from infra.planning.plan import make_plan
-from tests.conftest import REPO_ROOT, in_ci
+from tests.conftest import REPO_ROOT
 from tests.metric_names import known_metrics, metric_names
 
-PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 NS, MODEL, JOB = "gpu-serving", "deepseek-ai/DeepSeek-V4-Pro", "gpu-serving/vllm"
 VLLM = f'namespace="{NS}", model_name="{MODEL}", engine="0"'
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    if not PROMTOOL.is_file():
-        message = f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return PROMTOOL
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,9 @@ from infra.config import load_stack_file
 from infra.k8s.serving_spec import ServingSpec
 from infra.monitoring.dashboards import DashboardSpec, dashboard_spec_from, dashboards
 from infra.planning.plan import make_plan
-from tests.conftest import REPO_ROOT, fixture_path, in_ci
+from tests.conftest import REPO_ROOT, fixture_path
 from tests.metric_names import known_metrics, metric_names
 
-PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 FILES = ("serving.json", "plan-vs-reality.json", "gpus.json", "cluster.json")
 PANEL_KINDS = ("timeseries", "stat", "text")
 
@@ -173,16 +172,6 @@ def test_panels_have_unique_ids_and_do_not_overlap(spec: DashboardSpec, name: st
 
 
 # --- promtool -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    if not PROMTOOL.is_file():
-        message = f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return PROMTOOL
 
 
 def _check(promtool: Path, tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess:
