@@ -24,15 +24,20 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1")
 
 
+def missing(message: str) -> None:
+    """Something a test needs is not there: fail under CI=true (the set-up must provide it), skip otherwise."""
+    __tracebackhide__ = True  # report the test that asked, not this line
+    if in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
 def fixture_path(*parts: str) -> Path:
     """`tests/fixtures/<parts>`; a missing one fails the test under CI=true and skips it otherwise."""
-    __tracebackhide__ = True  # report the test that asked for the file, not this line
+    __tracebackhide__ = True
     path = FIXTURES_DIR.joinpath(*parts)
     if not path.exists():
-        message = f"test fixture missing: {path} (restore it from git or refresh it: {REFRESH})"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing(f"test fixture missing: {path} (restore it from git or refresh it: {REFRESH})")
     return path
 
 
@@ -44,10 +49,7 @@ PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 def promtool() -> Path:
     """promtool at .tools/bin/; missing, it fails the test under CI=true and skips it otherwise."""
     if not PROMTOOL.is_file():
-        message = f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)"
-        if in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing(f"{PROMTOOL.relative_to(REPO_ROOT)} is missing: run bin/install-promtool (bin/test does)")
     return PROMTOOL
 
 
