@@ -198,17 +198,45 @@ def test_promtool_refuses_a_broken_query(promtool: Path, tmp_path: Path) -> None
 # --- metric names ---------------------------------------------------------------------
 
 
+# vLLM 0.34.0 metrics that are never registered, or never move, without a flag (the rest always are).
+# --enable-mfu-metrics: ObservabilityConfig.enable_mfu_metrics; v1/core/sched/scheduler.py builds ModelMetrics only
+# with it, and v1/metrics/perf.py's counters read it. --kv-cache-metrics: the block residency histograms of
+# v1/metrics/loggers.py. A --speculative-config: v1/spec_decode/metrics.py. --enable-lora: loggers.py's LoRA gauge.
+# VLLM_COMPUTE_NANS_IN_LOGITS=1: loggers.py's corrupted-requests counter.
+NEEDS = {
+    "vllm:estimated_flops_per_gpu_total": "--enable-mfu-metrics",
+    "vllm:estimated_read_bytes_per_gpu_total": "--enable-mfu-metrics",
+    "vllm:estimated_write_bytes_per_gpu_total": "--enable-mfu-metrics",
+    "vllm:kv_block_lifetime_seconds": "--kv-cache-metrics",
+    "vllm:kv_block_idle_before_evict_seconds": "--kv-cache-metrics",
+    "vllm:kv_block_reuse_gap_seconds": "--kv-cache-metrics",
+    "vllm:spec_decode_num_drafts": "--speculative-config",
+    "vllm:spec_decode_num_draft_tokens": "--speculative-config",
+    "vllm:spec_decode_num_accepted_tokens": "--speculative-config",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "--speculative-config",
+    "vllm:lora_requests_info": "--enable-lora",
+    "vllm:corrupted_requests": "VLLM_COMPUTE_NANS_IN_LOGITS=1",
+}
+
+
 def _vllm_metrics() -> dict[str, tuple[str, str]]:
-    """vLLM 0.34.0's metrics as exported -> (declared name, the flag it needs or "")."""
+    """vLLM 0.34.0's metrics as exported -> (declared name, the flag it needs or ""), from the wheel's extract
+    (tests/fixtures/metrics/vllm-0.34.0.tsv) and NEEDS above."""
     out = {}
-    for line in fixture_path("metrics", "dashboards", "vllm-0.34.0.tsv").read_text().splitlines():
+    for line in fixture_path("metrics", "vllm-0.34.0.tsv").read_text().splitlines():
         if line.startswith("#"):
             continue
-        name, kind, _where, needs = line.split("\t")
+        name, kind, _where = line.split("\t")
         exported = {"counter": [name.removesuffix("_total") + "_total"], "gauge": [name],
                     "histogram": [name + s for s in ("_bucket", "_sum", "_count")]}[kind]  # fmt: skip
-        out |= {e: (name, needs) for e in exported}
+        out |= {e: (name, NEEDS.get(name, "")) for e in exported}
     return out
+
+
+def test_the_flagged_metrics_are_the_wheels():
+    """Every metric NEEDS names is one the pinned wheel declares (a renamed one would otherwise pass unflagged)."""
+    declared = {name for name, _ in _vllm_metrics().values()}
+    assert set(NEEDS) <= declared, set(NEEDS) - declared
 
 
 def _ksm_pod_metrics() -> set[str]:
