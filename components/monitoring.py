@@ -54,7 +54,7 @@ class MonitoringArgs:
     sizing: Sizing
     retention_days: int
     serving_namespace: str
-    operator_namespaces: Sequence[str]
+    operator_ports: Mapping[str, Sequence[int]]  # the operators' namespaces -> their metrics ports (METRICS_TARGETS)
     # The cluster's service CIDR (the API server's ClusterIP for the NetworkPolicies) and the nodes' CIDR (the VPC's;
     # None when the stack does not own the VPC: the node ports are then open to anywhere, module doc of monitoring.py).
     kubernetes_service_cidr: pulumi.Input[str]
@@ -117,7 +117,7 @@ class Monitoring(pulumi.ComponentResource):
                 api_server_cidrs=[api_server],
                 node_cidr=args.node_cidr,
                 serving_namespace=args.serving_namespace,
-                operator_namespaces=list(args.operator_namespaces),
+                operator_ports=dict(args.operator_ports),
                 webhook=args.webhook_url is not None,
             )
         ]

@@ -18,7 +18,7 @@ from components.cluster import ClusterArgs, EksCluster
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
-from components.operators import Operators, OperatorsArgs
+from components.operators import METRICS_TARGETS, Operators, OperatorsArgs
 from components.serving import Serving, ServingArgs
 from components.storage import ModelStorage, ModelStorageArgs
 from infra.config import PROJECT, StackConfig, secret
@@ -27,7 +27,6 @@ from infra.planning.contract import Deployment
 from infra.errors import UserError
 from infra.k8s import monitoring as monitoring_values, network_policies, pod_security
 from infra.k8s.exposure import pod_monitor
-from infra.k8s.helm_values import GPU_OPERATOR, KUBERAY_OPERATOR
 from infra.k8s.monitoring_sizing import Shape, sizing
 from infra.monitoring.alerts import AlertSpec, prometheus_rule_groups
 from infra.monitoring.dashboards import dashboard_spec_from, dashboards
@@ -240,7 +239,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 sizing=sizing(prometheus_shape(cfg, plan), cfg.monitoring.retention_days),
                 retention_days=cfg.monitoring.retention_days,
                 serving_namespace=cfg.serving.namespace,
-                operator_namespaces=(GPU_OPERATOR.namespace, KUBERAY_OPERATOR.namespace),
+                operator_ports={ns: [p for t in targets for p in t.ports] for ns, targets in METRICS_TARGETS.items()},
                 kubernetes_service_cidr=service_cidr,
                 node_cidr=None if cfg.network.existing_vpc_id else cfg.network.vpc_cidr,
                 webhook_url=webhook_url,

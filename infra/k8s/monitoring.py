@@ -72,10 +72,8 @@ OPERATOR_WEBHOOK_PORT = 10250  # prometheusOperator.tls.internalPort: the admiss
 NODE_EXPORTER_PORT = 9100  # prometheus-node-exporter service.port, in the host's network
 KUBELET_PORT = 10250
 COREDNS_METRICS_PORT = 9153  # coreDns.service.port
-# Scrape targets outside the namespace: namespace -> ports (the serving pods: vLLM 8000 and Ray 8080; the operators'
-# namespaces: components/operators.py METRICS_TARGETS, the DCGM exporter's 9400 and the operators' 8080).
-DCGM_PORT = 9400
-OPERATOR_METRICS_PORT = 8080
+# Scrape targets outside the namespace: the serving pods (vLLM 8000 and Ray 8080) and the operators' namespaces, whose
+# metrics ports the caller gives (components/operators.py METRICS_TARGETS: the DCGM exporter's 9400, the operators' 8080).
 
 
 def port_forward(service: str, local: int, remote: int) -> str:
@@ -158,11 +156,12 @@ def _in_namespaces(namespace: str, labels: Optional[Mapping[str, str]] = None) -
     return peer
 
 
-def scrape_targets(serving_namespace: str, operator_namespaces: Sequence[str]) -> list[tuple[dict, list[int]]]:
-    """(peer, ports) Prometheus scrapes outside its namespace, besides the nodes."""
+def scrape_targets(serving_namespace: str, operator_ports: Mapping[str, Sequence[int]]) -> list[tuple[dict, list[int]]]:
+    """(peer, ports) Prometheus scrapes outside its namespace, besides the nodes; `operator_ports`: namespace ->
+    the metrics ports of what runs there."""
     out = [(_in_namespaces(serving_namespace), [API_PORT, RAY_METRICS_PORT])]
-    for ns in operator_namespaces:
-        out.append((_in_namespaces(ns), sorted({DCGM_PORT, OPERATOR_METRICS_PORT}) if ns == "gpu-operator" else [OPERATOR_METRICS_PORT]))
+    for ns, ports in operator_ports.items():
+        out.append((_in_namespaces(ns), sorted(set(ports))))
     out.append((_in_namespaces(np_.DNS_NAMESPACE, np_.DNS_POD_LABELS), [COREDNS_METRICS_PORT]))
     return out
 
@@ -172,7 +171,7 @@ def namespace_policies(
     api_server_cidrs: Sequence[Any],
     node_cidr: Optional[str],
     serving_namespace: str,
-    operator_namespaces: Sequence[str],
+    operator_ports: Mapping[str, Sequence[int]],
     webhook: bool,
 ) -> list[dict]:
     """The monitoring namespace's NetworkPolicies (deny by default, then what each pod needs).
@@ -193,7 +192,7 @@ def namespace_policies(
     here = {"podSelector": {}}
     out = np_.operator_namespace_policies(ns, api_server_cidrs=api_server_cidrs)
     out.append(np_.policy("monitoring-internal", ns, {}, ingress=[{"from": [here]}], egress=[{"to": [here]}]))
-    egress = [{"to": [peer], "ports": np_.tcp(*ports)} for peer, ports in scrape_targets(serving_namespace, operator_namespaces)]
+    egress = [{"to": [peer], "ports": np_.tcp(*ports)} for peer, ports in scrape_targets(serving_namespace, operator_ports)]
     egress.append({"to": [nodes], "ports": np_.tcp(NODE_EXPORTER_PORT, KUBELET_PORT)})
     out.append(np_.policy("prometheus-scrape", ns, PROMETHEUS_PODS, egress=egress))
     out.append(np_.policy("operator-webhook", ns, OPERATOR_PODS, ingress=[{"from": [nodes], "ports": np_.tcp(OPERATOR_WEBHOOK_PORT)}]))
