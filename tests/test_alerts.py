@@ -252,3 +252,19 @@ def test_the_fixtures_know_the_names_the_alerts_need_and_not_others() -> None:
     assert "vllm:num_preemptions" not in known  # a counter is exposed with _total
     assert "vllm:time_to_first_token_seconds" not in known  # a histogram only as _bucket, _sum, _count
     assert "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" not in known  # commented out in the default counters
+
+
+def test_the_engine_down_alert_selects_the_pod_monitors_vllm_endpoint():
+    """prometheus-operator labels a PodMonitor target `endpoint=<podMetricsEndpoints[].port>`: the alert's
+    `endpoint` must be the port the serving PodMonitor scrapes vLLM on (infra/k8s/exposure.py)."""
+    from infra.k8s import exposure
+    from infra.monitoring import alerts
+    from tests.test_rayspec import make_spec, stack_plan
+
+    spec = make_spec(stack_plan("prod"))
+    monitor = exposure.pod_monitor(spec)
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == alerts.VLLM_PORT_NAME
+    # and `job` is `<namespace>/<PodMonitor name>` (ASSUMPTION, prometheus-operator's default job label):
+    rule_spec = alerts.AlertSpec.from_stack(load_stack_file("prod"), make_plan(load_stack_file("prod").plan_request()).deployment(),
+                                            raycluster=spec.name)  # fmt: skip
+    assert rule_spec.job == f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
