@@ -30,7 +30,12 @@ from infra.planning import Plan, PlanRequest, make_plan
 from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_CHOICES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import supported_range
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline tools of the GPU serving stack.")
+# rich_markup_mode=None: click's plain help layout for every command and subcommand (they
+# inherit it). Typer's rich panels cut long option names at 80 columns (a plain terminal,
+# a CI log: `--gpu-memory-utiliz…`); click's layout puts a long option on a line of its own,
+# whole, with no box drawing or colour to garble a log (tests/test_cli_help.py).
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Offline tools of the GPU serving stack.")
 
 GiB = 2**30
 
@@ -542,6 +547,11 @@ def scan(
 from infra.cli.perf import perf as _perf  # noqa: E402
 
 app.command(name="perf")(_perf)
+
+# `python -m infra docs`: the generated regions of README.md and docs/ (infra/docs.py).
+from infra.cli.docs import docs as _docs  # noqa: E402
+
+app.command(name="docs")(_docs)
 
 # `python -m infra ephemeral up | test | down`: short-lived test stacks (infra/ops/ephemeral/).
 from infra.ops.ephemeral.cli import app as _ephemeral_app  # noqa: E402
