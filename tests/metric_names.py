@@ -12,6 +12,9 @@ from) and returns every series name a scrape of the pinned releases can hold:
   a comment, stripped.
 - `kube-state-metrics-*.md` (its docs/metrics/ tables): the first cell of each row
   that names a `kube_` metric.
+- `node_exporter-*_linux.go` (a node_exporter collector's source, verbatim): every key
+  of its `descriptions` map and every name it builds with `BuildFQName`, as
+  `node_<subsystem>_<name>` (`node_collector_metrics`).
 - `up`, which Prometheus writes for every target.
 
 `metric_names(expr)` lists the metric names of a PromQL expression with a small
@@ -68,8 +71,26 @@ def metrics_by_source() -> dict[str, frozenset[str]]:
         out[path.name] = frozenset(row[0].strip() for row in rows)
     for path in sorted(FIXTURES.glob("kube-state-metrics-*.md")):
         out[path.name] = frozenset(re.findall(r"^\|\s*(kube_[a-z0-9_]+)\s*\|", path.read_text(), re.MULTILINE))
+    for path in sorted(FIXTURES.glob("node_exporter-*_linux.go")):
+        out[path.name] = frozenset(node_collector_metrics(path.read_text()))
     out["prometheus"] = frozenset({"up"})
     return out
+
+
+NODE_EXPORTER_NAMESPACE = "node"  # node_exporter v1.12.1 collector/collector.go: `const namespace = "node"`
+
+
+def node_collector_metrics(source: str) -> set[str]:
+    """The metric names a node_exporter collector's Go source exports: `<namespace>_<subsystem>_<name>` for each
+    key of its `descriptions` map (the per-port metrics) and each name it passes to `BuildFQName(namespace,
+    c.subsystem, ...)` directly (`info`)."""
+    subsystem = re.search(r'\.subsystem = "(\w+)"', source)
+    block = re.search(r"descriptions := map\[string\]string\{(.*?)\n\t\}", source, re.S)
+    if subsystem is None or block is None:
+        raise ValueError("not a node_exporter collector with a descriptions map")
+    names = re.findall(r'^\s*"(\w+)":', block.group(1), re.M)
+    names += re.findall(r'BuildFQName\(namespace, c\.subsystem, "(\w+)"\)', source)
+    return {f"{NODE_EXPORTER_NAMESPACE}_{subsystem.group(1)}_{n}" for n in names}
 
 
 def known_metrics() -> set[str]:

@@ -31,7 +31,13 @@ import yaml
 from infra.catalog.instances import get_instance_type
 from infra.config import load_stack_file
 from infra.k8s.serving_spec import ServingSpec
-from infra.monitoring.dashboards import DashboardSpec, dashboard_spec_from, dashboards
+from infra.aws.gpu_nodes import efa_interface_count, efa_interfaces
+from infra.k8s import dcgm_counters
+from infra.k8s import monitoring as mon
+from infra.k8s.helm_values import gpu_operator_values
+from infra.k8s.monitoring_sizing import Sizing
+from infra.k8s.scheduling import TAINT_EFFECTS, gpu_taints
+from infra.monitoring.dashboards import NVLINK_ERRORS, DashboardSpec, dashboard_spec_from, dashboards
 from infra.planning.plan import make_plan
 from tests.conftest import REPO_ROOT, fixture_path
 from tests.metric_names import known_metrics, metric_names
@@ -55,8 +61,10 @@ def spec(prod) -> DashboardSpec:
 
 
 def _variants(spec: DashboardSpec) -> list[DashboardSpec]:
-    """prod's, and the switches prod leaves off: an ITL SLA, the MFU counters, the NVLink error counters, no MTP."""
-    return [spec, dataclasses.replace(spec, itl_p99_s=0.05, mfu_metrics=True, nvlink_error_counters=True),
+    """prod's, and the switches prod sets the other way: an ITL SLA, the MFU counters, no NVLink error counters and no
+    EFA (a g6e node group), no MTP."""
+    return [spec, dataclasses.replace(spec, itl_p99_s=0.05, mfu_metrics=True, nvlink_error_counters=False,
+                                      efa_devices_per_node=0),
             dataclasses.replace(spec, speculative_tokens=0, predicted_acceptance_rate=None)]  # fmt: skip
 
 
@@ -257,15 +265,34 @@ def _names(board: dict) -> set[str]:
 
 def test_every_metric_name_is_exported_by_a_pinned_source(spec: DashboardSpec) -> None:
     known = known_metrics() | set(_vllm_metrics()) | _ksm_pod_metrics()
+    ours = {line.split(",")[0].strip() for line in dcgm_counters.exported_lines()}  # the stack's counters file
     for variant in _variants(spec):
         boards = dashboards(variant)
         used = set().union(*(_names(b) for b in boards.values()))
-        optional = _dcgm(commented=True) - _dcgm(commented=False) if variant.nvlink_error_counters else set()
+        optional = (ours & _dcgm(commented=True)) - _dcgm(commented=False) if variant.nvlink_error_counters else set()
         assert used - known - optional == set()
-        # The default GPU dashboard draws only what dcgm-exporter exports without a counters file of ours.
+        # Without the counters file the GPU dashboard draws only what dcgm-exporter exports by default; with it,
+        # only what the stack's file exports.
         dcgm = {n for n in _names(boards["gpus.json"]) if n.startswith("DCGM_")}
         beyond_defaults = dcgm - _dcgm(commented=False)
         assert bool(beyond_defaults) == variant.nvlink_error_counters, beyond_defaults
+        assert dcgm <= (ours if variant.nvlink_error_counters else _dcgm(commented=False))
+
+
+def test_the_dcgm_counters_file_is_the_default_one_plus_the_nvlink_errors() -> None:
+    """infra/k8s/dcgm_counters.py against dcgm-exporter's etc/default-counters.csv (the fixture): every line the default
+    file exports, verbatim and in order, and its four commented NVLink error lines uncommented, nothing else."""
+    (path,) = fixture_path("metrics").glob("dcgm-exporter-*-default-counters.csv")
+    upstream = path.read_text().splitlines()
+    nvlink = {f: next(ln.lstrip("# ") for ln in upstream if ln.startswith(f"# {f},")) for f in dcgm_counters.NVLINK_ERROR_FIELDS}
+    expected = [ln for ln in upstream if ln.strip() and not ln.startswith("#")]
+    ours = dcgm_counters.exported_lines()
+    assert [ln for ln in ours if ln not in nvlink.values()] == expected
+    assert set(ours) - set(expected) == set(nvlink.values())
+    assert {f for f, _ in NVLINK_ERRORS} == set(dcgm_counters.NVLINK_ERROR_FIELDS)
+    # The GPU operator's values carry the file, as the chart's ConfigMap key reads it, and the dashboards know it.
+    config = gpu_operator_values()["dcgmExporter"]["config"]
+    assert config == {"name": dcgm_counters.CONFIG_MAP, "create": True, "data": dcgm_counters.COUNTERS}
 
 
 def test_the_dashboards_use_the_metrics_the_issue_names(spec: DashboardSpec) -> None:
@@ -381,3 +408,110 @@ def test_the_names_and_counts_are_the_stacks(prod, spec: DashboardSpec) -> None:
     assert _lines(_panel(cluster, "ray_node_cpu_count", "stat")) == [deployment.nodes.count]
     assert _lines(_panel(cluster, "kube_node_status_capacity", "stat")) == [deployment.nodes.count]
     assert _lines(_panel(dashboards(spec)["gpus.json"], "DCGM_FI_DEV_FB_FREE")) == [plan.knobs.gpu_memory_utilization]
+
+
+# --- EFA: what node exporter reads of it ----------------------------------------------
+
+
+def _efa_fixture(name: str) -> str:
+    return fixture_path("metrics", "efa", name).read_text()
+
+
+def _collector() -> str:
+    return fixture_path("metrics", "node_exporter-v1.12.1-infiniband_linux.go").read_text()
+
+
+def _efa_driver_stats() -> set[str]:
+    """The EFA driver's hw_counters names (efa_verbs.c, amzn-drivers efa_linux_3.1.0): port and device stats."""
+    return set(re.findall(r'op\(EFA_\w+, "(\w+)"\)', _efa_fixture("efa-linux-3.1.0-efa_verbs-stats.c")))
+
+
+def _procfs_hw_counter_names() -> set[str]:
+    """The hw_counters files prometheus/procfs v0.21.1 reads (parseInfiniBandHwCounters' cases); others are skipped."""
+    source = _efa_fixture("procfs-v0.21.1-class_infiniband.go")
+    body = source[source.index("func parseInfiniBandHwCounters"):]
+    return set(re.findall(r'case "(\w+)":', body))
+
+
+def _metrics_without_counters() -> set[str]:
+    """The collector's metrics that need neither a port's PMA `counters` nor its `hw_counters` (pushMetric or the info
+    series, not pushCounter of port.Counters / port.HwCounters)."""
+    source = _collector()
+    names = set(re.findall(r'c\.pushMetric\(ch, "(\w+)", (?:uint64\()?port\.(?:StateID|PhysStateID|Rate)', source))
+    names |= set(re.findall(r'BuildFQName\(namespace, c\.subsystem, "(\w+)"\)', source))
+    return {f"node_infiniband_{n}" for n in names}
+
+
+def _efa_panels(board: dict) -> list[dict]:
+    out, inside = [], False
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            inside = panel["title"].startswith("EFA")
+        elif inside:
+            out.append(panel)
+    return out
+
+
+def test_the_efa_driver_counters_are_not_what_node_exporter_reads() -> None:
+    """The gap the dashboard states: EFA's traffic and error counters reach no exporter the stack runs.
+
+    - EFA registers no `process_mad` (efa_main.c `efa_dev_ops`), so the kernel makes no PMA `counters` directory for its
+      ports (drivers/infiniband/core/sysfs.c: the counters group only `if (device->ops.process_mad && ...)`);
+    - its `hw_counters` are named tx_bytes, rdma_read_bytes, retrans_pkts, ...: procfs reads none of those names.
+    """
+    assert ".process_mad" not in _efa_fixture("efa-linux-3.1.0-efa_main-dev_ops.c")
+    assert ".alloc_hw_port_stats" in _efa_fixture("efa-linux-3.1.0-efa_main-dev_ops.c")
+    stats = _efa_driver_stats()
+    assert {"tx_bytes", "rx_bytes", "rdma_read_bytes", "rdma_write_bytes", "retrans_pkts", "rx_drops"} <= stats
+    read = _procfs_hw_counter_names()
+    assert {"duplicate_request", "out_of_sequence", "rx_read_requests"} <= read  # mlx5's
+    assert stats & read == set()
+
+
+def test_node_exporter_reads_the_efa_devices_on_the_gpu_nodes() -> None:
+    """node_exporter 1.12.1's infiniband collector is on by default, reads the host's /sys, and its DaemonSet runs on the
+    GPU nodes with the stack's values (kube-prometheus-stack 88.5.3, prometheus-node-exporter 4.56.1)."""
+    assert re.search(r'registerCollector\("infiniband", defaultEnabled,', _collector())
+    daemonset = _efa_fixture("prometheus-node-exporter-4.56.1-daemonset.yaml")
+    assert "- --path.sysfs=/host/sys" in daemonset
+    assert re.search(r"- name: sys\n\s+mountPath: /host/sys\n", daemonset)
+    assert re.search(r"- name: sys\n\s+hostPath:\n\s+path: /sys\n", daemonset)
+    ours = mon.kube_prometheus_stack_values(Sizing(100_000, 1024, 20, 17), 15, "grafana-admin").get("prometheus-node-exporter", {})
+    stack = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "values.yaml").read_text())["prometheus-node-exporter"]
+    chart = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "prometheus-node-exporter-values.yaml").read_text())
+    args = ours.get("extraArgs", stack.get("extraArgs", chart["extraArgs"]))
+    assert not [a for a in args if "infiniband" in a], args
+    tolerations = ours.get("tolerations", stack.get("tolerations", chart["tolerations"]))
+    for taint in gpu_taints():
+        effect = TAINT_EFFECTS[taint["effect"]]
+        assert any(t.get("effect") in (None, effect) and (
+            (t.get("operator") == "Exists" and t.get("key") in (None, taint["key"]))
+            or (t.get("key"), t.get("value")) == (taint["key"], taint["value"])) for t in tolerations), tolerations
+
+
+def test_the_efa_panels_draw_what_node_exporter_exports_for_efa(spec: DashboardSpec) -> None:
+    board = dashboards(spec)["gpus.json"]
+    panels = _efa_panels(board)
+    names = set().union(*(metric_names(_fill(t["expr"])) for p in panels for t in p.get("targets", [])))
+    assert names == {"node_infiniband_info"}
+    assert names <= _metrics_without_counters() <= known_metrics()
+    # The counters the text names are the EFA driver's.
+    (note,) = [p for p in panels if p["type"] == "text"]
+    named = set(re.findall(r"`([a-z_]+)`", note["options"]["content"]))
+    assert {"tx_bytes", "rdma_read_bytes", "retrans_pkts"} <= named and named - {"counters", "hw_counters"} <= _efa_driver_stats()
+    # Without EFA there is no EFA row.
+    assert _efa_panels(dashboards(dataclasses.replace(spec, efa_devices_per_node=0))["gpus.json"]) == []
+
+
+def test_the_efa_device_count_is_the_gpu_nodes_interfaces(prod, spec: DashboardSpec) -> None:
+    config, plan = prod
+    itype = get_instance_type(config.gpu.instance_type)
+    interfaces = efa_interface_count(efa_interfaces(itype, ["sg-efa", "sg-cluster"]))  # what the launch template attaches
+    assert spec.efa_devices_per_node == interfaces == 32
+    board = dashboards(spec)["gpus.json"]
+    (stat_panel,) = [p for p in _efa_panels(board) if p["type"] == "stat"]
+    assert stat_panel["targets"][0]["expr"].startswith("count(count by (instance) (node_infiniband_info) >= 32)")
+    assert _lines(stat_panel) == [plan.nodes]
+    (series,) = [p for p in _efa_panels(board) if p["type"] == "timeseries"]
+    assert _lines(series) == [interfaces]
+

@@ -90,6 +90,9 @@ FREE_FORM: dict[str, set[tuple[str, ...]]] = {
 # the example, uncommented, is the key's default for the checker (so its kind is checked too).
 #   kuberay-operator `# watchNamespace:` / `#   - n1` / `#   - n2`: a list of namespace names.
 COMMENTED_KEYS: dict[str, tuple[str, ...]] = {KUBERAY_OPERATOR.chart: ("watchNamespace",)}
+# The same one level down (parent, key): gpu-operator `dcgmExporter:` ... `  # config:` / `    # name: ...` /
+# `    # create: true` / `    # data: |-` (the DCGM exporter's counters file, infra/k8s/dcgm_counters.py).
+COMMENTED_NESTED_KEYS: dict[str, tuple[tuple[str, str], ...]] = {GPU_OPERATOR.chart: (("dcgmExporter", "config"),)}
 
 
 def commented_default(text: str, key: str) -> Any:
@@ -104,6 +107,24 @@ def commented_default(text: str, key: str) -> Any:
             break
         block.append(line[1:].removeprefix(" "))
     return yaml.safe_load("\n".join(block))[key]
+
+
+def commented_nested_default(text: str, parent: str, key: str) -> Any:
+    """The value of `parent.key` that values.yaml shows only commented out under the top-level `parent:`."""
+    lines = text.splitlines()
+    start = lines.index(f"{parent}:") + 1
+    for i in range(start, len(lines)):
+        if lines[i][:1] not in ("", " ", "#"):
+            break  # the next top-level key
+        if m := re.fullmatch(rf"(\s+)#\s?{re.escape(key)}:.*", lines[i]):
+            indent = m.group(1)
+            block = [re.sub(r"#\s?", "", lines[i], count=1)]
+            for line in lines[i + 1 :]:
+                if not re.match(rf"{indent}\s+#", line):
+                    break
+                block.append(re.sub(r"# ?", "", line, count=1))
+            return yaml.safe_load("\n".join(block))[key]
+    raise AssertionError(f"values.yaml has no commented-out {parent}.{key}")
 
 
 def values_of(chart: Chart) -> dict[str, Any]:
@@ -172,6 +193,9 @@ def chart_defaults(fixture_file):
         for key in COMMENTED_KEYS.get(chart.chart, ()):
             assert key not in values, f"{key} has a default now: drop it from COMMENTED_KEYS"
             values[key] = commented_default(path.read_text(), key)
+        for parent, key in COMMENTED_NESTED_KEYS.get(chart.chart, ()):
+            assert key not in values[parent], f"{parent}.{key} has a default now: drop it from COMMENTED_NESTED_KEYS"
+            values[parent] = {**values[parent], key: commented_nested_default(path.read_text(), parent, key)}
         return values
 
     return defaults
@@ -186,6 +210,13 @@ def test_commented_keys_are_read_from_the_charts_text(chart_defaults):
     assert commented_default("a: 1\n# b:\n#   - x\n#c: 2\n", "b") == ["x"]
     with pytest.raises(AssertionError, match="no commented-out 'c'"):
         commented_default("a: 1\n", "c")
+    # gpu-operator v26.7.0: `dcgmExporter.config`, a map of a name, a create switch and the counters file's text.
+    config = chart_defaults(GPU_OPERATOR)["dcgmExporter"]["config"]
+    assert (config["name"], config["create"]) == ("custom-dcgm-exporter-metrics", True)
+    assert config["data"].startswith("Format\n")
+    assert unknown_paths({"dcgmExporter": {"config": {"create": "true"}}}, chart_defaults(GPU_OPERATOR), set()) == [
+        "dcgmExporter.config.create: we set a string, the chart's default is a bool"
+    ]
 
 
 @pytest.mark.parametrize("chart", OPERATOR_CHARTS, ids=lambda c: c.chart)  # kube-prometheus-stack: test_monitoring

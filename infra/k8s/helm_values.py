@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from infra.catalog.instances import InstanceType
+from infra.k8s import dcgm_counters
 from infra.k8s.scheduling import gpu_tolerations, system_node_selector
 from infra.errors import UserError
 
@@ -194,6 +195,9 @@ def gpu_operator_values(dcgm_service_monitor: bool = False, monitor_labels: dict
             # The chart defaults this to true; a ServiceMonitor without the
             # Prometheus operator's CRD is an error, so only when asked.
             "serviceMonitor": service_monitor,
+            # dcgm-exporter's default counters plus the NVLink error counters, in a ConfigMap the
+            # chart creates (infra/k8s/dcgm_counters.py; values.yaml's commented `config` example).
+            "config": {"name": dcgm_counters.CONFIG_MAP, "create": True, "data": dcgm_counters.COUNTERS},
         },
         # Every operand DaemonSet (device plugin, GFD, DCGM exporter, validator,
         # MIG manager) takes these tolerations; the chart's default is

@@ -16,9 +16,15 @@ against tests/fixtures/metrics/dashboards/):
   FLOPs and bytes counters (`vllm:estimated_*_per_gpu_total`) exist only with
   `--enable-mfu-metrics` (`ObservabilityConfig.enable_mfu_metrics`), the speculative
   decoding counters only with a `--speculative-config`;
-- dcgm-exporter 4.6.0-4.8.3 (what the GPU operator v26.7.0 runs) with its default
-  counters: the NVLink error counters are commented out there and need a custom
-  counters file (`nvlink_error_counters`);
+- dcgm-exporter 4.6.0-4.8.3 (what the GPU operator v26.7.0 runs) with the stack's
+  counters file (infra/k8s/dcgm_counters.py): its default counters plus the NVLink
+  error counters the default file leaves commented out (`nvlink_error_counters`);
+- node_exporter 1.12.1 (kube-prometheus-stack 88.5.3's prometheus-node-exporter 4.56.1, on
+  every node) with its `infiniband` collector, which sees each EFA device under
+  /sys/class/infiniband: `node_infiniband_info` counts them. Its traffic and error
+  counters are not there for EFA: EFA has no PMA `counters` directory, and the EFA
+  driver's `hw_counters` (tx_bytes, rdma_read_bytes, retrans_pkts, ...) are names
+  prometheus/procfs v0.21.1 does not read (tests/fixtures/metrics/efa/README.md);
 - Ray 2.60.0 on every Ray pod (`ray_resources`, `ray_node_cpu_count`);
 - kube-state-metrics (`kube_node_status_condition`, `kube_node_status_capacity`,
   `kube_pod_container_status_restarts_total`) and Prometheus's own `up`.
@@ -76,12 +82,15 @@ class DashboardSpec:
     predicted_acceptance_rate: float | None = None  # the draft acceptance the plan assumes
     mfu_metrics: bool = False  # vLLM runs with --enable-mfu-metrics (the estimated FLOPs / bytes counters)
     nvlink_error_counters: bool = False  # dcgm-exporter runs a counters file with the NVLink error fields
+    efa_devices_per_node: int = 0  # EFA interfaces of each GPU node (the instance type's maximum; 0: no EFA)
 
 
-def dashboard_spec_from(cfg: Any, plan: Any, *, ray_cluster: str = "vllm") -> DashboardSpec:
+def dashboard_spec_from(cfg: Any, plan: Any, *, ray_cluster: str = "vllm", nvlink_error_counters: bool = True) -> DashboardSpec:
     """The spec of a stack: names and the SLA from its config (`infra.config.StackConfig`),
     figures from its plan (`infra.planning.Plan`). `ray_cluster`: the serving RayCluster's
-    name (`ServingSpec.name`, "vllm" unless the program names it otherwise)."""
+    name (`ServingSpec.name`, "vllm" unless the program names it otherwise).
+    `nvlink_error_counters`: the GPU operator's DCGM exporter runs the stack's counters file
+    with the NVLink error fields (infra/k8s/helm_values.py `DCGM_COUNTERS`, always set)."""
     sla, gpu = cfg.serving.sla, plan.instance.gpu
     cap = plan.performance
     at = cap.at if cap is not None and cap.concurrency else None
@@ -115,6 +124,8 @@ def dashboard_spec_from(cfg: Any, plan: Any, *, ray_cluster: str = "vllm") -> Da
         speculative_tokens=k,
         predicted_acceptance_rate=acceptance,
         mfu_metrics="--enable-mfu-metrics" in plan.serving_args,
+        nvlink_error_counters=nvlink_error_counters,
+        efa_devices_per_node=plan.instance.max_efa_interfaces,
     )
 
 
@@ -480,8 +491,44 @@ def gpus(spec: DashboardSpec) -> dict:
                            "(" + ", ".join(f"`{m}`" for m, _ in NVLINK_ERRORS) + "). A counters file with them "
                            "(the GPU operator's `dcgmExporter.config.name`) turns this panel into their rates; "
                            "until then XID 74 in the XID panel is the NVLink error that shows.", h=4))  # fmt: skip
+    panels += _efa(spec)
     return _dashboard("gpus", "GPU serving: GPUs (DCGM)", "Utilisation, memory, power, temperature and errors of every "
-                      "GPU, from the GPU operator's DCGM exporter.", spec, panels)  # fmt: skip
+                      "GPU, from the GPU operator's DCGM exporter, and the EFA devices node exporter sees.", spec, panels)  # fmt: skip
+
+
+# node_exporter's infiniband collector: one `node_infiniband_info` series per device under /sys/class/infiniband (every EFA
+# interface is one, rdmap*), labelled with the node exporter target's `instance` (the node's IP and port 9100).
+EFA_DEVICES = "count by (instance) (node_infiniband_info)"
+# Reading the EFA driver's own counters on a node by hand (they are in no exporter the stack runs; module doc).
+EFA_HW_COUNTERS_COMMAND = ("kubectl debug node/<node> -it --image=busybox -- "
+                           "grep . /host/sys/class/infiniband/*/ports/1/hw_counters/*")  # fmt: skip
+
+
+def _efa(spec: DashboardSpec) -> list[dict]:
+    """The EFA row: the devices node exporter sees per GPU node against the instance type's, and why the traffic
+    and error counters are not drawn."""
+    if not spec.efa_devices_per_node:
+        return []
+    n = spec.efa_devices_per_node
+    return [
+        row("EFA (node exporter)"),
+        stat("GPU nodes with every EFA device", f"count({EFA_DEVICES} >= {n}) or vector(0)", unit="short", base="red",
+             steps=[(spec.nodes, "green")], w=8,
+             description=f"Nodes whose /sys/class/infiniband holds all {n} EFA devices of the instance type "
+                         f"(`node_infiniband_info`, node exporter's infiniband collector); the plan runs {spec.nodes}. "
+                         "A node short of devices (driver not loaded, a device gone) runs NCCL on fewer rails or on TCP."),
+        timeseries("EFA devices per node", [(EFA_DEVICES, "{{instance}}")], unit="short", lines=[(n, "blue")], w=16,
+                   description=f"EFA devices each node's kernel shows (`node_infiniband_info`); blue: the instance "
+                               f"type's {n}. Only nodes with EFA devices appear."),
+        text("EFA traffic and errors", "Not exported by any exporter the stack runs. The EFA driver keeps per-port "
+             "counters in `/sys/class/infiniband/<device>/ports/1/hw_counters/` (`tx_bytes`, `rx_bytes`, "
+             "`rdma_read_bytes`, `rdma_write_bytes`, `rx_drops`, `retrans_pkts`, `retrans_timeout_events`, "
+             "`unresponsive_remote_events`, `impaired_remote_conn_events`, ...), but node exporter 1.12.1 reads only "
+             "the InfiniBand PMA `counters` (EFA has none) and the mlx5 `hw_counters` names. On a node: "
+             f"`{EFA_HW_COUNTERS_COMMAND}`. The EKS node monitoring agent (v1.7.0) watches the retransmit and error "
+             "counters and raises a Warning event `EFAErrorMetric` on the node when one jumps: "
+             "`kubectl get events -A --field-selector reason=EFAErrorMetric`.", h=5),
+    ]  # fmt: skip
 
 
 GPU_NODES_READY = ('count(kube_node_status_capacity{resource="nvidia_com_gpu"} > 0 and on (node) '
