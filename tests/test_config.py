@@ -23,6 +23,7 @@ from infra.config import (
 from infra.config.fields import describe_allowed
 from infra.errors import UserError
 from infra.planning.performance import Sla, WorkloadSpec
+from infra.planning.system_nodes import SystemNodes
 from infra.planning.request import PlanRequest, TcoInputs
 
 # --------------------------------------------------------------------------- the real stack files
@@ -163,6 +164,7 @@ def test_every_key_reaches_the_plan_request() -> None:
         workload=WorkloadSpec(1000, 300, 0.5, None, 0.25),
         duty_cycle=0.5,
         predict_benchmark=True,
+        system=SystemNodes("m7i.xlarge", 2, 15),  # cluster and monitoring defaults: in-cluster, 15 days
     )
 
 
@@ -176,6 +178,7 @@ def test_config_defaults_are_the_planner_defaults() -> None:
     assert cfg.plan_request() == PlanRequest(
         model="m", instance_type="p5.48xlarge", nodes=1, objective="sla-throughput-per-dollar", sla=Sla(250.0, 40.0),
         workload=WorkloadSpec.from_preset("sharegpt"),
+        system=SystemNodes("m7i.xlarge", 2, 15),  # the system nodes and in-cluster monitoring, checked by the plan
     )
 
 

@@ -147,6 +147,10 @@ def render(plan: Plan, console: Console) -> None:
     t.add_row("pod requests", f"{pod['cpu']} CPU, {_gib(pod['memory_bytes'])}, {pod['gpus']} GPU, {pod['efa_interfaces']} EFA")
     t.add_row("/dev/shm", _gib(pod["shm_bytes"]))
     t.add_row("node root volume", f"{data['node']['root_volume_gib']} GiB gp3, encrypted (images and caches)")
+    if sn := data.get("system_nodes"):  # infra/planning/system_nodes.py
+        t.add_row("system nodes", f"{sn['count']} x {sn['instance_type']}: pods request {sn['requests_cpu_m']:,}m CPU and {sn['requests_memory_mib']:,} MiB "
+                  f"(about {sn['expected_memory_mib']:,} MiB in use) of {sn['count'] * sn['allocatable_memory_mib']:,} MiB allocatable; "
+                  f"largest pod {sn['largest_pod']} {sn['largest_pod_memory_mib']:,} MiB")
     st = data["storage"]
     t.add_row("weight storage", f"{_gib(st['size_bytes'])} for a {st['checkpoint_bytes'] / 1e9:,.0f} GB checkpoint")
     t.add_row("read throughput", f"{st['required_read_bytes_per_s'] / 2**20:,.0f} MiB/s in all, for a {st['cold_start_target_s']:,.0f} s cold start")

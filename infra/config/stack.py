@@ -28,6 +28,7 @@ from infra.config.areas import (
 from infra.config.monitoring import MonitoringConfig
 from infra.planning.performance import Sla
 from infra.planning.request import PlanRequest, TcoInputs
+from infra.planning.system_nodes import SystemNodes
 
 DEFAULT_REGION = "us-east-1"
 
@@ -243,4 +244,6 @@ class StackConfig(BaseModel):
             workload=s.workload.spec(),
             duty_cycle=c.duty_cycle,
             predict_benchmark=self.checks.benchmark,
+            system=SystemNodes(self.cluster.system_instance_type, self.cluster.system_node_count,
+                               self.monitoring.retention_days if self.monitoring.in_cluster else None),
         )

@@ -16,7 +16,8 @@ from infra.catalog.models import (
     weight_bytes,
 )
 from infra.errors import UserError
-from infra.planning import cudagraph, kv_cache, memory, model_serving, performance, serving, startup
+from infra.planning import cudagraph, kv_cache, memory, model_serving, performance, serving, startup, system_nodes
+from infra.planning.monitoring_sizing import Shape
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.cold_start_cost import ColdStartCost, cold_start_cost
@@ -69,6 +70,22 @@ class Plan:
     performance: performance.Capacity | None = None  # what the layout delivers against the SLA; None: no SLA given
     runner_up: dict | None = None  # the objective's second choice and why the plan's beat it
     benchmark: performance.BenchmarkLoad | None = None  # what the benchmark Job sends, and the prediction for it
+
+    @property
+    def system_request(self) -> system_nodes.SystemRequest | None:
+        """The system pods' inputs: Prometheus sized from this plan's shape as components/stack.py sizes it."""
+        system = self.request.system
+        if system is None:
+            return None
+        shape = Shape(gpu_nodes=self.nodes, gpus_per_node=self.instance.gpu_count, vcpus_per_gpu_node=self.instance.vcpus,
+                      system_nodes=system.count, engines=self.evaluation.layout.dp, ray_pods=self.nodes)  # fmt: skip
+        return system_nodes.request_for(system, shape)
+
+    @property
+    def system_nodes(self) -> system_nodes.Fit | None:
+        """The system pods against the system node group (infra/planning/system_nodes.py); None: not asked."""
+        req = self.system_request
+        return system_nodes.fit(req) if req is not None else None
 
     @property
     def startup(self) -> startup.Startup:
@@ -230,6 +247,7 @@ class Plan:
             "pod": asdict(self.pod),
             "node": {"root_volume_gib": serving.ROOT_VOLUME_GIB},
             "storage": asdict(self.storage),
+            "system_nodes": self.system_nodes.to_json_dict() if self.system_nodes else None,
             "startup": asdict(self.startup),
             "feasible": self.feasible,
             "errors": self.errors,
@@ -591,7 +609,7 @@ def make_plan(req: PlanRequest) -> Plan:
         speculative=speculative,
         async_scheduling=None if knobs.async_scheduling == default_async else knobs.async_scheduling,
     )
-    return Plan(
+    plan = Plan(
         request=req,
         model=arch,
         checkpoint=option.checkpoint,
@@ -614,6 +632,9 @@ def make_plan(req: PlanRequest) -> Plan:
         runner_up=runner_up,
         benchmark=bench,
     )
+    if plan.system_request is not None:
+        system_nodes.check(plan.system_request)  # a UserError naming the size that would fit
+    return plan
 
 
 def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evaluation) -> list[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from infra.planning.performance import Sla, WorkloadSpec
+from infra.planning.system_nodes import SystemNodes
 from infra.planning.vllm_release import PINNED
 
 Objective = Literal["sla-throughput-per-dollar", "max-kv", "min-cost"]
@@ -85,6 +86,9 @@ class PlanRequest:
     workload: WorkloadSpec | None = None
     duty_cycle: float = 1.0  # share of the month at the SLA capacity, for tokens per month
     predict_benchmark: bool = False  # the benchmark Job runs: predict what it will measure (one more simulation)
+    # The system node group and the in-cluster Prometheus' retention: the plan checks the system pods fit
+    # (infra/planning/system_nodes.py); None: not checked (a plan without a stack).
+    system: SystemNodes | None = None
 
     def replace(self, **changes) -> "PlanRequest":
         return replace(self, **changes)

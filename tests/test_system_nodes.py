@@ -1,0 +1,116 @@
+"""The system node group against what runs on it (infra/planning/system_nodes.py, issue 20 item 7).
+
+- The instance figures are EC2's (moto 5.2.5's DescribeInstanceTypes data); the pods' requests are the
+  pinned charts' defaults where the module says so (tests/fixtures/upstream/) and the stack's own Prometheus
+  request (infra/k8s/monitoring.py values, sized as components/stack.py sizes it).
+- The sum follows the series estimate and the monitoring mode; retention moves the volume, not the memory.
+- A node group too small for the sum is refused with the size that fits; prod's plan states its fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import moto
+import pytest
+import yaml
+
+from infra.config import load_stack_file
+from infra.errors import UserError
+from infra.k8s import monitoring as mon
+from infra.planning import system_nodes as sn
+from infra.planning.monitoring_sizing import Shape, sizing
+from infra.planning.plan import make_plan
+from tests.conftest import fixture_path
+
+
+@pytest.fixture(scope="module")
+def prod():
+    config = load_stack_file("prod")
+    return config, make_plan(config.plan_request())
+
+
+def test_instance_figures_are_ec2s():
+    data = json.loads(gzip.open(Path(moto.__file__).parent / "ec2" / "resources" / "instance_types.json.gz").read())
+    for name, (vcpus, memory, enis, ips) in sn.INSTANCE_TYPES.items():
+        it = data[name]
+        assert (it["VCpuInfo"]["DefaultVCpus"], it["MemoryInfo"]["SizeInMiB"]) == (vcpus, memory), name
+        assert (it["NetworkInfo"]["MaximumNetworkInterfaces"], it["NetworkInfo"]["Ipv4AddressesPerInterface"]) == (enis, ips), name
+
+
+def test_the_kubelet_reservations_follow_nodeadm():
+    # eni-max-pods: m5.large 29, m5.xlarge 58, m5.4xlarge 234 (ENIs x (IPs - 1) + 2).
+    assert [sn.max_pods(*sn.INSTANCE_TYPES[t][2:]) for t in ("m5.large", "m5.xlarge", "m5.4xlarge")] == [29, 58, 234]
+    # 6% of the first core, 1% of the second, 0.5% of the next two, 0.25% above.
+    assert [sn.kube_reserved_cpu_m(v) for v in (1, 2, 4, 16)] == [60, 70, 80, 110]
+    cpu, memory = sn.allocatable("m7i.xlarge")
+    assert (cpu, memory) == (4000 - 80, int(16384 * sn.MEMTOTAL_SHARE) - (11 * 58 + 255) - 100)
+
+
+def test_chart_figures_are_the_pinned_charts_defaults():
+    pods = {p.name: p for p in sn.system_pods(sn.SystemRequest("m7i.xlarge", 2, 500, 1024))}
+    gpu_op = yaml.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
+    assert gpu_op["operator"]["resources"]["requests"] == {"cpu": f"{pods['gpu-operator'].cpu_m}m", "memory": f"{pods['gpu-operator'].memory_mib}Mi"}
+    kuberay = yaml.safe_load(fixture_path("upstream", "kuberay-operator-1.7.0", "values.yaml").read_text())["resources"]
+    assert "requests" not in kuberay  # limits only: Kubernetes copies them into the requests
+    assert kuberay["limits"] == {"cpu": f"{pods['kuberay-operator'].cpu_m}m", "memory": f"{pods['kuberay-operator'].memory_mib}Mi"}
+    nma = yaml.safe_load(fixture_path("eks-node-monitoring-agent-v1.7.0", "values.yaml").read_text())["nodeAgent"]["resources"]["requests"]
+    assert nma == {"cpu": f"{pods['eks-node-monitoring-agent'].cpu_m}m", "memory": f"{pods['eks-node-monitoring-agent'].memory_mib}Mi"}
+    kps = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "values.yaml").read_text())
+    assert kps["alertmanager"]["alertmanagerSpec"]["resources"] == kps["prometheusOperator"]["resources"] == {}
+    assert pods["alertmanager"].memory_mib == pods["prometheus-operator"].memory_mib == 0
+    for sub in ("grafana", "kube-state-metrics", "prometheus-node-exporter"):
+        assert yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", f"{sub}-values.yaml").read_text())["resources"] == {}
+
+
+def test_prometheus_is_the_stacks_request(prod):
+    import components.stack as stack
+
+    config, plan = prod
+    values = mon.kube_prometheus_stack_values(sizing(stack.prometheus_shape(config, plan), config.monitoring.retention_days), 15, "g")
+    requests = values["prometheus"]["prometheusSpec"]["resources"]["requests"]
+    req = plan.system_request
+    assert requests == {"cpu": f"{req.prometheus_cpu_m}m", "memory": f"{req.prometheus_memory_mib}Mi"}
+
+
+def test_the_sum_follows_the_series_and_the_mode(prod):
+    _config, plan = prod
+    base = plan.system_nodes
+    bigger = dataclasses.replace(plan, nodes=plan.nodes * 4).system_nodes  # four times the GPU nodes: more series
+    assert bigger.requests_memory_mib > base.requests_memory_mib and bigger.largest_pod == "prometheus"
+    system = plan.request.system
+    longer = dataclasses.replace(plan, request=plan.request.replace(system=dataclasses.replace(system, retention_days=90)))
+    assert longer.system_nodes.requests_memory_mib == base.requests_memory_mib  # retention sizes the volume, not the memory
+    off = dataclasses.replace(plan, request=plan.request.replace(system=dataclasses.replace(system, retention_days=None)))
+    assert off.system_nodes.requests_memory_mib == base.requests_memory_mib - plan.system_request.prometheus_memory_mib - 50
+    shape = Shape(gpu_nodes=4, gpus_per_node=8, vcpus_per_gpu_node=192, system_nodes=2, engines=1, ray_pods=4)
+    assert sn.request_for(sn.SystemNodes("m7i.xlarge", 2, 15), shape).prometheus_memory_mib == sizing(shape, 15).memory_mib
+
+
+def test_a_too_small_node_group_is_refused_with_the_size_that_fits():
+    shape = Shape(gpu_nodes=40, gpus_per_node=8, vcpus_per_gpu_node=192, system_nodes=1, engines=40, ray_pods=40)
+    req = sn.request_for(sn.SystemNodes("m7i.large", 1, 15), shape)
+    assert not sn.fit(req).fits
+    better = sn.smallest_fitting(req)
+    assert better is not None and better.count == 1 and sn.fit(better).fits
+    assert sn.INSTANCE_TYPES[better.instance_type][1] > sn.INSTANCE_TYPES["m7i.large"][1]
+    with pytest.raises(UserError, match=rf"too small: .*set cluster.systemInstanceType {better.instance_type} with systemNodeCount 1"):
+        sn.check(req)
+
+
+def test_the_plan_refuses_an_unknown_or_too_small_system_type(prod):
+    config, _plan = prod
+    req = config.plan_request()
+    with pytest.raises(UserError, match="systemInstanceType 't3.nano'"):
+        make_plan(req.replace(system=sn.SystemNodes("t3.nano", 2, 15)))
+
+
+def test_prod_plan_states_the_fit(prod):
+    config, plan = prod
+    fit = plan.to_json_dict()["system_nodes"]
+    assert (fit["instance_type"], fit["count"]) == (config.cluster.system_instance_type, config.cluster.system_node_count)
+    assert fit["fits"] and fit["largest_pod"] == "prometheus"
+    assert fit["requests_memory_mib"] <= fit["expected_memory_mib"] <= fit["count"] * fit["allocatable_memory_mib"]
