@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import ClusterArgs, EksCluster
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
-from components.monitoring import Monitoring, MonitoringArgs
+from components.monitoring import AmpArgs, Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
 from components.operators import METRICS_TARGETS, Operators, OperatorsArgs
 from components.serving import Serving, ServingArgs
@@ -50,7 +50,7 @@ def _clients(config) -> Clients:  # noqa: ANN001 - one of the config's client ob
 
 def metrics_clients(cfg: StackConfig) -> Clients:
     """Who may scrape the metrics ports: `serving.metricsClients`, and the stack's own Prometheus when it has one."""
-    own = (monitoring_values.NAMESPACE,) if cfg.monitoring.in_cluster else ()
+    own = (monitoring_values.NAMESPACE,) if cfg.monitoring.deployed else ()
     configured = cfg.serving.metrics_clients
     return Clients(namespaces=tuple(dict.fromkeys((*configured.namespaces, *own))), cidrs=tuple(configured.cidrs))
 
@@ -220,7 +220,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         ),
         opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )
-    in_cluster = cfg.monitoring.in_cluster
+    in_cluster = cfg.monitoring.deployed  # a monitoring release in the cluster: in-cluster, or amp's agent and Grafana
     service_cidr = cluster.cluster.kubernetes_network_config.apply(lambda c: c.service_ipv4_cidr)
     after_gpu_nodes = pulumi.ResourceOptions.merge(kube, pulumi.ResourceOptions(depends_on=[gpu_nodes]))
     monitoring = None
@@ -246,9 +246,18 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
                 # Rules and dashboards from the stack's SLA and plan (infra/monitoring/), for the serving RayCluster.
                 rule_groups=prometheus_rule_groups(AlertSpec.from_stack(cfg, deployment, raycluster=ServingSpec.name)),
                 dashboards=dashboards(dashboard_spec_from(cfg, plan, ray_cluster=ServingSpec.name)),
+                amp=AmpArgs(
+                    region=cfg.region,
+                    account_id=account_id,
+                    cluster_name=cluster.cluster_name,
+                    tags=tags,
+                    log_retention_days=life.log_retention_days,
+                    production=life.production,
+                    sns=cfg.monitoring.alerts.receiver == "sns",
+                ) if cfg.monitoring.amp else None,
             ),
-            # After the GPU nodes: Helm's wait covers node exporter there too.
-            opts=after_gpu_nodes,
+            # After the GPU nodes: Helm's wait covers node exporter there too. With amp, the AWS provider too.
+            opts=pulumi.ResourceOptions.merge(after_gpu_nodes, both) if cfg.monitoring.amp else after_gpu_nodes,
         )
     operators = Operators(
         f"{name}-operators",
@@ -371,6 +380,11 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
         pulumi.export("grafanaAdminPassword", monitoring.grafana_admin_password)  # a secret; user `admin`
         pulumi.export("prometheusService", monitoring.prometheus_service)
         pulumi.export("prometheusPortForward", monitoring.prometheus_port_forward)
+    if monitoring is not None and monitoring.workspace is not None:
+        pulumi.export("ampWorkspaceId", monitoring.workspace.id)
+        pulumi.export("ampQueryEndpoint", monitoring.workspace.prometheus_endpoint)
+    if monitoring is not None and monitoring.alert_topic is not None:
+        pulumi.export("alertTopicArn", monitoring.alert_topic.arn)  # subscribe the alerts' destination to it
     return Stack(
         monitoring=monitoring,
         provider=provider,

@@ -268,3 +268,57 @@ def test_the_engine_down_alert_selects_the_pod_monitors_vllm_endpoint():
     rule_spec = alerts.AlertSpec.from_stack(load_stack_file("prod"), make_plan(load_stack_file("prod").plan_request()).deployment(),
                                             raycluster=spec.name)  # fmt: skip
     assert rule_spec.job == f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+
+
+# --- the SLA alerts' window and `for:` from gpu-serving:monitoring.alerts (issue 20 item 4) ------------------------
+
+
+def _stack_with_alerts(tmp_path: Path, **alerts: str):
+    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    doc["config"]["gpu-serving:monitoring"] = {"alerts": alerts}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
+    shutil.copy(REPO_ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    config = load_stack_file("prod", root=tmp_path)
+    return AlertSpec.from_stack(config, make_plan(config.plan_request()).deployment())
+
+
+def _burst(name: str, over: dict[str, int], under: dict[str, int], steps_over: int) -> list[dict]:
+    """A histogram with `over`'s per-step counts for `steps_over` scrapes, then `under`'s (cumulative counters)."""
+    return [{"series": f'{name}_bucket{{{VLLM}, le="{le}"}}',
+             "values": f"0+{over[le]}x{steps_over} {over[le] * steps_over}+{under[le]}x{STEPS - steps_over}"} for le in over]  # fmt: skip
+
+
+def test_the_sla_window_and_for_are_the_configs(tmp_path: Path, prod: AlertSpec) -> None:
+    assert (prod.burn_window, prod.burn_for) == ("10m", "10m")  # the defaults, prod's stack file names neither
+    spec = _stack_with_alerts(tmp_path, slaWindow="2m", slaFor="5m")
+    for name in ("ServingTtftP99AboveSla", "ServingTpotP99AboveSla"):
+        rule = _rules(spec)[name]
+        assert "[2m]" in rule["expr"] and "[10m]" not in rule["expr"] and rule["for"] == "5m"
+        assert "for 5m" in rule["annotations"]["description"] and "last 2m" in rule["annotations"]["description"]
+    assert _rules(spec)["ServingKvCacheFull"]["for"] == _rules(prod)["ServingKvCacheFull"]["for"]  # the others keep theirs
+
+
+@pytest.mark.parametrize("name", ["ServingTtftP99AboveSla", "ServingTpotP99AboveSla"])
+def test_a_configured_window_and_for_pass_promtool_firing_and_quiet(promtool: Path, tmp_path: Path, name: str) -> None:
+    spec = _stack_with_alerts(tmp_path, slaWindow="2m", slaFor="5m")
+    out = _promtool_test(promtool, tmp_path, spec, _cases(spec, name))  # fires by 35m, pending at 4m; the quiet never
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_for_decides_whether_a_burst_of_slow_requests_pages(promtool: Path, tmp_path: Path) -> None:
+    """Seven minutes of slow first tokens, then fast ones: over a 2m window the p99 is above the SLA for about 8.5
+    minutes, so a 5m `for:` pages at 8m and a 10m one never does."""
+    name = "ServingTtftP99AboveSla"
+    burst = _burst("vllm:time_to_first_token_seconds", HIST_TTFT_OVER, HIST_TTFT_UNDER, steps_over=14)
+    short, long_ = _stack_with_alerts(tmp_path / "a", slaWindow="2m", slaFor="5m"), _stack_with_alerts(tmp_path / "b", slaWindow="2m", slaFor="10m")
+    fires = {"interval": "30s", "input_series": burst, "alert_rule_test": [
+        {"eval_time": "8m", "alertname": name, "exp_alerts": _alerts(_rules(short)[name], [SLA_LABELS], "")},
+        {"eval_time": "20m", "alertname": name, "exp_alerts": []}]}  # resolved once the window holds only fast ones
+    quiet = {"interval": "30s", "input_series": burst,
+             "alert_rule_test": [{"eval_time": t, "alertname": name, "exp_alerts": []} for t in ("8m", "12m", "20m")]}
+    out = _promtool_test(promtool, tmp_path, short, [fires])
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = _promtool_test(promtool, tmp_path, long_, [quiet])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _promtool_test(promtool, tmp_path, long_, [fires]).returncode != 0  # the same series do not page with 10m

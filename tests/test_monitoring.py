@@ -88,7 +88,13 @@ def test_existing_stack_files_get_in_cluster_monitoring_by_default():
 @pytest.mark.parametrize(
     "area, message",
     [
-        ("{mode: amp}", "'amp' (Amazon Managed Service for Prometheus) is not available yet"),
+        ("{mode: amp, alerts: {receiver: webhook}}",
+         "gpu-serving:monitoring.alerts.receiver: 'webhook' is not available with mode amp: the workspace's alert manager "
+         "sends only to Amazon SNS; set the receiver to sns"),
+        ("{alerts: {receiver: sns}}", "gpu-serving:monitoring.alerts.receiver: 'sns' is the receiver of mode amp; with in-cluster, set it to webhook"),
+        ("{alerts: {slaWindow: 10 minutes}}", "gpu-serving:monitoring.alerts.slaWindow: '10 minutes' is not a Prometheus duration"),
+        ("{alerts: {slaFor: 30m1h}}", "gpu-serving:monitoring.alerts.slaFor: '30m1h' is not a Prometheus duration"),
+        ("{alerts: {slaWindow: 0m}}", "gpu-serving:monitoring.alerts.slaWindow: '0m': the window must be longer than zero"),
         ("{mode: prometheus}", "gpu-serving:monitoring.mode = 'prometheus' is not allowed"),
         ("{retentionDays: 0}", "gpu-serving:monitoring.retentionDays = 0 is out of range"),
         ("{mode: off, alerts: {receiver: webhook}}", "monitoring.alerts.receiver: a receiver 'webhook' is set but monitoring is off"),
@@ -98,8 +104,9 @@ def test_existing_stack_files_get_in_cluster_monitoring_by_default():
 )
 def test_bad_monitoring_config_is_refused_with_the_key(tmp_path, area, message):
     root = edited_project(tmp_path / "p", "test", [("  gpu-serving:lifecycle:\n", f"  gpu-serving:monitoring: {area}\n  gpu-serving:lifecycle:\n")])
-    with pytest.raises(UserError, match=re.escape(message)):
+    with pytest.raises(UserError, match=re.escape(message)) as caught:
         load_stack_file("test", root)
+    assert "\n" not in str(caught.value) and "Traceback" not in str(caught.value)  # one line, no stack trace
 
 
 def test_a_webhook_receiver_with_its_secret_set_loads(tmp_path):
@@ -272,7 +279,10 @@ def test_off_leaves_none_of_it(prod_off):
     assert not [r for r in prod_off["resources"] if r["type"].startswith("kubernetes:monitoring.coreos.com")]
     assert not [r for r in prod_off["resources"] if (r.get("inputs") or {}).get("metadata", {}).get("namespace") == mon.NAMESPACE]
     assert not [r for r in prod_off["resources"] if r["type"].startswith("gpu-serving:k8s:Monitoring")]
-    assert not {"grafanaService", "grafanaAdminPassword", "prometheusService"} & set(prod_off["outputs"])
+    assert not {"grafanaService", "grafanaAdminPassword", "prometheusService", "ampWorkspaceId", "alertTopicArn"} & set(prod_off["outputs"])
+    # Nor any of amp's: no workspace, rules, topic or Pod Identity role in the monitoring namespace.
+    assert not [r for r in prod_off["resources"] if r["type"].startswith(("aws:amp/", "aws:sns/"))]
+    assert not [r for r in prod_off["resources"] if (r.get("inputs") or {}).get("namespace") == mon.NAMESPACE]
     names = {r["inputs"]["metadata"]["name"] for r in _of(prod_off, "kubernetes:networking.k8s.io/v1:NetworkPolicy")}
     assert not {n for n in names if n.endswith("-metrics")}  # prod names no other metricsClients
 

@@ -187,6 +187,7 @@ def test_terraform_type_follows_the_bridge_and_tags_as_pulumi_aws_says(token):
     spec = tf.TYPES[token]
     cls = sdk_class(token)
     module, name = token.split(":")[1].split("/")[0], tf.snake(token.rsplit(":", 1)[1])
+    module = {"amp": "prometheus"}.get(module, module)  # the Terraform provider's AMP resources are aws_prometheus_*
     assert spec.name in {f"aws_{module}_{name}", f"aws_{name}"}, spec.name
     assert spec.taggable == hasattr(cls, "tags_all"), f"{token}: pulumi_aws {'has' if hasattr(cls, 'tags_all') else 'has no'} tags_all"
 

@@ -94,7 +94,7 @@ _CROSS_CHECKS = {
     "required_for_capacity", "reservation_without_type", "one_gpu_zone", "existing_vpc_needs_subnets",
     "gpu_zone_not_listed", "unknown_instance_type", "placement_with_reservation", "nodes_below_pipeline",
     "fsx_needs_driver", "zone_listed_twice", "zone_outside_region", "endpoint_unreachable", "renamed_key",
-    "version_not_pinned", "image_by_tag", "monitoring_not_available", "secret_missing",
+    "version_not_pinned", "image_by_tag", "monitoring_not_available", "secret_missing", "prometheus_duration",
 }  # fmt: skip
 _NOT_ALLOWED = {"literal_error", "string_pattern_mismatch", "string_too_short", "enum"}
 _NOT_AN_OBJECT = {"model_type", "model_attributes_type", "dict_type"}

@@ -15,7 +15,8 @@ annotations, the runbook naming the first command to run):
   `vllm:request_time_per_output_token_seconds` (per request, what the SLA and the
   benchmark Job's TPOT mean) and `vllm:inter_token_latency_seconds` buckets
   (vllm/v1/metrics/loggers.py, labels `model_name` and `engine`) over the burn
-  window, above the SLA for `burn_for`. Defaults: a 10m window (20 scrapes at the
+  window, above the SLA for `burn_for`: the config's `gpu-serving:monitoring.alerts`
+  `slaWindow` and `slaFor` (infra/config/monitoring.py). Defaults: a 10m window (20 scrapes at the
   PodMonitor's 30 s interval, and at the SLA capacity thousands of requests, enough
   for a p99 that one slow request does not make) held for 10m (so 10 to 20 minutes
   of a p99 above the promise pages, and a burst of long prompts, or a prefix cache
@@ -64,7 +65,7 @@ import yaml
 
 from infra.errors import UserError
 
-_DURATION = re.compile(r"^(\d+(ms|[smhdwy]))+$")
+_DURATION = re.compile(r"^((\d+(ms|[smhdwy]))+|0)$")
 PREEMPTION_WINDOW = "5m"
 VLLM_PORT_NAME = "http"  # infra/k8s/serving_spec.py API_PORT_NAME: the head's API and /metrics
 
@@ -114,6 +115,8 @@ class AlertSpec:
             "gpus": deployment.total_gpus,
             "nodes": deployment.nodes.count,
             "engine_down_for": f"{max(1, math.ceil(serving.cold_start_target_seconds / 60))}m",
+            "burn_window": config.monitoring.alerts.sla_window,
+            "burn_for": config.monitoring.alerts.sla_for,
         }
         return cls(**{**kwargs, **overrides})
 

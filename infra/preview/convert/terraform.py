@@ -91,6 +91,11 @@ class TerraformType:
 # `aws:<module>/<camelName>:<Name>`; its Terraform type is `aws_<module>_<snake_name>`,
 # except in the ec2 module (and a few others) where Terraform has no module prefix.
 TYPES: dict[str, TerraformType] = {
+    # gpu-serving:monitoring.mode amp (components/monitoring.py): the Terraform provider's aws_prometheus_* and aws_sns_*.
+    "aws:amp/alertManagerDefinition:AlertManagerDefinition": TerraformType("aws_prometheus_alert_manager_definition", taggable=False),
+    "aws:amp/ruleGroupNamespace:RuleGroupNamespace": TerraformType("aws_prometheus_rule_group_namespace"),
+    "aws:amp/workspace:Workspace": TerraformType("aws_prometheus_workspace"),
+    "aws:amp/workspaceConfiguration:WorkspaceConfiguration": TerraformType("aws_prometheus_workspace_configuration", taggable=False),
     "aws:cloudwatch/logGroup:LogGroup": TerraformType("aws_cloudwatch_log_group"),
     "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup": TerraformType("aws_default_security_group"),
     "aws:ec2/eip:Eip": TerraformType("aws_eip"),
@@ -138,6 +143,8 @@ TYPES: dict[str, TerraformType] = {
     "aws:iam/rolePolicyAttachment:RolePolicyAttachment": TerraformType("aws_iam_role_policy_attachment", taggable=False),
     "aws:kms/alias:Alias": TerraformType("aws_kms_alias", taggable=False),
     "aws:kms/key:Key": TerraformType("aws_kms_key"),
+    "aws:sns/topic:Topic": TerraformType("aws_sns_topic"),
+    "aws:sns/topicPolicy:TopicPolicy": TerraformType("aws_sns_topic_policy", taggable=False),
     "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": TerraformType("aws_vpc_security_group_egress_rule"),
     "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": TerraformType("aws_vpc_security_group_ingress_rule"),
 }
