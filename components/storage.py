@@ -97,7 +97,7 @@ root-owned `/`), unless its nodes' addresses were listed in `NoSquashNids`, and
 it would still leave any non-root UID, the staging user's included, to every
 node. So on FSx the separation is the serving volume's `ro` mount (and the
 serving pods' `readOnly` claim) and file ownership: a pod cannot write, but a
-node can rewrite the weights. The README says so.
+node can rewrite the weights. docs/architecture.md and docs/security.md say so.
 
 Reclaim policy: always `Retain`. A static volume's `Delete` would make the
 EFS CSI driver delete its access point (and, with the controller's

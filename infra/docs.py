@@ -10,6 +10,7 @@ and NAME is one of
 
 - `config-reference`: the config reference, from the pydantic models (infra/config/reference.py);
 - `changes-table`: the table of common changes to a running stack (infra/preview/changes.py);
+- `vllm-releases`: what changes between the vLLM releases the planner follows (infra/planning/vllm_release.py);
 - `headline: STACK`: the plan's headline figures for a stack (layout, SLA capacity, cost, break-even);
 - `output: COMMAND`: what `python -m infra COMMAND` prints, at a fixed width, in a `text` block.
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WIDTH = 120  # columns the `output:` regions are rendered at: the widest plan table fits without wrapping
-REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[^\n]*?) -->\n)(?P<body>.*?)(?P<close><!-- end generated -->)", re.S)
+# At the start of a line only: an indented example of the syntax (as in docs/architecture.md) is not a region.
+REGION = re.compile(r"^(?P<open><!-- generated: (?P<name>[^\n]*?) -->\n)(?P<body>.*?)(?P<close>^<!-- end generated -->)", re.S | re.M)
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,15 @@ def render_region(name: str, root: Path | None = None) -> str:
         from infra.preview.changes import table_markdown
 
         return table_markdown()
+    if kind == "vllm-releases":
+        from infra.planning.vllm_release import changes_table
+
+        return changes_table()
     if kind == "headline" and arg:
         return _headline(arg, root)
     if kind == "output" and arg:
         return _output(arg, root)
-    raise ValueError(f"unknown generated region {name!r}: expected config-reference, changes-table, headline: STACK or output: COMMAND")
+    raise ValueError(f"unknown generated region {name!r}: expected config-reference, changes-table, vllm-releases, headline: STACK or output: COMMAND")
 
 
 def regenerate(text: str, root: Path | None = None) -> str:

@@ -266,11 +266,11 @@ def test_production_never_opens_the_endpoint_to_the_internet():
     assert "gpu-serving:cluster.deployerCidrs: 0.0.0.0/0 opens the API endpoint of a production cluster" in str(info.value)
 
 
-def test_the_readmes_two_step_first_up_excludes_the_real_provider():
+def test_the_deploying_pages_two_step_first_up_excludes_the_real_provider():
     # The first step skips the Kubernetes provider by its URN: the one the engine gives it in the prod stack.
     from infra.preview.synth import synthesize
 
     (provider,) = [r for r in synthesize("prod", REPO)["resources"] if r["type"] == K8S_PROVIDER]
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "deploying.md").read_text()
     assert f"--exclude '{provider['urn']}'" in readme.replace("\\\n  ", "")
     assert "--exclude-dependents" in readme and access.TUNNEL_DOCUMENT in readme

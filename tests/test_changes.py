@@ -1,8 +1,8 @@
-"""The README's table of common changes matches what the diff tool reports for each.
+"""The table of common changes (docs/operating.md) matches what the diff tool reports for each.
 
 Every row of `infra.preview.changes.CHANGES` is synthesized before and after its edit (the
 real program, the stack file's own lines edited) and diffed; the effects the diff reports
-must be the row's, and the README must carry the table those rows render.
+must be the row's, and docs/operating.md must carry the table those rows render.
 """
 
 from __future__ import annotations
@@ -67,4 +67,4 @@ def test_a_roll_with_serving_already_suspended_does_not_stall(tmp_path):
 
 
 def test_the_readme_carries_the_table():
-    assert table_markdown() in (REPO / "README.md").read_text(), "README's change table is stale: paste infra.preview.changes.table_markdown()"
+    assert table_markdown() in (REPO / "docs" / "operating.md").read_text(), "docs/operating.md's change table is stale: run `python -m infra docs`"

@@ -1,6 +1,6 @@
 """`python -m infra plan` as a user meets it: run as a subprocess, offline.
 
-Exit status (README): 0 feasible plan, 1 infeasible plan, 2 usage or config error.
+Exit status (docs/planning.md): 0 feasible plan, 1 infeasible plan, 2 usage or config error.
 """
 
 from __future__ import annotations

@@ -121,3 +121,9 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(REPO / target.partition("#")[0]).resolve() for _, target in _links(REPO / "README.md")}
     unlinked = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs").rglob("*.md")) if p.resolve() not in linked]
     assert not unlinked, f"docs pages the README does not link: {unlinked}"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """About 150 lines: what it is, the two set-up commands, the way in, where to read next."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines: move detail to a page under docs/"

@@ -60,7 +60,7 @@ def test_the_fit_rows_are_not_the_validation_rows(points) -> None:
     assert set(validate.DEFAULT.fitted_on) <= {r["id"] for r in ROWS if r["role"] == "fit"}
 
 
-@pytest.mark.xfail(strict=True, reason="the model misses the issue's error targets on the validation rows (see the README, Performance)")
+@pytest.mark.xfail(strict=True, reason="the model misses the issue's error targets on the validation rows (see docs/planning.md, Performance)")
 def test_validation_rows_meet_the_targets(points) -> None:
     s = validate.summary(points)["validate"]
     for metric, bound in validate.TARGETS.items():

@@ -46,9 +46,9 @@ def test_the_pinned_release_is_the_stack_default():
     assert ServingConfig().vllm_version == PINNED == PlanRequest(model="", instance_type="", nodes=0).vllm_version
 
 
-def test_readme_carries_the_version_table(repo_root):
-    readme = (repo_root / "README.md").read_text()
-    assert changes_table() in readme, "README version table is stale: paste infra.planning.vllm_release.changes_table()"
+def test_docs_carry_the_version_table(repo_root):
+    page = (repo_root / "docs" / "planning.md").read_text()
+    assert changes_table() in page, "docs/planning.md's version table is stale: run `python -m infra docs`"
     assert all(c.first and c.source for c in CHANGES)
 
 

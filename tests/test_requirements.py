@@ -1,4 +1,4 @@
-"""The requirement files by purpose, and who installs which (README, "Quick start").
+"""The requirement files by purpose, and who installs which (docs/architecture.md, "Set-up and requirements").
 
     requirements.txt        the Pulumi program: Pulumi.yaml has the Pulumi CLI install it for `pulumi up`
     requirements-tools.txt  -r requirements.txt + what `python -m infra ...` needs: bin/plan installs it
@@ -266,9 +266,10 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
         assert proc.returncode == 0, proc.stderr
         lines = log.read_text().splitlines()
         assert lines == [line for line in lines if line.startswith("pip ")] + [line for line in lines if line.startswith("run ")]
-        return [line for line in lines if line.startswith("pip ")], [line.removeprefix("run ") for line in lines if line.startswith("run ")]
+        # bin/test installs the two virtualenvs at the same time: their pip lines come in either order.
+        return sorted(line for line in lines if line.startswith("pip ")), [line.removeprefix("run ") for line in lines if line.startswith("run ")]
 
-    assert run() == ([_pip(venv, req) for venv, req in installs.items()], runs)  # first use: each virtualenv, then the commands
+    assert run() == (sorted(_pip(venv, req) for venv, req in installs.items()), runs)  # first use: each virtualenv, then the commands
     assert run() == ([], runs)  # nothing changed: no install
     for venv, req in installs.items():
         for name in rf.included(req):
@@ -276,7 +277,7 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
                 fh.write("# changed\n")
             pips, _ = run()
             assert _pip(venv, req) in pips, f"{script} did not install {req} into {venv}/ again after {name} changed"
-            assert pips == [_pip(v, r) for v, r in installs.items() if name in rf.included(r)]  # and nothing else
+            assert pips == sorted(_pip(v, r) for v, r in installs.items() if name in rf.included(r))  # and nothing else
             assert run() == ([], runs)
 
 

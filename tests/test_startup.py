@@ -81,7 +81,7 @@ def test_the_plan_shows_the_calculation():
     assert "Start-up" in text and "VLLM_ENGINE_READY_TIMEOUT_S" in text
     assert f"{data['startup']['engine_ready_timeout_s']:,}" in text
     assert f"{data['startup']['startup_budget_s']:,} s" in text
-    # What waits for the head is the rollout command, not `pulumi up` (README, Deploying).
+    # What waits for the head is the rollout command, not `pulumi up` (docs/deploying.md).
     assert "head Ready within" in text and f"{data['startup']['ready_wait_s']:,} s once placed" in text
     assert "Pulumi waits" not in text
     assert math.isclose(data["startup"]["weights_read_s"] + data["startup"]["engine_init_s"], data["startup"]["cold_start_s"])

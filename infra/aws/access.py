@@ -22,7 +22,7 @@ deployer out):
   endpoint's host, so the API server's certificate still verifies, and is used
   through `aws ssm start-session --document-name
   AWS-StartPortForwardingSessionToRemoteHost` (the stack output
-  `apiTunnelCommand`, and the README's step-by-step). The kubeconfig holds
+  `apiTunnelCommand`, and docs/deploying.md's step-by-step). The kubeconfig holds
   nothing of the bastion, so a new bastion leaves the Kubernetes provider as
   it is.
 - `private-vpc`: private endpoint only, the deployer runs inside the existing

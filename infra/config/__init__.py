@@ -25,7 +25,7 @@ Modules:
 - `stack`: `StackConfig`, the checks across areas and the planner's request;
 - `loading`: stack files, the engine's config, secrets;
 - `messages`: pydantic's errors as one message per key;
-- `fields`, `reference`: what each key takes, in words; the README's reference.
+- `fields`, `reference`: what each key takes, in words; the reference in docs/configuration.md.
 """
 
 from infra.config.areas import AREAS, PROJECT, SECRET_KEYS

@@ -2,7 +2,7 @@
 
 Keys are camelCase in YAML and snake_case in Python; every key has a default (or
 is required), an allowed range and a description, which `reference.py` turns
-into the README's config reference. A check that involves more than one area
+into the config reference (docs/configuration.md). A check that involves more than one area
 lives on `StackConfig` (`stack.py`).
 """
 
@@ -605,7 +605,7 @@ class ServingConfig(_Area):
         default=False,
         description="Serving suspended: the RayCluster stays, KubeRay deletes its pods (`spec.suspend`), the GPU nodes "
         "idle. Set it, and `pulumi up`, before a change that rolls the GPU nodes (the serving PodDisruptionBudget "
-        "blocks every eviction); clear it after (README, Changing a running stack).",
+        "blocks every eviction); clear it after (docs/operating.md, Changing a running stack).",
     )
     monitoring: Literal["podmonitor", "annotations"] = Field(
         default="annotations",

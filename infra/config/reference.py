@@ -1,6 +1,6 @@
 """The config reference: every key with its type, default, range and meaning, as Markdown.
 
-The README carries this text (a test checks it is current): regenerate it with
+docs/configuration.md carries this text (a test checks it is current): regenerate it with
 `reference_markdown()` after changing a key.
 """
 
@@ -54,7 +54,7 @@ def describe_default(field: Any) -> str:
 
 
 def reference_markdown() -> str:
-    """The config reference as Markdown tables, one per area (the README carries this)."""
+    """The config reference as Markdown tables, one per area (docs/configuration.md carries this)."""
     out: list[str] = []
     for area, model in AREAS.items():
         out.append(f"#### `{PROJECT}:{area}`\n")

@@ -47,7 +47,7 @@ REQUEST_TIMEOUT_S = 30.0
 # An exec plugin's token is used until this long before it expires.
 TOKEN_REFRESH_MARGIN_S = 60.0
 EXEC_TIMEOUT_S = 60.0
-TUNNEL_HINT = "with the private-ssm endpoint, open the API tunnel first (README, \"Reaching the cluster API\")"
+TUNNEL_HINT = "with the private-ssm endpoint, open the API tunnel first (docs/deploying.md, \"The first `up`: reaching the cluster API\")"
 
 
 class NotFound(Exception):
@@ -114,7 +114,7 @@ def exec_token(spec: dict, run: Callable[..., subprocess.CompletedProcess] = sub
     try:
         done = run(argv, env=env, capture_output=True, text=True, timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        hint = ": install the AWS CLI v2 (README, Deploying)" if Path(command).name == "aws" else ""
+        hint = ": install the AWS CLI v2 (docs/deploying.md)" if Path(command).name == "aws" else ""
         raise UserError(f"the kubeconfig runs `{command}` for a token and it is not on PATH{hint}") from None
     except subprocess.TimeoutExpired:
         raise UserError(f"`{' '.join(argv[:3])} ...` gave no token within {EXEC_TIMEOUT_S:.0f} s") from None

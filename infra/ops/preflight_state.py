@@ -29,7 +29,7 @@ def state_backend(root, environ) -> tuple[Optional[str], str]:
 def check_state_backend(t: Target) -> Check:
     """Where the stack's state lives. A production stack on a local file backend is a go with a warning: one
     machine holds the only copy of the state, with no locking against a second `pulumi up` and no versions to
-    go back to (README, "State of a production stack")."""
+    go back to (docs/deploying.md, "Where the state lives")."""
     name = "Pulumi state backend"
     url, source = t.backend_url, t.backend_source
     if url is None:
@@ -46,6 +46,6 @@ def check_state_backend(t: Target) -> Check:
 
 STATE_FIX = (
     "keep production state in S3 with versioning and a KMS secrets provider: `pulumi login s3://<bucket>` (or "
-    "PULUMI_BACKEND_URL) and `pulumi stack init prod --secrets-provider awskms://alias/<key>` (README, \"State of a "
-    "production stack\")"
+    "PULUMI_BACKEND_URL) and `pulumi stack init prod --secrets-provider awskms://alias/<key>` (docs/deploying.md, \"Where "
+    "the state lives\")"
 )

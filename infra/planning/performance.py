@@ -380,7 +380,7 @@ def _point_json(p: LoadPoint, gpus: int) -> dict:
 
 
 def performance_json(c: Capacity) -> dict:
-    """The plan's `performance` section (names tools read: README, "Performance")."""
+    """The plan's `performance` section (names tools read: docs/planning.md, "Performance")."""
     w = c.workload
     at = _point_json(c.at, c.gpus) if c.at else None
     capacity = {

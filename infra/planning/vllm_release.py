@@ -4,7 +4,7 @@ The planner follows the release the stack serves (`serving.vllmVersion`,
 `plan --vllm-version`). Every rule below was read in that release's wheel (the
 `vllm/` tree of `vllm-X.Y.Z-*.whl` on PyPI); `CHANGES` lists each behaviour
 change with the first release it applies to and the file that holds it, and
-the README's version table is generated from it. Releases are compared by
+the version table in docs/planning.md is generated from it. Releases are compared by
 minor version: a patch release keeps its minor release's accounting.
 
 Supported: the V1 engine from 0.10.0 (the first release in which it is the
@@ -254,7 +254,7 @@ def release(version: str | None = None) -> Release:
 
 
 def changes_table() -> str:
-    """The Markdown table of CHANGES, as the README shows it."""
+    """The Markdown table of CHANGES, as docs/planning.md shows it."""
     rows = ["| behaviour | first release | source (in that release's wheel) |", "|---|---|---|"]
     rows += [f"| {c.behaviour} | {c.first} | `{c.source}` |" for c in CHANGES]
     return "\n".join(rows)

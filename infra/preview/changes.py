@@ -1,9 +1,9 @@
-"""Common changes to a running stack and what each does: the README's "Changing a running stack".
+"""Common changes to a running stack and what each does: docs/operating.md's "Changing a running stack".
 
 Each `Change` is an edit of a stack file's own lines (base and head), what the diff tool
 (`infra.preview.diff`) reports for it, summarised by `effects`, and what that means for
 serving. `tests/test_changes.py` synthesizes both sides of every row and checks the diff
-reports exactly the row's effects, and that the README's table is `table_markdown()`: the
+reports exactly the row's effects, and that docs/operating.md's table is `table_markdown()`: the
 table cannot drift from what `python -m infra diff` shows in a pull request.
 """
 
@@ -156,7 +156,7 @@ CHANGES: tuple[Change, ...] = (
 
 
 def table_markdown() -> str:
-    """The README's table of common changes."""
+    """The table of common changes (docs/operating.md)."""
     rows = ["| change | edit | what `python -m infra diff` reports | serving |", "|---|---|---|---|"]
     for c in CHANGES:
         rows.append(f"| {c.name} | {c.how} ({c.stack}) | {', '.join(c.expected) or 'nothing replaced or rolled'} | {c.serving} |")

@@ -82,4 +82,4 @@ def serving_text(group: dict, base: dict, head: dict) -> tuple[str, bool]:
     return (f" **Serving goes down** {length}, and the update stalls: the serving PodDisruptionBudget blocks every "
             f"eviction, so EKS fails it after its drain timeout (PodEvictionFailure). First `pulumi up` with only "
             f"`{SUSPEND_KEY}: true` (KubeRay deletes the serving pods), then this change, then `{SUSPEND_KEY}: false` "
-            "(README, Changing a running stack).", True)  # fmt: skip
+            "(docs/operating.md, Changing a running stack).", True)  # fmt: skip
