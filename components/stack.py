@@ -406,7 +406,7 @@ def _serving_image(cfg: StackConfig, repository: aws.ecr.Repository, storage: pu
     image bin/build-image pushed to the stack's repository, by the digest its (immutable) tag holds,
     asked of ECR once the weight storage and the staging Job exist (the Job is not waited for:
     pulumi.com/skipAwait), which gives bin/build-image, run beside the first `pulumi up` of a new
-    stack, the cluster's and the nodes' creation to push in (README, deploy order); a tag not
+    stack, the cluster's and the nodes' creation to push in (docs/deploying.md, Images); a tag not
     pushed yet fails the `up`, which then succeeds once it is. The EFA check runs the same digest:
     it is created beside the staging Job, so it still runs while the weights are staged.
     """

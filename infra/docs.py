@@ -130,7 +130,11 @@ def render_region(name: str, root: Path | None = None) -> str:
 
 def regenerate(text: str, root: Path | None = None) -> str:
     """TEXT with every region's body replaced by what the generator writes."""
-    return REGION.sub(lambda m: m["open"] + render_region(m["name"], root) + m["close"], text)
+    def body(name: str) -> str:
+        out = render_region(name, root)
+        return out if out.endswith("\n") else out + "\n"  # the end marker on a line of its own, or it is not found again
+
+    return REGION.sub(lambda m: m["open"] + body(m["name"]) + m["close"], text)
 
 
 def region_names(text: str) -> list[str]:

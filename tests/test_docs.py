@@ -29,6 +29,25 @@ def test_generated_regions_are_current(page: Path) -> None:
     assert regenerate(text) == text, f"{page.relative_to(REPO)} is out of date: run `python -m infra docs`"
 
 
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_region_is_closed_on_a_line_of_its_own(page: Path) -> None:
+    """An end marker glued to a line is not found, and the region would swallow the prose up to the next one."""
+    text = page.read_text()
+    opens = len(re.findall(r"^<!-- generated: ", text, re.M))
+    closes = len(re.findall(r"(?<!    )<!-- end generated -->", text))  # an indented example of the syntax aside
+    assert opens == closes == len(region_names(text)) == len(re.findall(r"^<!-- end generated -->$", text, re.M)), page
+
+
+def test_a_region_whose_output_lacks_a_final_newline_stays_closed(monkeypatch) -> None:
+    import infra.docs as docs
+
+    monkeypatch.setattr(docs, "render_region", lambda name, root=None: "| a | b |")
+    text = "<!-- generated: x -->\n<!-- end generated -->\nprose\n<!-- generated: y -->\n<!-- end generated -->\n"
+    new = docs.regenerate(text)
+    assert new == "<!-- generated: x -->\n| a | b |\n<!-- end generated -->\nprose\n<!-- generated: y -->\n| a | b |\n<!-- end generated -->\n"
+    assert docs.regenerate(new) == new
+
+
 def test_the_config_reference_is_generated_into_the_configuration_page() -> None:
     assert "config-reference" in region_names((REPO / "docs" / "configuration.md").read_text())
 
