@@ -649,10 +649,7 @@ def _diff_facts(params: dict, run: Run, files: dict[str, bytes]) -> list[str]:
 BLOCKS = read_blocks(REPO_ROOT)
 # Blocks of today's docs this test finds wrong, until the docs are fixed: (test, file, text of a line of
 # the block): why. An entry fails (strict xfail) once the doc is right: then delete it.
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("runs", "docs/operating.md", "--out out/prod.json"): "out/ is made only by bin/plan (and gitignored): on a fresh clone "
-    "`synth --out out/prod.json` exits 2; the doc should write `--out prod.json` (then delete this entry)",
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 def _known(test: str, block: Block):

@@ -363,6 +363,7 @@ def synth(
         sys.stdout.write(text)
         return
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # `--out out/prod.json` on a fresh clone, as the docs show
         out.write_text(text)
     except OSError as err:
         _fail(f"cannot write --out {out}: {err.strerror or err}")
