@@ -459,12 +459,7 @@ def test_kda_lists_that_do_not_cover_the_layers_are_refused():
 
 # Catalog models with no commit found in an offline source yet. The list may only shrink: pin
 # one (CatalogEntry.revision, with revision_source) and take it off here.
-UNPINNED = {
-    "deepseek-v4-flash", "deepseek-v3", "deepseek-r1", "deepseek-v3.2", "kimi-k2", "kimi-k2.5",
-    "qwen3-235b-a22b", "qwen3-235b-a22b-fp8", "qwen3-235b-a22b-nvfp4", "qwen3-30b-a3b",
-    "qwen3-30b-a3b-gptq-int4", "qwen3-32b-awq", "llama-3.1-405b", "llama-3.1-70b", "mixtral-8x7b",
-    "gpt-oss-120b", "qwen3-0.6b",
-}  # fmt: skip
+UNPINNED = {"llama-3.1-405b"}
 
 
 def test_unpinned_catalog_models_are_exactly_the_listed_ones():
