@@ -75,11 +75,11 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="60d8d70770c6776ff598c94bb586a859a38244f1",
         revision_source=(
             "huggingface.co/deepseek-ai/DeepSeek-V4-Flash/blob/60d8d70770c6776ff598c94bb586a859a38244f1/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): an Intel test-suite "
+            "the same commit in public projects' files: an Intel test-suite "
             "module of Hub pins 'deepseek-ai/DeepSeek-V4-Flash': '60d8d707...' with the Hub's lastModified "
-            "2026-06-22, taken 2026-08-18 from huggingface.co/api/models (index id 69468851383); a "
-            "config-snapshot README retrieved 2026-08-30 (id 69409295024); an MoE GEMM release table giving H "
-            "4096, F 2048, E 256, top-6 at this commit, as the bundled config (id 68889821313)"
+            "2026-06-22, taken 2026-08-18 from huggingface.co/api/models; a "
+            "config-snapshot README retrieved 2026-08-30; an MoE GEMM release table giving H "
+            "4096, F 2048, E 256, top-6 at this commit, as the bundled config"
         ),
     ),
     "kimi-k3": CatalogEntry(
@@ -123,11 +123,10 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="a7e62ac04ecb2c0a54d736dc46601c5606cf10a6",
         revision_source=(
             "huggingface.co/deepseek-ai/DeepSeek-V3.2/blob/a7e62ac04ecb2c0a54d736dc46601c5606cf10a6/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): an MoE GEMM release "
-            "table pinning this config (H 7168, F 2048, E 256, top-8, as the bundled config; index id "
-            "68889821313); an SGLang e2e script SGLANG_UPSTREAM_E2E_TOKENIZER_REVISION=a7e62ac0... (id "
-            "69866956503); a TensorRT-LLM run on models--deepseek-ai--DeepSeek-V3.2/snapshots/a7e62ac0... (id "
-            "65778577712)"
+            "the same commit in public projects' files: an MoE GEMM release "
+            "table pinning this config (H 7168, F 2048, E 256, top-8, as the bundled config); an SGLang e2e "
+            "script SGLANG_UPSTREAM_E2E_TOKENIZER_REVISION=a7e62ac0...; a TensorRT-LLM run on "
+            "models--deepseek-ai--DeepSeek-V3.2/snapshots/a7e62ac0..."
         ),
     ),
     "kimi-k2": CatalogEntry(
@@ -137,10 +136,9 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="fd1984e2b7a3350dbf7305fe73a4ede25c14de50",
         revision_source=(
             "huggingface.co/moonshotai/Kimi-K2-Instruct/blob/fd1984e2b7a3350dbf7305fe73a4ede25c14de50/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): a renderer package's "
-            "TRUSTED_REVISIONS {'moonshotai/Kimi-K2-Instruct': 'fd1984e2...'} (index ids 55089389572, "
-            "63280838204); a config table 'Kimi K2, vendor config fd1984e2: 64 MLA heads, 384 top-8 plus 1 "
-            "shared, first 1 layer dense', as the bundled config (id 66919159437)"
+            "the same commit in public projects' files: a renderer package's "
+            "TRUSTED_REVISIONS {'moonshotai/Kimi-K2-Instruct': 'fd1984e2...'}; a config table 'Kimi K2, vendor config fd1984e2: 64 MLA heads, 384 top-8 plus 1 "
+            "shared, first 1 layer dense', as the bundled config"
         ),
     ),
     "kimi-k2.5": CatalogEntry(
@@ -150,10 +148,10 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="4d01dfe0332d63057c186e0b262165819efb6611",
         revision_source=(
             "huggingface.co/moonshotai/Kimi-K2.5/blob/4d01dfe0332d63057c186e0b262165819efb6611/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): a provenance table "
-            "'huggingface.co/moonshotai/Kimi-K2.5, refs/heads/main, 4d01dfe0...' (index id 59662541888); a "
-            "renderer package's TRUSTED_REVISIONS (id 55089389572); an MoE GEMM release table at this commit, H "
-            "7168, F 2048, E 384, top-8, as the bundled config (id 68889821313)"
+            "the same commit in public projects' files: a provenance table "
+            "'huggingface.co/moonshotai/Kimi-K2.5, refs/heads/main, 4d01dfe0...'; a "
+            "renderer package's TRUSTED_REVISIONS; an MoE GEMM release table at this commit, H "
+            "7168, F 2048, E 384, top-8, as the bundled config"
         ),
     ),
     "qwen3-235b-a22b": CatalogEntry(
@@ -163,10 +161,10 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="8efa61729e24bd65b1d152b5ab5409052aa80e65",
         revision_source=(
             "huggingface.co/Qwen/Qwen3-235B-A22B/blob/8efa61729e24bd65b1d152b5ab5409052aa80e65/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): a config-snapshot "
-            "README, 'Qwen/Qwen3-235B-A22B@8efa6172', retrieved 2026-08-30 (index id 69409295024); an MoE GEMM "
-            "release table, H 4096, F 1536, E 128, top-8, as the bundled config (id 68889821313); NeMo-RL runs in "
-            "2026-06 on models--Qwen--Qwen3-235B-A22B/snapshots/8efa6172... (id 59776470791)"
+            "the same commit in public projects' files: a config-snapshot "
+            "README, 'Qwen/Qwen3-235B-A22B@8efa6172', retrieved 2026-08-30; an MoE GEMM "
+            "release table, H 4096, F 1536, E 128, top-8, as the bundled config; NeMo-RL runs in "
+            "2026-06 on models--Qwen--Qwen3-235B-A22B/snapshots/8efa6172..."
         ),
     ),
     "qwen3-235b-a22b-fp8": CatalogEntry(
@@ -175,12 +173,12 @@ CATALOG: dict[str, CatalogEntry] = {
         "checkpoint of qwen3-235b-a22b: fine-grained FP8, block size 128)",
         revision="39eb2b067ea6b8e3e1dd97d3cd0c7ffeaf3e1a35",
         revision_source=(
-            "huggingface.co/Qwen/Qwen3-235B-A22B-FP8 at 39eb2b067ea6b8e3e1dd97d3cd0c7ffeaf3e1a35: public GitHub "
-            "sources (search-index files, repository not resolvable there): a Dynamo staging Job 'hf download "
-            "Qwen/Qwen3-235B-A22B-FP8 --revision 39eb2b06...' (index id 61950967365); a table of PVC snapshot "
-            "SHAs 'verified against dynamo-test/model-cache' (id 57896536338); a probe report 'model "
+            "huggingface.co/Qwen/Qwen3-235B-A22B-FP8 at 39eb2b067ea6b8e3e1dd97d3cd0c7ffeaf3e1a35: the "
+            "same commit in public projects' files: a Dynamo staging Job 'hf download "
+            "Qwen/Qwen3-235B-A22B-FP8 --revision 39eb2b06...'; a table of PVC snapshot "
+            "SHAs 'verified against dynamo-test/model-cache'; a probe report 'model "
             "Qwen/Qwen3-235B-A22B-FP8, commit 39eb2b06..., 94 layers, hidden 4096, vocab 151936, "
-            "tie_word_embeddings False', as the bundled config (id 67391175937)"
+            "tie_word_embeddings False', as the bundled config"
         ),
     ),
     "qwen3-235b-a22b-nvfp4": CatalogEntry(
@@ -190,12 +188,12 @@ CATALOG: dict[str, CatalogEntry] = {
         quant_file="qwen3-235b-a22b-nvfp4.hf_quant_config.json",
         revision="21cfa2c9e152032eb60647ee7b46a2bbcd8d76d2",
         revision_source=(
-            "huggingface.co/nvidia/Qwen3-235B-A22B-NVFP4 at 21cfa2c9e152032eb60647ee7b46a2bbcd8d76d2: public "
-            "GitHub sources (search-index files, repository not resolvable there): a pinned production contract "
+            "huggingface.co/nvidia/Qwen3-235B-A22B-NVFP4 at 21cfa2c9e152032eb60647ee7b46a2bbcd8d76d2: public projects' "
+            "files: a pinned production contract "
             "'nvidia/Qwen3-235B-A22B-NVFP4 revision 21cfa2c9...: Qwen3MoeForCausalLM, 94 layers, 128 routed "
             "experts, top-8, hidden 4096, ModelOpt group-16 NVFP4, quantization in hf_quant_config.json', as the "
-            "bundled files (index ids 57945649011, 58013355068 MODEL_REVISION); a vLLM script on "
-            "models--nvidia--Qwen3-235B-A22B-NVFP4/snapshots/21cfa2c9... (id 4850682502)"
+            "bundled files (a MODEL_REVISION constant); a vLLM script on "
+            "models--nvidia--Qwen3-235B-A22B-NVFP4/snapshots/21cfa2c9..."
         ),
     ),
     "qwen3-30b-a3b": CatalogEntry(
@@ -220,10 +218,9 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="9b534e4318b7ebc3c961a839f13eb18b1833f441",
         revision_source=(
             "huggingface.co/Qwen/Qwen3-30B-A3B-GPTQ-Int4 at 9b534e4318b7ebc3c961a839f13eb18b1833f441: the Hub "
-            "cache directory models--Qwen--Qwen3-30B-A3B-GPTQ-Int4/snapshots/9b534e43... in public GitHub scripts "
-            "of two projects (search-index files, repository not resolvable there: a Rust inference engine's M3 "
-            "A/B scripts, HF_MODEL=Qwen/Qwen3-30B-A3B-GPTQ-Int4, index ids 55110262873, 55069575768; "
-            "mixed-precision serving experiments, ids 55864879084, 56736395706). The bundled config is "
+            "cache directory models--Qwen--Qwen3-30B-A3B-GPTQ-Int4/snapshots/9b534e43... in public scripts "
+            "of two projects (a Rust inference engine's M3 A/B scripts, HF_MODEL=Qwen/Qwen3-30B-A3B-GPTQ-Int4; "
+            "mixed-precision serving experiments). The bundled config is "
             "RECONSTRUCTED and was not compared with this commit's"
         ),
     ),
@@ -235,10 +232,9 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="0499c3ac83fdef8810b907a23894ba91e95eddd8",
         revision_source=(
             "huggingface.co/Qwen/Qwen3-32B-AWQ at 0499c3ac83fdef8810b907a23894ba91e95eddd8: the Hub cache "
-            "directory models--Qwen--Qwen3-32B-AWQ/snapshots/0499c3ac... in public GitHub files of several "
-            "projects (search-index files, repository not resolvable there: a KV study table 'Qwen3-32B-AWQ, 64 "
-            "layers, 8 KV heads, head_dim 128', id 51962470716; a 2026-09-14 serving log, id 68922692993; "
-            "judge-model scripts, ids 66507436832, 57142266940). The bundled config is RECONSTRUCTED and was not "
+            "directory models--Qwen--Qwen3-32B-AWQ/snapshots/0499c3ac... in public files of several "
+            "projects (a KV study table 'Qwen3-32B-AWQ, 64 layers, 8 KV heads, head_dim 128'; a 2026-09-14 "
+            "serving log; judge-model scripts). The bundled config is RECONSTRUCTED and was not "
             "compared with this commit's"
         ),
     ),
@@ -254,10 +250,8 @@ CATALOG: dict[str, CatalogEntry] = {
         revision_source=(
             "huggingface.co/meta-llama/Meta-Llama-3.1-70B (renamed meta-llama/Llama-3.1-70B) at "
             "349b2ddb53ce8f2849a6c168a81980ab25258dac: the Hub cache directory of that commit under both names in "
-            "public GitHub files (search-index files, repository not resolvable there): "
-            "models--meta-llama--Llama-3.1-70B/snapshots/349b2ddb... (index ids 35348109890, 57004466462, "
-            "68499116427) and models--meta-llama--Meta-Llama-3.1-70B/snapshots/349b2ddb... (ids 53129739564, "
-            "22807136716); the older 7740ff69... appears only under the pre-rename name"
+            "public projects' files: models--meta-llama--Llama-3.1-70B/snapshots/349b2ddb... and "
+            "models--meta-llama--Meta-Llama-3.1-70B/snapshots/349b2ddb...; the older 7740ff69... appears only under the pre-rename name"
         ),
     ),
     "mixtral-8x7b": CatalogEntry(
@@ -266,11 +260,11 @@ CATALOG: dict[str, CatalogEntry] = {
         revision="fc7ac94680e38d7348cfa806e51218e6273104b0",
         revision_source=(
             "huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/fc7ac94680e38d7348cfa806e51218e6273104b0/config.json: "
-            "public GitHub sources (search-index files, repository not resolvable there): an Intel test-suite "
+            "the same commit in public projects' files: an Intel test-suite "
             "module of Hub pins 'mistralai/Mixtral-8x7B-v0.1': 'fc7ac946...' with the Hub's lastModified "
-            "2025-07-24, taken 2026-08-18 from huggingface.co/api/models (index id 69468851383); a "
-            "config-snapshot README retrieved 2026-08-30 (id 69409295024); an MoE GEMM release table, H 4096, F "
-            "14336, E 8, top-2, as the bundled config (id 68889821313)"
+            "2025-07-24, taken 2026-08-18 from huggingface.co/api/models; a "
+            "config-snapshot README retrieved 2026-08-30; an MoE GEMM release table, H 4096, F "
+            "14336, E 8, top-2, as the bundled config"
         ),
     ),
     "gpt-oss-120b": CatalogEntry(
@@ -282,8 +276,7 @@ CATALOG: dict[str, CatalogEntry] = {
             "github.com/mlcommons/inference @ b66003e10e2db4b8c36a448b0545ec90fcc6e9e9, "
             "language/gpt-oss-120b/README.md: 'Model: openai/gpt-oss-120b, commit id: b5c939d "
             "(huggingface.co/openai/gpt-oss-120b/tree/b5c939de8f754692c1647ca79fbf85e8c1e70f8a)'; an Intel "
-            "test-suite module of Hub pins gives its lastModified as 2025-08-26, taken 2026-08-18 (search-index "
-            "file 69468851383)"
+            "test-suite module of Hub pins gives its lastModified as 2025-08-26, taken 2026-08-18"
         ),
     ),
     "qwen3-0.6b": CatalogEntry(
@@ -295,8 +288,7 @@ CATALOG: dict[str, CatalogEntry] = {
             "docs/halofpx/fixtures/qwen3-0.6b-rocmfpx/registry.json: revision "
             "'c1899de289a04d12100db370d81485cdf75e47ca', url "
             "huggingface.co/Qwen/Qwen3-0.6B/resolve/c1899de2.../LICENSE (2026-08-12); an Intel test-suite module "
-            "of Hub pins gives 'Qwen/Qwen3-0.6B': 'c1899de2...' with lastModified 2025-07-26, taken 2026-08-18 "
-            "(search-index file 69468851383)"
+            "of Hub pins gives 'Qwen/Qwen3-0.6B': 'c1899de2...' with lastModified 2025-07-26, taken 2026-08-18"
         ),
     ),
 }
