@@ -73,6 +73,13 @@ FREE = {("prometheus", "prometheusSpec", "nodeSelector"), ("prometheus", "promet
         ("alertmanager", "config", "route"), ("prometheusOperator", "nodeSelector"),
         ("prometheusOperator", "admissionWebhooks", "patch", "nodeSelector"), ("grafana", "nodeSelector"),
         ("kube-state-metrics", "nodeSelector")}  # fmt: skip
+# Each pod's requests and limits (infra/planning/monitoring_pods.py): Kubernetes ResourceRequirements under keys the chart
+# has as `resources: {}` (test_every_pod_carries_requests validates them against the Kubernetes schema).
+RESOURCES = {("prometheus", "prometheusSpec", "resources"), ("alertmanager", "alertmanagerSpec", "resources"),
+             ("prometheusOperator", "resources"), ("prometheusOperator", "prometheusConfigReloader", "resources"),
+             ("grafana", "resources"), ("grafana", "sidecar", "resources"), ("kube-state-metrics", "resources"),
+             ("prometheus-node-exporter", "resources")}  # fmt: skip
+FREE |= RESOURCES
 
 
 # ---- config --------------------------------------------------------------------------------------------------
@@ -123,6 +130,31 @@ def test_every_key_we_set_is_in_the_charts_defaults(webhook):
     ours = mon.kube_prometheus_stack_values(PROD_SIZING, 15, component.GRAFANA_ADMIN_SECRET, webhook)
     assert unknown_paths(ours, chart_defaults(), FREE) == []
     assert unknown_paths({"grafana": {"nodeSelektor": {}}}, chart_defaults(), FREE) == ["grafana.nodeSelektor: not in the chart's default values"]
+
+
+def _at(values: dict, path: tuple[str, ...]):
+    for key in path:
+        values = values[key]
+    return values
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["in-cluster", "amp"])
+def test_every_pod_carries_requests(amp):
+    """The chart sets none but what we give Prometheus (`resources: {}` at every key); our values give every container
+    CPU and memory requests and a memory limit, each a valid Kubernetes ResourceRequirements."""
+    ours = mon.kube_prometheus_stack_values(PROD_SIZING, 15, component.GRAFANA_ADMIN_SECRET,
+                                            amp=mon.AmpValues("https://w/api/v1/remote_write", "https://w/", "us-east-1") if amp else None)  # fmt: skip
+    defaults, version = chart_defaults(), load_stack_file("prod").cluster.kubernetes_version + ".0"
+    for path in sorted(RESOURCES):
+        assert _at(defaults, path) == {}, path
+        if amp and path[0] == "alertmanager":
+            assert ours["alertmanager"] == {"enabled": False}  # no Alertmanager in agent mode
+            continue
+        resources = _at(ours, path)
+        assert set(resources["requests"]) == {"cpu", "memory"} and set(resources["limits"]) == {"memory"}, path
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+               "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}}  # fmt: skip
+        kubernetes_validate.validate(pod, version, strict=True)
 
 
 def test_the_chart_is_the_pinned_one_and_its_names_are_ours():

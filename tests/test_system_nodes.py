@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import re
 from pathlib import Path
 
 import moto
@@ -21,10 +22,15 @@ import yaml
 from infra.config import load_stack_file
 from infra.errors import UserError
 from infra.k8s import monitoring as mon
-from infra.planning import system_nodes as sn
+from infra.planning import monitoring_pods as mp, system_nodes as sn
 from infra.planning.monitoring_sizing import Shape, sizing
 from infra.planning.plan import make_plan
+from infra.preview.synth import synthesize
 from tests.conftest import fixture_path
+from tests.project_copy import edited_project
+from tests.test_monitoring import _merged, chart_defaults
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +65,64 @@ def test_chart_figures_are_the_pinned_charts_defaults():
     assert kuberay["limits"] == {"cpu": f"{pods['kuberay-operator'].cpu_m}m", "memory": f"{pods['kuberay-operator'].memory_mib}Mi"}
     nma = yaml.safe_load(fixture_path("eks-node-monitoring-agent-v1.7.0", "values.yaml").read_text())["nodeAgent"]["resources"]["requests"]
     assert nma == {"cpu": f"{pods['eks-node-monitoring-agent'].cpu_m}m", "memory": f"{pods['eks-node-monitoring-agent'].memory_mib}Mi"}
-    kps = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "values.yaml").read_text())
-    assert kps["alertmanager"]["alertmanagerSpec"]["resources"] == kps["prometheusOperator"]["resources"] == {}
-    assert pods["alertmanager"].memory_mib == pods["prometheus-operator"].memory_mib == 0
-    for sub in ("grafana", "kube-state-metrics", "prometheus-node-exporter"):
-        assert yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", f"{sub}-values.yaml").read_text())["resources"] == {}
+    # kube-prometheus-stack's own pods: the chart sets no requests (tests/test_monitoring.py: `resources: {}` at every
+    # key); the stack's values set them and the plan sums the same (test_the_plan_sums_what_the_release_requests).
+    assert all(pods[name].cpu_m > 0 and pods[name].memory_mib > 0
+               for name in ("alertmanager", "prometheus-operator", "grafana", "kube-state-metrics", "node-exporter"))  # fmt: skip
+
+
+# ---- the plan's monitoring pods are the synthesized release's requests ---------------------------------------
+
+AMP = ("  gpu-serving:lifecycle:\n", "  gpu-serving:monitoring: {mode: amp}\n  gpu-serving:lifecycle:\n")
+UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _cpu_m(q: str) -> float:
+    return float(q[:-1]) if q.endswith("m") else float(q) * 1000
+
+
+def _mib(q: str) -> float:
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", q).groups()
+    return float(number) * UNITS[unit] / 2**20
+
+
+def release_requests(values: dict, system_nodes: int) -> tuple[float, float]:
+    """(CPU m, memory MiB) the release's pods request on the system nodes, read from its values as the pinned charts
+    render them (infra/planning/monitoring_pods.py module doc): Prometheus and Alertmanager with the operator's config
+    reloader, Grafana with a sidecar container per enabled sidecar, node exporter on every system node."""
+    v = _merged(chart_defaults(), values)
+    reloader = v["prometheusOperator"]["prometheusConfigReloader"]["resources"]
+    pods = [[v["prometheus"]["prometheusSpec"]["resources"], reloader], [v["prometheusOperator"]["resources"]],
+            [v["kube-state-metrics"]["resources"]]]  # fmt: skip
+    if v["alertmanager"]["enabled"]:
+        pods.append([v["alertmanager"]["alertmanagerSpec"]["resources"], reloader])
+    g = v["grafana"]
+    sidecars = [k for k in ("alerts", "dashboards", "datasources", "notifiers", "plugins") if g["sidecar"][k]["enabled"]]
+    assert not any(g["sidecar"][k].get(f"init{k.capitalize()}") for k in sidecars)  # containers, not init containers
+    pods.append([g["resources"]] + [g["sidecar"]["resources"]] * len(sidecars))
+    pods += [[v["prometheus-node-exporter"]["resources"]]] * system_nodes
+    containers = [c["requests"] for pod in pods for c in pod]
+    return sum(_cpu_m(c["cpu"]) for c in containers), sum(_mib(c["memory"]) for c in containers)
+
+
+def _release_values(doc: dict) -> dict:
+    (release,) = [r for r in doc["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release" and r["inputs"]["chart"] == "kube-prometheus-stack"]
+    return release["inputs"]["values"]
+
+
+@pytest.mark.parametrize("mode", ["in-cluster", "amp"])
+def test_the_plan_sums_what_the_release_requests(mode, tmp_path):
+    """The synthesized release's requests (prod, each mode) are what the plan adds to the system nodes for monitoring:
+    the plan's sum with the mode less its sum with monitoring off."""
+    doc = synthesize("prod", REPO if mode == "in-cluster" else edited_project(tmp_path / "p", "prod", [AMP]))
+    plan = doc["outputs"]["plan"]
+    fit, count = plan["system_nodes"], plan["system_nodes"]["count"]
+    config = load_stack_file("prod")
+    off = make_plan(config.plan_request().replace(system=sn.SystemNodes(fit["instance_type"], count))).system_nodes
+    cpu, memory = release_requests(_release_values(doc), count)
+    assert (fit["requests_cpu_m"] - off.requests_cpu_m, fit["requests_memory_mib"] - off.requests_memory_mib) == (cpu, memory)
+    assert fit["fits"] and fit["expected_memory_mib"] - off.expected_memory_mib == memory  # no allowance above the requests
+    assert fit["largest_pod"] == ("prometheus-agent" if mode == "amp" else "prometheus")
 
 
 def test_prometheus_is_the_stacks_request(prod):
@@ -85,7 +144,10 @@ def test_the_sum_follows_the_series_and_the_mode(prod):
     longer = dataclasses.replace(plan, request=plan.request.replace(system=dataclasses.replace(system, retention_days=90)))
     assert longer.system_nodes.requests_memory_mib == base.requests_memory_mib  # retention sizes the volume, not the memory
     off = dataclasses.replace(plan, request=plan.request.replace(system=dataclasses.replace(system, retention_days=None)))
-    assert off.system_nodes.requests_memory_mib == base.requests_memory_mib - plan.system_request.prometheus_memory_mib - 50
+    monitoring = sum(p.memory_mib * (base.count if p.per_node else 1) for p in mp.pods("in-cluster", plan.system_request.prometheus_memory_mib))
+    assert off.system_nodes.requests_memory_mib == base.requests_memory_mib - monitoring
+    amp = dataclasses.replace(plan, request=plan.request.replace(system=dataclasses.replace(system, monitoring="amp")))
+    assert off.system_nodes.requests_memory_mib < amp.system_nodes.requests_memory_mib < base.requests_memory_mib  # no Alertmanager
     shape = Shape(gpu_nodes=4, gpus_per_node=8, vcpus_per_gpu_node=192, system_nodes=2, engines=1, ray_pods=4)
     assert sn.request_for(sn.SystemNodes("m7i.xlarge", 2, 15), shape).prometheus_memory_mib == sizing(shape, 15).memory_mib
 
@@ -106,6 +168,15 @@ def test_the_plan_refuses_an_unknown_or_too_small_system_type(prod):
     req = config.plan_request()
     with pytest.raises(UserError, match="systemInstanceType 't3.nano'"):
         make_plan(req.replace(system=sn.SystemNodes("t3.nano", 2, 15)))
+
+
+@pytest.mark.parametrize("stack", ["prod", "test"])
+def test_the_stacks_fit_their_system_nodes_in_each_mode(stack):
+    config = load_stack_file(stack)
+    req = config.plan_request()
+    for mode in ("in-cluster", "amp"):
+        fit = make_plan(req.replace(system=dataclasses.replace(req.system, monitoring=mode))).system_nodes
+        assert fit.fits and fit.requests_cpu_m <= fit.count * fit.allocatable_cpu_m, (stack, mode)
 
 
 def test_prod_plan_states_the_fit(prod):

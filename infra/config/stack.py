@@ -245,5 +245,5 @@ class StackConfig(BaseModel):
             duty_cycle=c.duty_cycle,
             predict_benchmark=self.checks.benchmark,
             system=SystemNodes(self.cluster.system_instance_type, self.cluster.system_node_count,
-                               self.monitoring.retention_days if self.monitoring.in_cluster else None),
+                               self.monitoring.retention_days if self.monitoring.deployed else None, self.monitoring.mode),
         )

@@ -25,6 +25,8 @@ in the `monitoring` namespace:
   and the API server's (tens of thousands of series the stack's dashboards and alerts do not
   read); the chart's default rules for them render only when they are on, so no alert waits
   on a target that cannot exist.
+- Every pod carries CPU and memory requests, and memory limits, from infra/planning/monitoring_pods.py (the chart
+  sets none but Prometheus'), the table the plan's system-node fit sums (infra/planning/system_nodes.py).
 - Grafana's admin password comes from a Secret the stack makes (`grafana.admin.existingSecret`);
   the dashboards' ConfigMaps are found by the sidecar's default label `grafana_dashboard: "1"`.
 - Alertmanager's webhook receiver reads its URL from a Secret file (`url_file`), mounted through
@@ -71,6 +73,7 @@ from infra.k8s.helm_values import KUBE_PROMETHEUS_STACK
 from infra.k8s.monitoring_sizing import Sizing
 from infra.k8s.scheduling import system_node_selector
 from infra.k8s.serving_spec import API_PORT, RAY_METRICS_PORT
+from infra.planning import monitoring_pods as pods
 
 NAMESPACE = KUBE_PROMETHEUS_STACK.namespace
 RELEASE = KUBE_PROMETHEUS_STACK.release
@@ -160,7 +163,7 @@ def kube_prometheus_stack_values(
     if amp is not None:
         return amp_values(sizing, grafana_admin_secret, amp)
     system = system_node_selector()
-    alertmanager_spec: dict[str, Any] = {"nodeSelector": system}
+    alertmanager_spec: dict[str, Any] = {"nodeSelector": system, "resources": pods.ALERTMANAGER.resources()}
     if webhook_secret is not None:
         alertmanager_spec["secrets"] = [webhook_secret]
     return {
@@ -170,7 +173,7 @@ def kube_prometheus_stack_values(
         "kubeEtcd": {"enabled": False},
         "kubeProxy": {"enabled": False},
         "kubeApiServer": {"enabled": False},
-        "prometheusOperator": {"nodeSelector": system, "admissionWebhooks": {"patch": {"nodeSelector": system}}},
+        "prometheusOperator": _operator(system),
         "prometheus": {
             "prometheusSpec": {
                 "nodeSelector": system,
@@ -190,19 +193,34 @@ def kube_prometheus_stack_values(
         },
         "alertmanager": {"alertmanagerSpec": alertmanager_spec, **({"config": alertmanager_config(webhook_secret)} if webhook_secret else {})},
         "grafana": {
-            "nodeSelector": system,
+            **_grafana(system),
             "admin": {"existingSecret": grafana_admin_secret, "userKey": ADMIN_USER_KEY, "passwordKey": ADMIN_PASSWORD_KEY},
         },
-        "kube-state-metrics": {"nodeSelector": system},
+        "kube-state-metrics": {"nodeSelector": system, "resources": pods.KUBE_STATE_METRICS.resources()},
+        "prometheus-node-exporter": {"resources": pods.NODE_EXPORTER.resources()},
     }
 
 
 def _resources(sizing: Sizing) -> dict[str, Any]:
+    """Prometheus' container (infra/planning/monitoring_pods.py): the series estimate's memory, the limit at twice it
+    before the kernel stops it (a query over the whole retention can spike)."""
+    return pods.Container(pods.PROMETHEUS_CPU_M, sizing.memory_mib, 2 * sizing.memory_mib, "").resources()
+
+
+def _operator(system: Mapping[str, str]) -> dict[str, Any]:
+    """The operator on the system nodes with its requests, and the config reloader's it gives every Prometheus and
+    Alertmanager pod (infra/planning/monitoring_pods.py)."""
     return {
-        "requests": {"cpu": "500m", "memory": f"{sizing.memory_mib}Mi"},
-        # Twice the estimate before the kernel stops it: a query over the whole retention can spike.
-        "limits": {"memory": f"{2 * sizing.memory_mib}Mi"},
+        "nodeSelector": system,
+        "resources": pods.OPERATOR.resources(),
+        "prometheusConfigReloader": {"resources": pods.CONFIG_RELOADER.resources()},
+        "admissionWebhooks": {"patch": {"nodeSelector": system}},
     }
+
+
+def _grafana(system: Mapping[str, str]) -> dict[str, Any]:
+    """Grafana on the system nodes with its requests, and its sidecars' (one `sidecar.resources` for all of them)."""
+    return {"nodeSelector": system, "resources": pods.GRAFANA.resources(), "sidecar": {"resources": pods.GRAFANA_SIDECAR.resources()}}
 
 
 def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dict[str, Any]:
@@ -215,7 +233,7 @@ def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dic
         "kubeProxy": {"enabled": False},
         "kubeApiServer": {"enabled": False},
         "defaultRules": {"create": False},
-        "prometheusOperator": {"nodeSelector": system, "admissionWebhooks": {"patch": {"nodeSelector": system}}},
+        "prometheusOperator": _operator(system),
         "prometheus": {
             "agentMode": True,
             "serviceAccount": {"name": PROMETHEUS_SERVICE_ACCOUNT},
@@ -230,7 +248,7 @@ def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dic
         },
         "alertmanager": {"enabled": False},
         "grafana": {
-            "nodeSelector": system,
+            **_grafana(system),
             "admin": {"existingSecret": grafana_admin_secret, "userKey": ADMIN_USER_KEY, "passwordKey": ADMIN_PASSWORD_KEY},
             "serviceAccount": {"name": GRAFANA_SERVICE_ACCOUNT},
             "plugins": [f"{AMP_PLUGIN}@{AMP_PLUGIN_VERSION}"],
@@ -240,7 +258,7 @@ def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dic
             # Grafana open source or Grafana Enterprise": `sigv4_auth_enabled = true`): on, so neither refuses.
             "grafana.ini": {"auth": {"sigv4_auth_enabled": True}},
             "defaultDashboardsEnabled": False,
-            "sidecar": {"datasources": {"defaultDatasourceEnabled": False, "alertmanager": {"enabled": False}}},
+            "sidecar": {**_grafana(system)["sidecar"], "datasources": {"defaultDatasourceEnabled": False, "alertmanager": {"enabled": False}}},
             "additionalDataSources": [
                 {
                     "name": "Amazon Managed Service for Prometheus",
@@ -255,7 +273,8 @@ def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dic
                 }
             ],
         },
-        "kube-state-metrics": {"nodeSelector": system},
+        "kube-state-metrics": {"nodeSelector": system, "resources": pods.KUBE_STATE_METRICS.resources()},
+        "prometheus-node-exporter": {"resources": pods.NODE_EXPORTER.resources()},
     }
 
 

@@ -2,10 +2,11 @@
 
 Pure arithmetic (issue 20 item 7): the system node group (`gpu-serving:cluster` `systemInstanceType` x
 `systemNodeCount`, on-demand AL2023) runs the operators, EKS's add-ons and, with `monitoring.mode:
-in-cluster`, Prometheus and the rest of kube-prometheus-stack; none of them may land on the GPU nodes
-(they do not tolerate the GPU taint). `fit()` sums the CPU and memory requests of those pods
-(`system_pods`: what the stack's values set, the pinned charts' defaults for what they do not set, and
-labelled ASSUMPTIONs for EKS's add-ons, whose manifests are not among the fixtures) and compares them with
+in-cluster` or `amp`, kube-prometheus-stack (with `amp`, Prometheus in agent mode and no Alertmanager);
+none of them may land on the GPU nodes (they do not tolerate the GPU taint). `fit()` sums the CPU and memory
+requests of those pods (`system_pods`: the monitoring pods' from infra/planning/monitoring_pods.py, the table
+the chart's values are built from, so the sum is what the pods carry; the pinned charts' defaults for the
+operators; labelled ASSUMPTIONs for EKS's add-ons, whose manifests are not among the fixtures) and compares them with
 the nodes' allocatable; `check()` refuses a node group they do not fit and names the smallest instance
 type of the same family, and the node count, that would.
 
@@ -21,16 +22,18 @@ nodeadm/internal/kubelet/config.go `withDefaultReservedResources`, `getMemoryMeb
 - capacity: the kernel's MemTotal, not the instance's nominal memory. ASSUMPTION: 94% of it
   (an m5.large's node reports about 7,750 MiB of its 8,192 MiB).
 
-Besides requests, pods the charts leave without requests still use memory: `fit()` also adds their
-expected working set (ASSUMPTION figures, `usage_mib`) and checks that against allocatable too.
+Besides requests, pods their charts leave without requests (EKS's aws-node, kube-proxy and Pod Identity
+agent) still use memory: `fit()` also adds their expected working set (ASSUMPTION figures, `usage_mib`) and
+checks that against allocatable too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from infra.errors import UserError
+from infra.planning import monitoring_pods
 from infra.planning.monitoring_sizing import Shape, sizing
 
 # EC2 DescribeInstanceTypes, as moto 5.2.5 ships it (moto/ec2/resources/instance_types.json.gz; tests/test_system_nodes.py
@@ -58,34 +61,37 @@ class SystemPod:
     usage_mib: int = 0  # expected working set when it requests less (ASSUMPTION where set)
 
 
-PROMETHEUS_CPU_M = 500  # infra/k8s/monitoring.py prometheusSpec.resources.requests.cpu (tests/test_system_nodes.py checks)
+PROMETHEUS_CPU_M = monitoring_pods.PROMETHEUS_CPU_M
 
 
 @dataclass(frozen=True)
 class SystemNodes:
-    """The planner's input (`PlanRequest.system`): the system node group and the monitoring's retention
-    (None: no in-cluster Prometheus, `monitoring.mode` amp or off)."""
+    """The planner's input (`PlanRequest.system`): the system node group, the monitoring's retention (None:
+    `monitoring.mode` off, no monitoring pods) and its mode (in-cluster, or amp: the agent, no Alertmanager)."""
 
     instance_type: str
     count: int
     retention_days: int | None = None
+    monitoring: str = monitoring_pods.IN_CLUSTER
 
 
 def request_for(system: SystemNodes, shape: Shape) -> SystemRequest:
     """The pods' inputs: Prometheus' memory from the stack's series estimate (monitoring_sizing.py)."""
     if system.retention_days is None:
         return SystemRequest(system.instance_type, system.count)
-    return SystemRequest(system.instance_type, system.count, PROMETHEUS_CPU_M, sizing(shape, system.retention_days).memory_mib)
+    return SystemRequest(system.instance_type, system.count, PROMETHEUS_CPU_M, sizing(shape, system.retention_days).memory_mib,
+                         system.monitoring)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SystemRequest:
-    """The system node group and what the monitoring adds to it (None: monitoring off, or amp)."""
+    """The system node group and what the monitoring adds to it (None: monitoring off)."""
 
     instance_type: str
     count: int
     prometheus_cpu_m: int | None = None
     prometheus_memory_mib: int | None = None
+    monitoring: str = monitoring_pods.IN_CLUSTER  # in-cluster or amp, when prometheus_memory_mib is set
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ def allocatable(instance_type: str) -> tuple[int, int]:
 
 def system_pods(req: SystemRequest) -> list[SystemPod]:
     """What runs on the system nodes, with its requests (module doc; each figure's source in `source`)."""
-    gpu_op, kuberay, ksm = "gpu-operator v26.7.0 values.yaml", "kuberay-operator 1.7.0 values.yaml", "kube-prometheus-stack 88.5.3"
+    gpu_op, kuberay, kps = "gpu-operator v26.7.0 values.yaml", "kuberay-operator 1.7.0 values.yaml", "kube-prometheus-stack 88.5.3"
     pods = [
         SystemPod("coredns", 100, 70, "ASSUMPTION: the EKS CoreDNS add-on's requests", replicas=2),
         SystemPod("aws-node", 25, 0, "ASSUMPTION: the VPC CNI add-on's cpu request", per_node=True, usage_mib=60),
@@ -147,17 +153,9 @@ def system_pods(req: SystemRequest) -> list[SystemPod]:
         SystemPod("kuberay-operator", 100, 512, f"{kuberay} resources.limits (requests default to limits)"),
     ]  # fmt: skip
     if req.prometheus_memory_mib is not None:
-        pods += [
-            SystemPod("prometheus", req.prometheus_cpu_m or 0, req.prometheus_memory_mib,
-                      "the stack's prometheusSpec.resources (infra/planning/monitoring_sizing.py)"),
-            SystemPod("prometheus-config-reloader", 10, 50, "ASSUMPTION: prometheus-operator's config-reloader defaults"),
-            SystemPod("alertmanager", 0, 0, f"{ksm} alertmanagerSpec.resources {{}}", usage_mib=60),
-            SystemPod("prometheus-operator", 0, 0, f"{ksm} prometheusOperator.resources {{}}", usage_mib=100),
-            SystemPod("grafana", 0, 0, f"{ksm} grafana 12.11.1 resources {{}} and its sidecars'", usage_mib=300),
-            SystemPod("kube-state-metrics", 0, 0, f"{ksm} kube-state-metrics 8.4.0 resources {{}}", usage_mib=150),
-            SystemPod("node-exporter", 0, 0, f"{ksm} prometheus-node-exporter 4.56.1 resources {{}}", per_node=True,
-                      usage_mib=30),
-        ]  # fmt: skip
+        # kube-prometheus-stack's pods, as its values set them (infra/k8s/monitoring.py, from this table).
+        pods += [SystemPod(p.name, p.cpu_m, p.memory_mib, f"{kps}: {p.source}", per_node=p.per_node)
+                 for p in monitoring_pods.pods(req.monitoring, req.prometheus_memory_mib)]  # fmt: skip
     return pods
 
 
@@ -189,11 +187,11 @@ def smallest_fitting(req: SystemRequest) -> SystemRequest | None:
     """The smallest size of the same family at the same count that fits, else the fewest nodes of the given size."""
     family = req.instance_type.split(".")[0]
     for size in SIZES:
-        bigger = SystemRequest(f"{family}.{size}", req.count, req.prometheus_cpu_m, req.prometheus_memory_mib)
+        bigger = replace(req, instance_type=f"{family}.{size}")
         if f"{family}.{size}" in INSTANCE_TYPES and fit(bigger).fits:
             return bigger
     for count in range(req.count + 1, MAX_NODES + 1):
-        more = SystemRequest(req.instance_type, count, req.prometheus_cpu_m, req.prometheus_memory_mib)
+        more = replace(req, count=count)
         if fit(more).fits:
             return more
     return None
