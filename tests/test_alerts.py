@@ -87,6 +87,21 @@ def _ray(gpus_per_pod: list[int]) -> list[dict]:
             for i, n in enumerate(gpus_per_pod)]  # fmt: skip
 
 
+# node exporter's series carry its target's pod (the ServiceMonitor's labels), kube-state-metrics' the pod's node.
+NODE_EXPORTER_POD = 'namespace="monitoring", pod="kube-prometheus-stack-prometheus-node-exporter-4xq8d"'
+GPU_CAPACITY = 'kube_node_status_capacity{node="ip-10-0-1-5", resource="nvidia_com_gpu", unit="integer"}'
+
+
+def _efa(devices: int, gpus: str = "8") -> list[dict]:
+    """A node's EFA devices as node exporter's infiniband collector exports them, and the joins the alert reads."""
+    info = [_flat(f'node_infiniband_info{{{NODE_EXPORTER_POD}, job="node-exporter", instance="10.0.1.5:9100", '
+                  f'device="rdmap{i}s0", board_id="EFA-E2", firmware_version="0.0.0.0", hca_type="efa"}}', "1")
+            for i in range(devices)]  # fmt: skip
+    node = _flat(f'kube_pod_info{{{NODE_EXPORTER_POD}, node="ip-10-0-1-5", host_ip="10.0.1.5", job="kube-state-metrics"}}', "1")
+    capacity = _flat(GPU_CAPACITY if gpus else GPU_CAPACITY.replace("nvidia_com_gpu", "cpu"), gpus or "4")
+    return info + [node, capacity]
+
+
 CASES: dict[str, tuple[list[dict], list[dict], list[dict], str]] = {
     "ServingTtftP99AboveSla": (
         _histogram("vllm:time_to_first_token_seconds", HIST_TTFT_OVER),
@@ -119,6 +134,9 @@ CASES: dict[str, tuple[list[dict], list[dict], list[dict], str]] = {
         [{"series": XID, "values": f"0x10 79x{STEPS - 10}"}],
         [_flat(XID, "0")],
         [{"gpu": "3", "UUID": "GPU-36e1567d", "instance": "10.0.1.5:9400"}], "79",
+    ),
+    "GpuNodeEfaDevicesMissing": (  # a p5.48xlarge node showing 31 of its 32 EFA devices, against all 32
+        _efa(31), _efa(32), [{"node": "ip-10-0-1-5"}], "31",
     ),
     "GpuNodeNotReady": (  # a GPU node down, against a system node (no nvidia.com/gpu) down
         [_flat(NODE_READY, "0"), _flat('kube_node_status_capacity{node="ip-10-0-1-5", resource="nvidia_com_gpu", unit="integer"}', "8")],
@@ -157,8 +175,43 @@ def test_prod_rules_pass_promtool_check(promtool: Path, prod: AlertSpec, tmp_pat
 
 
 def test_every_alert_has_a_case() -> None:
-    spec = AlertSpec(namespace=NS, raycluster="vllm", served_model_name=MODEL, ttft_p99_s=0.25, tpot_p99_s=0.04, gpus=32, nodes=4)
+    spec = AlertSpec(namespace=NS, raycluster="vllm", served_model_name=MODEL, ttft_p99_s=0.25, tpot_p99_s=0.04, gpus=32, nodes=4,
+                     efa_devices=32)  # fmt: skip
     assert set(_rules(spec)) == set(CASES)
+
+
+# --- the EFA devices alert: only on EFA instance types ----------------------------
+
+
+def test_the_efa_alert_counts_the_plans_interfaces_and_only_where_there_are_some(prod: AlertSpec) -> None:
+    import dataclasses
+
+    from infra.catalog.instances import get_instance_type
+
+    config = load_stack_file("prod")
+    assert prod.efa_devices == get_instance_type(config.gpu.instance_type).max_efa_interfaces == 32  # p5.48xlarge
+    rule = _rules(prod)["GpuNodeEfaDevicesMissing"]
+    assert "< 32\n" in rule["expr"] and rule["for"] == "10m"
+    assert rule["annotations"]["runbook"].startswith("kubectl get node {{ $labels.node }}")
+    assert "TCP" in rule["annotations"]["description"] and "fewer rails" in rule["annotations"]["description"]
+    assert "GpuNodeEfaDevicesMissing" not in _rules(dataclasses.replace(prod, efa_devices=0))  # no EFA: no alert
+
+
+@pytest.mark.parametrize(
+    "series, fires",
+    [
+        (_efa(0), True),  # a GPU node whose kernel shows no EFA device has no node_infiniband_info at all: 0
+        (_efa(0, gpus=""), False),  # a system node (no nvidia.com/gpu) without EFA is not a GPU node
+        (_efa(33), False),  # more than the plan expects is not fewer
+    ],
+    ids=["gpu-node-without-any", "system-node", "more"],
+)
+def test_the_efa_alert_on_a_node_with_none_and_not_on_system_nodes(promtool: Path, prod: AlertSpec, tmp_path: Path, series, fires) -> None:
+    name = "GpuNodeEfaDevicesMissing"
+    expected = _alerts(_rules(prod)[name], [{"node": "ip-10-0-1-5"}], "0") if fires else []
+    case = {"interval": "30s", "input_series": series, "alert_rule_test": [{"eval_time": "35m", "alertname": name, "exp_alerts": expected}]}
+    out = _promtool_test(promtool, tmp_path, prod, [case])
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

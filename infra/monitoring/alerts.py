@@ -41,6 +41,17 @@ annotations, the runbook naming the first command to run):
 - `GpuNodeNotReady`: kube-state-metrics' `kube_node_status_condition{condition=
   "Ready",status="true"} == 0` (false or unknown) on a node whose
   `kube_node_status_capacity{resource="nvidia_com_gpu"}` is above 0, for 5m.
+- `GpuNodeEfaDevicesMissing` (EFA instance types only: `efa_devices`, the plan's EFA
+  interfaces per node, which the launch template attaches every one of): a GPU node
+  whose kernel shows fewer EFA devices than that for 10m. node exporter's infiniband
+  collector exports one `node_infiniband_info` a device under /sys/class/infiniband
+  (tests/fixtures/metrics/efa/README.md: the only EFA series it has; the GPU
+  dashboard's EFA row counts the same). Its targets carry the node exporter pod's
+  `namespace` and `pod`, not the node's name, so the count is joined to
+  kube-state-metrics' `kube_pod_info` (whose own `namespace`, `pod` and `node` labels
+  the chart's kube-state-metrics ServiceMonitor keeps: `honorLabels: true`), as the
+  chart's own node recording rules join them; that works in both modes (amp's workspace
+  has no chart rules). A GPU node with no device at all has no series: it counts as 0.
 
 The scrape labels are those of the serving PodMonitor (infra/k8s/exposure.py
 `pod_monitor`): the prometheus-operator sets `job` to `<namespace>/<PodMonitor
@@ -86,9 +97,11 @@ class AlertSpec:
     engine_down_for: str = "15m"
     node_not_ready_for: str = "5m"
     kv_cache_threshold: float = 0.95
+    efa_devices: int = 0  # EFA interfaces per GPU node (the plan's; 0: an instance type without EFA, no EFA alert)
+    efa_missing_for: str = "10m"
 
     def __post_init__(self) -> None:
-        for key in ("burn_window", "burn_for", "saturation_for", "engine_down_for", "node_not_ready_for"):
+        for key in ("burn_window", "burn_for", "saturation_for", "engine_down_for", "node_not_ready_for", "efa_missing_for"):
             if not _DURATION.match(getattr(self, key)):
                 raise UserError(f"alert {key} {getattr(self, key)!r} is not a Prometheus duration such as 10m")
         for key in ("ttft_p99_s", "tpot_p99_s", "itl_p99_s"):
@@ -114,6 +127,7 @@ class AlertSpec:
             "itl_p99_s": None if sla.itl_p99_ms is None else sla.itl_p99_ms / 1000,
             "gpus": deployment.total_gpus,
             "nodes": deployment.nodes.count,
+            "efa_devices": deployment.nodes.efa_interfaces,
             "engine_down_for": f"{max(1, math.ceil(serving.cold_start_target_seconds / 60))}m",
             "burn_window": config.monitoring.alerts.sla_window,
             "burn_for": config.monitoring.alerts.sla_for,
@@ -270,12 +284,45 @@ def _cluster_rules(spec: AlertSpec) -> list[dict]:
     ]
 
 
+# A GPU node's name for node exporter's series: its target's pod, joined to kube-state-metrics' kube_pod_info (module doc).
+NODE_OF_POD = 'max by (namespace, pod, node) (kube_pod_info{node!=""})'
+GPU_NODES = 'max by (node) (kube_node_status_capacity{resource="nvidia_com_gpu"}) > 0'
+
+
+def efa_devices_by_node() -> str:
+    """EFA devices each node's kernel shows (node exporter's `node_infiniband_info`), by node name."""
+    return f"count by (node) (node_infiniband_info * on (namespace, pod) group_left (node) {NODE_OF_POD})"
+
+
+def _efa_rules(spec: AlertSpec) -> list[dict]:
+    if not spec.efa_devices:
+        return []
+    n = spec.efa_devices
+    return [_rule(
+        "GpuNodeEfaDevicesMissing",
+        f"({efa_devices_by_node()}\nor\n0 * ({GPU_NODES}))\n< {n}\nand on (node)\n{GPU_NODES}",
+        spec.efa_missing_for,
+        "warning",
+        f"GPU node {{{{ $labels.node }}}} shows fewer than its {n} EFA devices",
+        f"The kernel of GPU node {{{{ $labels.node }}}} has shown {{{{ $value }}}} EFA devices under /sys/class/infiniband "
+        f"for {spec.efa_missing_for}, not the {n} its instance type has and the launch template attaches: an interface "
+        "failed to attach, or the EFA driver did not load for it. NCCL then runs its collectives on fewer rails or, "
+        "with none, falls back to TCP sockets: cross-node all-reduce slows many times over and the engine on that "
+        "node drags every rank with it (TPOT rises), or a collective times out.",
+        f"kubectl get node {{{{ $labels.node }}}} -o jsonpath='{{.status.allocatable.vpc\\.amazonaws\\.com/efa}}' "
+        f"(the EFA device plugin's count, {n} when healthy); then kubectl debug node/{{{{ $labels.node }}}} -it "
+        "--image=busybox -- ls /host/sys/class/infiniband; a node short of devices does not heal by itself: replace "
+        "it (kubectl drain {{ $labels.node }} --ignore-daemonsets --delete-emptydir-data, then terminate its instance; "
+        "the node group launches another).",
+    )]  # fmt: skip
+
+
 def prometheus_rule_groups(spec: AlertSpec) -> list[dict]:
     """The PrometheusRule's `spec.groups` (module doc)."""
     return [
         {"name": "gpu-serving.sla", "rules": _sla_rules(spec)},
         {"name": "gpu-serving.engine", "rules": _engine_rules(spec)},
-        {"name": "gpu-serving.cluster", "rules": _cluster_rules(spec)},
+        {"name": "gpu-serving.cluster", "rules": _cluster_rules(spec) + _efa_rules(spec)},
     ]
 
 
