@@ -13,9 +13,13 @@ threshold line or a constant in a query, taken from `DashboardSpec`, which
 Metric names are the pinned exporters' (tests/test_dashboards.py checks every one
 against tests/fixtures/metrics/dashboards/):
 - vLLM 0.34.0 on the head's `/metrics` (labels `model_name`, `engine`); the estimated
-  FLOPs and bytes counters (`vllm:estimated_*_per_gpu_total`) exist only with
-  `--enable-mfu-metrics` (`ObservabilityConfig.enable_mfu_metrics`), the speculative
-  decoding counters only with a `--speculative-config`;
+  FLOPs and bytes counters (`vllm:estimated_*_per_gpu_total`) move only with
+  `--enable-mfu-metrics` (`ObservabilityConfig.enable_mfu_metrics`; without it they are
+  exported at 0, v1/metrics/loggers.py `PrometheusStatLogger` builds perf.py's
+  `PerfMetricsProm` whatever the flag), which the plan passes only where vLLM's estimator
+  measures the model as served (infra/planning/serving.py `mfu_metrics_gap`): elsewhere the
+  roofline row says why instead of drawing them; the speculative decoding counters exist
+  only with a `--speculative-config`;
 - dcgm-exporter 4.6.0-4.8.3 (what the GPU operator v26.7.0 runs) with the stack's
   counters file (infra/k8s/dcgm_counters.py): its default counters plus the NVLink
   error counters the default file leaves commented out (`nvlink_error_counters`);
@@ -38,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infra.planning.serving import mfu_metrics_gap
 from infra.planning.sla_search import perf_setup
 
 SCHEMA_VERSION = 41  # Grafana 11.6 / 12.0's dashboard JSON model; newer Grafana migrates it on load
@@ -81,6 +86,8 @@ class DashboardSpec:
     speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
     predicted_acceptance_rate: float | None = None  # the draft acceptance the plan assumes
     mfu_metrics: bool = False  # vLLM runs with --enable-mfu-metrics (the estimated FLOPs / bytes counters)
+    mfu_gap: str = ""  # why not (infra/planning/serving.py mfu_metrics_gap), shown in place of the roofline panels
+    pipeline_parallel: int = 1  # the plan's --pipeline-parallel-size (vLLM's per-GPU estimate averages the stages)
     nvlink_error_counters: bool = False  # dcgm-exporter runs a counters file with the NVLink error fields
     efa_devices_per_node: int = 0  # EFA interfaces of each GPU node (the instance type's maximum; 0: no EFA)
 
@@ -123,7 +130,10 @@ def dashboard_spec_from(cfg: Any, plan: Any, *, ray_cluster: str = "vllm", nvlin
         workload_prefix_cache_hit_rate=workload.prefix_cache_hit_rate if workload else 0.0,
         speculative_tokens=k,
         predicted_acceptance_rate=acceptance,
-        mfu_metrics="--enable-mfu-metrics" in plan.serving_args,
+        mfu_metrics=(mfu := "--enable-mfu-metrics" in plan.serving_args),
+        mfu_gap="" if mfu else (mfu_metrics_gap(plan.model, speculative=bool(k), dp=plan.evaluation.layout.dp)
+                                or "the stack's serving arguments do not pass `--enable-mfu-metrics`"),
+        pipeline_parallel=plan.evaluation.layout.pp,
         nvlink_error_counters=nvlink_error_counters,
         efa_devices_per_node=plan.instance.max_efa_interfaces,
     )
@@ -368,9 +378,6 @@ def _versus(title: str, expr: str, legend: str, predicted: float | None, *, unit
 
 
 def plan_vs_reality(spec: DashboardSpec) -> dict:
-    mfu_note = ("" if spec.mfu_metrics else " Empty while vLLM runs without `--enable-mfu-metrics` (the stack's "
-                "serving arguments do not pass it).")  # fmt: skip
-    top_peak = max(spec.peak_flops, key=lambda p: p[1])
     panels = [
         text("The plan", _plan_table(spec), h=9),
         row("Load and throughput"),
@@ -411,25 +418,44 @@ def plan_vs_reality(spec: DashboardSpec) -> dict:
     if spec.speculative_tokens:
         panels.append(_versus("Draft acceptance", ACCEPTANCE, "accepted / drafted", spec.predicted_acceptance_rate,
                               unit="percentunit", what="MTP draft tokens accepted, against the rate the plan assumes"))
-    panels += [
-        row(f"Roofline: achieved per GPU against the {spec.gpu_name}'s peaks"),
+    panels += _roofline(spec)
+    return _dashboard("plan-vs-reality", "GPU serving: plan against reality",
+                      "The plan's predicted SLA capacity, throughput and workload beside the live figures.", spec, panels)
+
+
+def _roofline(spec: DashboardSpec) -> list[dict]:
+    """Achieved FLOP/s and bytes/s per GPU from vLLM's estimated counters against the peaks, when vLLM runs with
+    --enable-mfu-metrics; otherwise one text panel saying why it does not (the counters would read 0)."""
+    title = f"Roofline: achieved per GPU against the {spec.gpu_name}'s peaks"
+    if not spec.mfu_metrics:
+        why = spec.mfu_gap or "the stack's serving arguments do not pass `--enable-mfu-metrics`"
+        return [row(title), text("Roofline: not measured for this model", (
+            "vLLM runs without `--enable-mfu-metrics`, so this row draws no achieved FLOPs or bytes: "
+            f"{why}.\n\nWithout the flag vLLM 0.34.0 still exports `vllm:estimated_flops_per_gpu_total`, "
+            "`vllm:estimated_read_bytes_per_gpu_total` and `vllm:estimated_write_bytes_per_gpu_total` (v1/metrics/"
+            "loggers.py builds their counters whatever the flag); they stay at 0 and are not a measurement. The "
+            "plan passes the flag where vLLM's estimator does measure the model as served "
+            "(infra/planning/serving.py, `mfu_metrics_gap`)."), h=5)]  # fmt: skip
+    top_peak = max(spec.peak_flops, key=lambda p: p[1])
+    how = (" vLLM's closed-form estimate per scheduled step (v1/metrics/perf.py): per GPU is the average pipeline "
+           f"stage (layers / {spec.pipeline_parallel}), with the LM head billed to every GPU.")  # fmt: skip
+    return [
+        row(title),
         timeseries("FLOP/s per GPU", [(FLOPS, "achieved (vLLM's estimate)")], unit="flops",
                    lines=[(flops, color) for (_, flops), color in zip(spec.peak_flops, ("orange", "red", "purple"))],
                    description="vLLM's estimate of the FLOPs its steps did, per GPU (`vllm:estimated_flops_per_gpu_total`), "
                                "against the dense peaks: " + ", ".join(f"{n} {f / 1e12:,.1f} TFLOP/s" for n, f in spec.peak_flops)
-                               + "." + mfu_note),
+                               + "." + how),
         timeseries("Memory bytes/s per GPU", [(BYTES, "achieved (vLLM's estimate, read + write)")], unit="Bps",
                    lines=[(spec.hbm_bytes_per_s, "red")],
                    description="vLLM's estimate of the bytes its steps read and wrote, per GPU "
                                "(`vllm:estimated_read_bytes_per_gpu_total` + `..._write_...`), against the HBM bandwidth, "
-                               f"{spec.hbm_bytes_per_s / 1e12:,.2f} TB/s." + mfu_note),
+                               f"{spec.hbm_bytes_per_s / 1e12:,.2f} TB/s." + how),
         stat(f"FLOPs utilisation ({top_peak[0]} peak)", f"{FLOPS} / {top_peak[1]!r}", unit="percentunit", w=12,
-             description=f"Achieved FLOP/s over the {top_peak[0]} dense peak." + mfu_note),
+             description=f"Achieved FLOP/s over the {top_peak[0]} dense peak." + how),
         stat("HBM bandwidth utilisation", f"({BYTES}) / {spec.hbm_bytes_per_s!r}", unit="percentunit", w=12,
-             description="Achieved bytes/s over the HBM bandwidth; decode is bound here." + mfu_note),
+             description="Achieved bytes/s over the HBM bandwidth; decode is bound here." + how),
     ]  # fmt: skip
-    return _dashboard("plan-vs-reality", "GPU serving: plan against reality",
-                      "The plan's predicted SLA capacity, throughput and workload beside the live figures.", spec, panels)
 
 
 def _gpu(title: str, expr: str, *, unit: str, description: str, lines: list[tuple[float, str]] = (), w: int = 12) -> dict:

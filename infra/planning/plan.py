@@ -608,6 +608,8 @@ def make_plan(req: PlanRequest) -> Plan:
         kv_cache_dtype=lay.kv_cache_dtype,
         speculative=speculative,
         async_scheduling=None if knobs.async_scheduling == default_async else knobs.async_scheduling,
+        # The estimated FLOPs / bytes counters, where they measure this model as served (serving.py).
+        mfu_metrics=serving.mfu_metrics_gap(arch, speculative=speculative is not None, dp=lay.dp) is None,
     )
     plan = Plan(
         request=req,

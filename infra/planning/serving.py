@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.planning.memory import GiB, MiB
 
@@ -158,13 +159,16 @@ def vllm_args(
     kv_cache_dtype: str,
     speculative: dict | None = None,
     async_scheduling: bool | None = None,
+    mfu_metrics: bool = False,
 ) -> list[str]:
     """Arguments of `vllm serve` for the whole cluster.
 
     `speculative`: the `--speculative-config` JSON (engine/arg_utils.py parses it
     with json.loads into SpeculativeConfig, e.g. {"method": "mtp",
     "num_speculative_tokens": 1}). `async_scheduling`: set only to override the
-    release's default (--async-scheduling / --no-async-scheduling).
+    release's default (--async-scheduling / --no-async-scheduling). `mfu_metrics`:
+    pass --enable-mfu-metrics (the estimated FLOPs / bytes counters), which the plan
+    does when `mfu_metrics_gap` finds none for the model as served.
 
     vLLM 0.34's extensible KV cache stays on (no --no-enable-extensible-kv-cache):
     it sizes the cache from memory measured after the real CUDA-graph capture,
@@ -190,9 +194,153 @@ def vllm_args(
         args += ["--speculative-config", json.dumps(speculative, separators=(",", ":"))]
     if async_scheduling is not None:
         args.append("--async-scheduling" if async_scheduling else "--no-async-scheduling")
+    if mfu_metrics:
+        args.append("--enable-mfu-metrics")
     args += [
         # Ray spans the nodes of a replica; one node could use "mp", but the
         # stack always runs vLLM inside a RayCluster, so it is always "ray".
         "--distributed-executor-backend", "ray",
     ]  # fmt: skip
     return args
+
+
+# --- --enable-mfu-metrics ---------------------------------------------------------------
+#
+# What the flag does in vLLM 0.34.0 (paths inside the wheel's `vllm/`):
+# - v1/core/sched/scheduler.py `Scheduler.__init__` builds `v1/metrics/perf.py::ModelMetrics`
+#   (only with log stats on, the server's default); `Scheduler.update_from_output` calls
+#   `ModelMetrics.get_step_perf_stats_per_gpu(scheduler_output)` once per engine step, in the
+#   engine-core process (the one that schedules; with the Ray executor the workers never
+#   see it). That is a Python loop over the step's scheduled requests (a dict lookup and
+#   `ExecutionContext.add` each) and a fixed set of closed-form sums per component; pure
+#   integer arithmetic on the scheduler output: no tensor, no kernel, no GPU sync.
+#   Models with sliding-window layers walk the requests three more times
+#   (`ExecutionContext.total_token_context_product` and the `*_for_window` sums).
+#   Measured on this repository's CI CPU with the wheel's own loop (taken by ast, vLLM not
+#   imported): 0.37-0.56 us per scheduled request (0.1 ms at 256 requests), about 0.3% of
+#   the fitted 178 us of engine CPU per sequence and step (perf/fitted.py
+#   `seq_overhead_s`), below what the fit resolves: the performance model is left as is.
+# - The figures travel in `SchedulerStats.perf_stats` to the API server, where
+#   v1/metrics/loggers.py `PrometheusStatLogger` feeds perf.py `PerfMetricsProm`: counters
+#   `vllm:estimated_flops_per_gpu_total`, `vllm:estimated_read_bytes_per_gpu_total`,
+#   `vllm:estimated_write_bytes_per_gpu_total`, labels `model_name`, `engine` (Ray's
+#   wrappers export the same, `ray_wrappers.py::RayPerfMetricsProm`). `PerfMetricsProm` is
+#   built whatever the flag, so without it the series exist and stay at 0.
+#   VLLM_DEBUG_MFU_METRICS=1 adds a per-component breakdown and the calculation's own share
+#   of the interval to the periodic log line (`PerfMetricsDebugLogging`).
+# - "Per GPU" is the average stage: layers are divided by --pipeline-parallel-size
+#   (FFN and MLA with floor division), heads by --tensor-parallel-size; the LM head is billed
+#   to every GPU (`UnembedMetrics` divides by TP only) although only the last stage runs it.
+# - Each `ComponentMetrics` (attention, MLA attention, FFN, LM head) is instantiated from the
+#   config or dropped when a parser raises `InvalidComponent`, logged at DEBUG only: the
+#   counters then silently count the rest. tests/fixtures/metrics/vllm-0.34.0-mfu-estimator.json
+#   holds what the parsers accept (extracted from the wheel).
+#
+# The plan passes the flag only where the figures mean what the dashboard says they mean.
+
+# perf.py `_QUANT_WEIGHT_BYTE_SIZE`: the quantization methods (`QuantizationConfig.get_name()`)
+# the attention and FFN parsers accept; any other drops both components.
+MFU_QUANT_METHODS = frozenset({
+    "awq", "awq_marlin", "compressed-tensors", "experts_int8", "fbgemm_fp8", "fp8", "gptq", "gptq_marlin", "inc",
+    "modelopt", "modelopt_fp4", "modelopt_mxfp8", "moe_wna16", "mxfp4", "petit_nvfp4", "ptpc_fp8", "quark", "torchao",
+})  # fmt: skip
+
+# Text model types whose layers perf.py's components describe, read against the family's
+# config and vLLM's model: GQA attention (`AttentionMetrics`, sliding windows from
+# `layer_types`), MLA (`MLAAttentionMetrics`: kv_lora_rank, qk_nope/rope, v_head_dim;
+# DeepSeek-V3's dense first layers from `first_k_dense_replace`), SwiGLU dense and MoE FFN.
+# ASSUMPTION: MLA's attention core is billed un-absorbed (q.k over qk_nope + qk_rope, per
+# head) while decode runs absorbed over the 512 + 64 latent; its KV-cache reads (the
+# compressed latent) are right, and at chat contexts the core is a small share of a step.
+MFU_FAMILIES = frozenset({"llama", "qwen3", "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "kimi_k2"})
+
+# Families the estimator has no component for, or bills as something they are not.
+MFU_FAMILY_GAPS: dict[str, str] = {
+    "deepseek_v4": (
+        "vLLM 0.34.0's estimator (v1/metrics/perf.py) has no component for DeepSeek-V4's compressed sparse "
+        "attention: AttentionMetrics skips it (is_deepseek_mla), MLAAttentionMetrics needs kv_lora_rank, which "
+        "DeepseekV4Config does not have, and its quantization method deepseek_v4_fp8 is not in "
+        "_QUANT_WEIGHT_BYTE_SIZE, so FfnMetrics is dropped too: the counters would hold the LM head alone"
+    ),
+    "kimi_linear": (
+        "vLLM 0.34.0's estimator (v1/metrics/perf.py) bills every Kimi K3 layer as MLA over the whole context "
+        "(is_deepseek_mla lists kimi_linear): its KDA linear-attention layers, three in four, keep a fixed state "
+        "instead, and the latent MoE's routed_expert_hidden_size is not read, so FLOPs and bytes would be wrong"
+    ),
+    "deepseek_v32": (
+        "vLLM 0.34.0's estimator (v1/metrics/perf.py) bills DeepSeek-V3.2's sparse attention (the lightning "
+        "indexer's top-2048 tokens) as dense MLA over the whole context and leaves the indexer out, so FLOPs and "
+        "bytes would be wrong past 2,048 tokens of context"
+    ),
+}
+
+DATA_PARALLEL_GAP = (
+    "with --data-parallel-size {dp}, vLLM 0.34.0's estimator shards every FFN over the data x tensor parallel GPUs "
+    "(v1/metrics/perf.py FfnParallelParser: ffn_tp_size = dp_size * tp_size): a dense MLP, which each engine "
+    "shards over its own tensor-parallel GPUs, is under-counted {dp}-fold, and a MoE's figure is one engine's share "
+    "of every GPU's work, which neither an average nor a sum over the engines' counters turns into a per-GPU figure "
+    "(vLLM's own aggregated log line leaves them out for that reason: loggers.py "
+    "AggregatedLoggingStatLogger._enable_perf_stats)"
+)
+
+SPECULATIVE_GAP = (
+    "with speculative decoding, vLLM 0.34.0's estimator bills each decode step that carries draft tokens as a "
+    "prefill chunk (v1/metrics/perf.py ModelMetrics.get_step_perf_stats_per_gpu: is_prefill = num_tokens > 1): "
+    "KV-cache reads at the activation dtype (MLA's as decompressed K and V), logits for one token per request, "
+    "and the draft model's own forward not at all"
+)
+
+# How vLLM 0.34.0 names a checkpoint's quantization (`get_name()`), by the scheme the
+# planner read for its quantised groups (infra/catalog/quant.py `Scheme.kind`) or, for
+# groups without one, their stored format: awq/gptq load as auto_awq/auto_gptq
+# (quantization/auto_awq.py, auto_gptq.py), gpt-oss's mxfp4 as gpt_oss_mxfp4 (mxfp4.py
+# GptOssMxfp4Config), compressed-tensors' pack-quantized and MXFP4 as compressed-tensors,
+# ModelOpt NVFP4 as modelopt_fp4, FP8 block checkpoints as fp8 (DeepSeek-V4's as
+# deepseek_v4_fp8, models/deepseek_v4/quant_config.py, a family gap above anyway).
+_SCHEME_METHODS = {"awq": "auto_awq", "gptq": "auto_gptq", "gpt_oss_mxfp4": "gpt_oss_mxfp4",
+                   "wna16": "compressed-tensors", "int8": "compressed-tensors", "mxfp4": "compressed-tensors",
+                   "nvfp4": "modelopt_fp4", "fp8": "fp8"}  # fmt: skip
+_FORMAT_METHODS = {"fp8": "fp8", "nvfp4": "modelopt_fp4"}
+_UNQUANTISED = {"bf16", "fp16", "fp32"}
+
+
+def vllm_quant_method(arch: ModelArch) -> str | None:
+    """The quantization method vLLM 0.34.0 loads `arch`'s checkpoint with (None: unquantised;
+    "unknown (<formats> weights)" when the plan cannot tell, the methods joined with "+" when
+    its groups disagree)."""
+    methods, unknown = set(), set()
+    for layer in arch.layers:
+        for group in layer.params:
+            kind = getattr(group.scheme, "kind", None)
+            if kind is not None:
+                methods.add(_SCHEME_METHODS.get(kind, kind))
+            elif group.fmt not in _UNQUANTISED:
+                (methods.add(_FORMAT_METHODS[group.fmt]) if group.fmt in _FORMAT_METHODS else unknown.add(group.fmt))
+    if arch.model_type == "deepseek_v4" and methods | unknown:
+        return "deepseek_v4_fp8"
+    if unknown:
+        return f"unknown ({'+'.join(sorted(unknown))} weights)"
+    if len(methods) > 1:
+        return "+".join(sorted(methods))
+    return next(iter(methods), None)
+
+
+def mfu_metrics_gap(arch: ModelArch, *, speculative: bool, dp: int) -> str | None:
+    """Why vLLM 0.34.0's estimated FLOPs / bytes counters would not measure `arch` as served
+    (`speculative`: with a --speculative-config; `dp`: --data-parallel-size); None: they do,
+    and the plan passes --enable-mfu-metrics."""
+    if arch.model_type in MFU_FAMILY_GAPS:
+        return MFU_FAMILY_GAPS[arch.model_type]
+    if arch.model_type not in MFU_FAMILIES:
+        return (f"vLLM 0.34.0's estimator (v1/metrics/perf.py) has not been read against {arch.model_type} "
+                "models here; it drops what it does not recognise without a word")  # fmt: skip
+    method = vllm_quant_method(arch)
+    if method is not None and method not in MFU_QUANT_METHODS:
+        return (f"the checkpoint loads as quantization method {method}, which vLLM 0.34.0's estimator does not know "
+                "(v1/metrics/perf.py _QUANT_WEIGHT_BYTE_SIZE): it drops the attention and FFN components and the "
+                "counters would hold the LM head alone")  # fmt: skip
+    if speculative:
+        return SPECULATIVE_GAP
+    if dp > 1:
+        return DATA_PARALLEL_GAP.format(dp=dp)
+    return None
