@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.preview.changes import CHANGES, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
-from infra.preview.diff import diff, render_markdown
+from infra.preview.changes import CHANGES, K8S_PROVIDER, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
+from infra.preview.diff import LAUNCH_TEMPLATE, NODE_GROUP, diff, render_markdown
+from infra.preview.outage import RAYCLUSTER
 from infra.preview.synth import synthesize
 from tests.project_copy import edited_project
 
@@ -68,3 +69,43 @@ def test_a_roll_with_serving_already_suspended_does_not_stall(tmp_path):
 
 def test_the_readme_carries_the_table():
     assert table_markdown() in (REPO / "docs" / "operating.md").read_text(), "docs/operating.md's change table is stale: run `python -m infra docs`"
+
+
+# ---- day two of the monitoring: switching a running prod's monitoring.mode --------------------------------------
+
+RELEASE, KPS = "kubernetes:helm.sh/v3:Release", "gpu-serving-prod-monitoring-kube-prometheus-stack"
+
+
+def _monitoring_diff(diffs, name):
+    d, base, head = diffs[name]
+    moved = [(c.type, c.name) for c in d.changed if c.type in (NODE_GROUP, LAUNCH_TEMPLATE, K8S_PROVIDER) or c.replaced]
+    moved += [(r["type"], r["name"]) for r in (*d.added, *d.removed) if r["type"] in (NODE_GROUP, LAUNCH_TEMPLATE, K8S_PROVIDER, RAYCLUSTER)]
+    assert moved == []  # no node rolls, no provider, nothing replaced
+    # The serving pods: the RayCluster's spec (its pod templates, annotations included) is the same on both sides.
+    (rc_base,) = [r for r in base["resources"] if r["type"] == RAYCLUSTER]
+    (rc_head,) = [r for r in head["resources"] if r["type"] == RAYCLUSTER]
+    assert rc_base["inputs"] == rc_head["inputs"]
+    return d
+
+
+def test_monitoring_to_amp_upgrades_the_release_in_place_and_keeps_the_serving_pods(diffs):
+    d = _monitoring_diff(diffs, "monitoring to AMP")
+    (release,) = [c for c in d.changed if c.type == RELEASE]
+    assert release.name == KPS and not release.replaced
+    assert {(r["type"], r["name"]) for r in d.removed} == {
+        ("kubernetes:monitoring.coreos.com/v1:PrometheusRule", "gpu-serving-prod-monitoring-rules"),
+        ("kubernetes:storage.k8s.io/v1:StorageClass", "gpu-serving-prod-monitoring-storage-class")}  # fmt: skip
+    assert "aws:amp/workspace:Workspace" in {r["type"] for r in d.added}
+    # The namespace stays, so the old Prometheus' claim does too (the table's row says how to delete it).
+    assert not [r for r in d.removed if r["type"] == "kubernetes:core/v1:Namespace"]
+    assert not [c for c in d.changed if c.type == RAYCLUSTER]
+
+
+def test_monitoring_off_deletes_the_namespace_and_keeps_the_serving_pods(diffs):
+    d = _monitoring_diff(diffs, "monitoring off")
+    removed = {r["type"] for r in d.removed}
+    assert {RELEASE, "kubernetes:core/v1:Namespace", "kubernetes:storage.k8s.io/v1:StorageClass"} <= removed
+    (rc,) = [c for c in d.changed if c.type == RAYCLUSTER]
+    assert {f.path for f in rc.fields} == {"options.depends_on"}  # it no longer waits for the vllm-metrics policy
+    inputs = {c.name for c in d.changed if any(f.path.startswith("inputs.") for f in c.fields)}
+    assert inputs == {"gpu-serving-prod-operators-gpu-operator"}  # DCGM's ServiceMonitor off; nothing else in place

@@ -108,6 +108,18 @@ def _block(rid: str) -> Edit:
     return ON_DEMAND, f"      type: capacity-block\n      reservationId: {rid}"
 
 
+def _monitoring(mode: str) -> Edit:
+    """`gpu-serving:monitoring.mode` set in a stack file that leaves it at its default, in-cluster."""
+    return "  gpu-serving:lifecycle:\n", f'  gpu-serving:monitoring:\n    mode: "{mode}"\n  gpu-serving:lifecycle:\n'
+
+
+# The in-cluster Prometheus' claim: the operator's volumeClaimTemplate `prometheus-<name>-db` (prometheus-operator v0.93.0
+# pkg/prometheus/common.go VolumeName) of StatefulSet `prometheus-<name>`, ordinal 0, for the chart's Prometheus
+# `kube-prometheus-stack-prometheus`; the StatefulSet controller labels a claim with the set's selector, which holds
+# `operator.prometheus.io/name: <name>` (pkg/prometheus/server/operator.go makeSelectorLabels).
+PROMETHEUS_CLAIMS = "kubectl -n monitoring delete pvc -l operator.prometheus.io/name=kube-prometheus-stack-prometheus"
+
+
 CHANGES: tuple[Change, ...] = (
     Change("owner tag", "prod", "`lifecycle.owner`",
            (("    owner: ml-platform\n", "    owner: inference-team\n"),), (),
@@ -152,6 +164,20 @@ CHANGES: tuple[Change, ...] = (
            (STAGES_AGAIN, NEW_FILE_SYSTEM, DELETES_PROTECTED),
            "refused while the EFS file system is protected (production); unprotected, the weights are staged "
            "into the new one (a new staging Job) and the engine reads them from its next restart"),
+    # Day two of issue 20's monitoring: what each switch leaves of the old Prometheus (tests/test_changes.py checks
+    # that no node, provider or serving pod moves, and what is removed).
+    Change("monitoring to AMP", "prod", "`monitoring.mode` in-cluster → amp",
+           (_monitoring("amp"),), (),
+           "none: no node rolls, the serving pods stay; the release is upgraded in place (Prometheus becomes an agent "
+           "writing to the new workspace; Alertmanager, the PrometheusRule and the gp3 StorageClass go). The old "
+           "samples are not copied, and their volume stays: neither Helm nor the operator deletes a StatefulSet's "
+           f"claim (`{PROMETHEUS_CLAIMS}` deletes it and, by the class's Delete policy, its EBS volume)"),
+    Change("monitoring off", "prod", "`monitoring.mode` in-cluster → off",
+           (_monitoring("off"),), (),
+           "none: no node rolls, the serving pods stay (only the RayCluster's `dependsOn` and the GPU operator's "
+           "DCGM ServiceMonitor change); the release, the monitors and the `monitoring` namespace go, and with the "
+           "namespace the Prometheus volume's claim and its EBS volume (the samples are lost). The chart's "
+           "monitoring.coreos.com CRDs stay (Helm never deletes a chart's CRDs)"),
 )  # fmt: skip
 
 
