@@ -216,10 +216,12 @@ def vllm_args(
 #   integer arithmetic on the scheduler output: no tensor, no kernel, no GPU sync.
 #   Models with sliding-window layers walk the requests three more times
 #   (`ExecutionContext.total_token_context_product` and the `*_for_window` sums).
-#   Measured on this repository's CI CPU with the wheel's own loop (taken by ast, vLLM not
-#   imported): 0.37-0.56 us per scheduled request (0.1 ms at 256 requests), about 0.3% of
-#   the fitted 178 us of engine CPU per sequence and step (perf/fitted.py
-#   `seq_overhead_s`), below what the fit resolves: the performance model is left as is.
+#   benchmarks/mfu_step_cost.py times the wheel's own loop (taken by ast, vLLM not imported):
+#   0.3-0.8 us per scheduled request on a development machine (Python 3.11), 0.1 ms at 256
+#   requests, as much again with sliding-window layers. That is under 0.5% of the fitted
+#   178 us of engine CPU per sequence and step (perf/fitted.py `seq_overhead_s`), below what
+#   the fit resolves (ASSUMPTION: the engine's CPU is of the same class): the performance
+#   model is left as is.
 # - The figures travel in `SchedulerStats.perf_stats` to the API server, where
 #   v1/metrics/loggers.py `PrometheusStatLogger` feeds perf.py `PerfMetricsProm`: counters
 #   `vllm:estimated_flops_per_gpu_total`, `vllm:estimated_read_bytes_per_gpu_total`,
