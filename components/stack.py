@@ -216,7 +216,7 @@ def build(cfg: StackConfig, plan: Plan) -> Stack:
     namespace = k8s.core.v1.Namespace(
         f"{name}-serving",
         metadata=k8s.meta.v1.ObjectMetaArgs(
-            name=cfg.serving.namespace, labels=pod_security.namespace_labels(kubernetes_version)
+            name=cfg.serving.namespace, labels=pod_security.namespace_labels(kubernetes_version, cfg.storage.type)
         ),
         opts=pulumi.ResourceOptions(provider=cluster.k8s_provider),
     )

@@ -9,7 +9,9 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
     groups only; its lifecycle policy never moves files to Infrequent Access
     (a cold start reads every byte: IA would bill each read and slow it) and
     brings back, on first access, anything someone moved there; two access
-    points and a file system policy ("Who may mount and write", below);
+    points and a file system policy ("Who may mount and write", below), the
+    staging one rooted at the checkpoint's directory, which EFS creates for
+    the staging user;
   - `fsx`: FSx for Lustre, PERSISTENT_2 on SSD, capacity and per-TiB throughput
     from `infra.planning.storage.fsx_lustre_sizing` (the checkpoint with the
     plan's margin, the plan's cold-start read rate), with a security group for
@@ -47,9 +49,13 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
 - the PersistentVolumeClaims in the serving namespace, each bound to its volume
   by name. Binding is static: `storageClassName: ""` on both, and no
   StorageClass (neither driver needs one for a pre-created volume). `pvc_name`
-  (the component's) is the claim the serving pods mount, `staging_pvc_name` the
-  staging Job's; both names are the same for either kind of file system, so a
-  change of kind leaves the serving pods alone;
+  (the component's) is the claim the serving pods mount, the same name for
+  either kind of file system, so a change of kind leaves the serving pods
+  alone; `staging_pvc_name` is the staging Job's, on EFS named after the
+  staging access point's root directory too (`staging_claim_name`): a new
+  checkpoint's access point is a new volume and claim under new names, created
+  before the old ones go (a claim of the same name would have to be deleted
+  first, and a running Job's pod holds it: pvc-protection);
 - when a Hugging Face token is given, a Kubernetes Secret holding it (from the
   secret Output, so Pulumi encrypts it in state and never shows it);
 - for an S3 source, an IAM role with read-only access to the prefix, given to
@@ -61,7 +67,10 @@ One `ModelStorage` component (`gpu-serving:storage:ModelStorage`) creates:
   the node, in the host's network namespace;
 - the staging Job (`infra/k8s/staging.py`): on a system node, mounts the staging
   claim read-write and runs `infra/k8s/scripts/stage_weights.py` from a ConfigMap
-  (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>`,
+  (mounted read-only), which copies the checkpoint to `<mount>/<checkpoint>` (on
+  EFS the mount is the checkpoint's directory itself, the staging access point's
+  root; on FSx the file system's root, after a root init container handed the
+  checkpoint's directory to the staging user: infra/k8s/staging.py, module doc),
   skipping complete files, checking sizes, and writing the completion marker
   the serving pods wait for. Its name changes with the program, the image,
   the arguments, the claim and its generation (`staging_run`); its deadline and
@@ -97,12 +106,15 @@ root-owned `/`), unless its nodes' addresses were listed in `NoSquashNids`, and
 it would still leave any non-root UID, the staging user's included, to every
 node. So on FSx the separation is the serving volume's `ro` mount (and the
 serving pods' `readOnly` claim) and file ownership: a pod cannot write, but a
-node can rewrite the weights. docs/architecture.md and docs/security.md say so.
+node can rewrite the weights. And the staging Job keeps its root init container
+(CAP_CHOWN), so an FSx stack's namespace enforces Pod Security `baseline`, an
+EFS stack's `restricted` (infra/k8s/pod_security.py). docs/architecture.md and
+docs/security.md say so.
 
 Reclaim policy: always `Retain`. A static volume's `Delete` would make the
 EFS CSI driver delete its access point (and, with the controller's
-`delete-access-point-root-dir`, the access point's root directory: here `/`,
-every weight), and the FSx CSI driver's DeleteVolume deletes the *file system*
+`delete-access-point-root-dir`, the access point's root directory: `/`, every
+weight, for the serving one; the checkpoint's directory for the staging one), and the FSx CSI driver's DeleteVolume deletes the *file system*
 named by the handle; whether the external provisioner acts on a statically
 created volume depends on its version. With `Retain`, deleting a volume or a
 claim never touches data; the file system's fate is Pulumi's alone (protected
@@ -141,10 +153,36 @@ retained on delete). Its next `pulumi up`:
   Between the policy's creation and the old pods' end, those pods keep the
   mount they have (EFS authorizes a client when it connects); they hold the
   weights in GPU memory and read nothing more.
+
+A running EFS stack whose staging access point was rooted at `/` with no POSIX
+user (its Job's root init container chowned `/<org>/<name>` to the staging
+user, recursively). Its next `pulumi up`:
+
+- replaces the staging access point (its root directory and POSIX user are
+  ForceNew: a new access point, created before the old one is deleted), updates
+  the file system policy in place (the new access point's ARN; ClientRootAccess
+  granted to no one), and replaces the staging volume and claim (new names:
+  `staging_claim_name`), created before the old ones go;
+- the new access point's root, `/<org>/<name>`, exists already, owned by the
+  staging user: EFS leaves its owner and mode alone, so the new staging Job (a
+  new name: its claim, destination and scripts changed) mounts it, finds every
+  file complete and writes the marker again. Nothing is fetched; the serving
+  access point, volume, claim and pods do not change (the synth diff: "Replaces
+  access point", "Replaces PersistentVolume", "Replaces PersistentVolumeClaim",
+  all three the staging ones; tests/test_storage.py);
+- the namespace's Pod Security level goes from `baseline` to `restricted`
+  (labels, updated in place; admission judges new pods only, and the new Job's
+  passes);
+- at the end deletes the old Job, then the old claim, volume (Retain: no data
+  is touched) and access point (deleting an access point deletes no file).
+
+An FSx stack changes only where the staging program does (its Job gets a new
+name and finds every file complete).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -170,7 +208,10 @@ from infra.planning.storage import (
     fsx_lustre_sizing,
 )
 from infra.k8s.staging import (
+    EFS_STAGING_ROOT_MODE,
     STAGING_UID,
+    efs_staging_dest,
+    efs_staging_root,
     job_name,
     marker_path,
     model_path,
@@ -182,6 +223,7 @@ from infra.k8s.staging import (
     staging_deadline_s,
     staging_job_spec,
     staging_pod_spec,
+    staging_scripts,
     staging_scripts_hash,
 )
 
@@ -276,6 +318,8 @@ def validate_storage_args(args: ModelStorageArgs) -> None:
         raise UserError(f"storage: checkpoint source {args.source!r} must be 'hf' or 's3'")
     try:
         split_checkpoint(args.checkpoint, args.source)
+        if args.kind == "efs":
+            efs_staging_root(args.checkpoint, args.source)
     except ValueError as exc:
         raise UserError(f"storage: {exc}") from None
     if not args.client_security_group_ids:
@@ -335,9 +379,34 @@ def capacity_quantity(size_bytes: int) -> str:
 
 
 def claim_names(pvc_name: str) -> tuple[str, str]:
-    """(the serving pods' claim, the staging Job's claim): on EFS one per access point, on FSx two views of the
-    file system; the same names for both kinds, so a change of kind leaves the serving pods' claim alone."""
+    """(the serving pods' claim, the staging Job's claim on FSx): on EFS one per access point, on FSx two views
+    of the file system; the serving one the same for both kinds, so a change of kind leaves the serving pods'
+    claim alone. On EFS the staging claim is `staging_claim_name`."""
     return f"{pvc_name}{SERVING_CLAIM_SUFFIX}", f"{pvc_name}{STAGING_CLAIM_SUFFIX}"
+
+
+def staging_claim_name(pvc_name: str, kind: Kind, checkpoint: str, source: str) -> str:
+    """The staging Job's claim. On EFS `<pvc>-staging-<8 hex digits of the staging access point's root>`: the
+    access point follows the checkpoint (infra/aws/efs_access.py), and so do its volume and claim, under new
+    names (module doc: created before the old ones go). On FSx `<pvc>-staging`, one view of the file system."""
+    base = claim_names(pvc_name)[1]
+    if kind != "efs":
+        return base
+    root, _ = efs_staging_root(checkpoint, source)
+    return f"{base}-{hashlib.sha256(root.encode()).hexdigest()[:8]}"
+
+
+def staging_posix_user() -> dict[str, Any]:
+    """The staging access point's POSIX identity: the staging program's user and group (infra/aws/efs_access.py)."""
+    return {"uid": STAGING_UID, "gid": STAGING_UID}
+
+
+def staging_root_directory(checkpoint: str, source: str) -> dict[str, Any]:
+    """The staging access point's root: the checkpoint's directory, created (when missing) for the staging user,
+    mode 0755 (EFS user guide, "Creating the root directory for an access point"; infra/k8s/staging.py)."""
+    root, _ = efs_staging_root(checkpoint, source)
+    creation = {"owner_uid": STAGING_UID, "owner_gid": STAGING_UID, "permissions": EFS_STAGING_ROOT_MODE}
+    return {"path": root, "creation_info": creation}
 
 
 def efs_volume_handle(file_system_id: pulumi.Input[str], access_point_id: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -461,7 +530,8 @@ class ModelStorage(pulumi.ComponentResource):
         # The serving pair keeps the Pulumi names of the one volume and claim a stack had before the access
         # points: a running stack replaces them (module doc, "A running stack"), a new one just creates them.
         labels = {"app.kubernetes.io/name": "model-weights", "app.kubernetes.io/part-of": "gpu-serving"}
-        self.pvc_name, self.staging_pvc_name = claim_names(args.pvc_name)
+        self.pvc_name = claim_names(args.pvc_name)[0]
+        self.staging_pvc_name = staging_claim_name(args.pvc_name, args.kind, args.checkpoint, args.source)
         volume_args = dict(capacity_bytes=capacity_bytes, namespace=args.namespace, labels=labels, depends_on=fs_ready, child=child)
         self.persistent_volume, self.persistent_volume_claim = self._volume(
             f"{name}-pv", f"{name}-pvc", self.pvc_name, *volumes["serving"], **volume_args
@@ -501,20 +571,23 @@ class ModelStorage(pulumi.ComponentResource):
         self.marker_path = marker_path(self.mount_path, args.checkpoint, args.source)
         self.staging_deadline_s = staging_deadline_s(figures.checkpoint_bytes, figures.cold_start_target_s)
         command = staging_command()
-        job_args = staging_args(
-            source_url(args.checkpoint, args.source), self.model_path, args.staging_workers, args.staging_excludes
-        )
+        # FSx: the root init container hands the checkpoint's directory over; EFS: the access point did (module doc).
+        owner_step = args.kind == "fsx"
+        scripts_run = staging_scripts(owner_step)
+        # Where the program writes: on EFS the staging volume is the checkpoint's directory (or its first levels).
+        dest = self.model_path if owner_step else efs_staging_dest(self.mount_path, args.checkpoint, args.source)
+        job_args = staging_args(source_url(args.checkpoint, args.source), dest, args.staging_workers, args.staging_excludes)
         # The file system's kind is part of what the Job writes to: a stack moved to another kind has a new,
         # empty file system, which a Job of the same name (already complete) would never fill.
         # So is its claim (a Job's pod template is immutable): the staging claim (module doc, "A running stack")
         # is a new Job.
         self.staging_job_name = job_name(
-            args.pvc_name, staging_scripts_hash(), str(staging_image_id(args)), *command, *job_args, f"run {args.staging_run}",
+            args.pvc_name, staging_scripts_hash(scripts_run), str(staging_image_id(args)), *command, *job_args, f"run {args.staging_run}",
             *(() if args.kind == "efs" else (f"file system {args.kind}",)),
             f"claim {self.staging_pvc_name}",
         )
         # The program, mounted read-only into the Job's pod (created before the Job).
-        scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels)
+        scripts = staging_config_map(f"{args.pvc_name}-staging-scripts", args.namespace, labels, scripts_run)
         self.staging_scripts = k8s.core.v1.ConfigMap(
             f"{name}-staging-scripts", metadata=scripts["metadata"], data=scripts["data"], opts=child
         )
@@ -525,11 +598,12 @@ class ModelStorage(pulumi.ComponentResource):
             args=job_args,
             pvc_name=self.staging_pvc_name,
             mount_path=self.mount_path,
-            dest=self.model_path,
+            dest=dest,
             service_account=service_account,
             hf_token_secret=secret_name,
             scripts_config_map=scripts["metadata"]["name"],
             node_selector=system_node_selector(),
+            owner_step=owner_step,
         )
         job_labels = {**labels, **STAGING_COMPONENT}
         # What the staging pods may reach (infra/k8s/network_policies.py), in place before the Job.
@@ -558,7 +632,7 @@ class ModelStorage(pulumi.ComponentResource):
         self.staging_job = k8s.batch.v1.Job(
             f"{name}-staging",
             metadata={"name": self.staging_job_name, "namespace": args.namespace, "labels": job_labels, "annotations": annotations},
-            spec=staging_job_spec(pod_spec, deadline_s=self.staging_deadline_s, labels=job_labels),
+            spec=staging_job_spec(pod_spec, deadline_s=self.staging_deadline_s, labels=job_labels, scripts=scripts_run),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=staging_deps)),
         )
 
@@ -638,7 +712,8 @@ class ModelStorage(pulumi.ComponentResource):
             opts=child,
         )
         self.file_system_id = self.file_system.id
-        # The two doors (module doc, "Who may mount and write"): both at the root, one with an identity that owns nothing.
+        # The two doors (infra/aws/efs_access.py): serving at the root with an identity that owns nothing; staging at the
+        # checkpoint's directory, which EFS creates for the staging user it enforces (no root step, no ClientRootAccess).
         serving_user = serving_posix_user()
         self.access_points["serving"] = aws.efs.AccessPoint(
             f"{name}-efs-ap-serving",
@@ -648,11 +723,15 @@ class ModelStorage(pulumi.ComponentResource):
             tags={**tags, "Name": f"{name}-weights-serving"},
             opts=child,
         )
+        staging_root = staging_root_directory(args.checkpoint, args.source)
         self.access_points["staging"] = aws.efs.AccessPoint(
             f"{name}-efs-ap-staging",
             file_system_id=self.file_system.id,
-            # No POSIX user: the Job's own users (root in its init container, then STAGING_UID).
-            root_directory=aws.efs.AccessPointRootDirectoryArgs(path=ACCESS_POINT_ROOT),
+            posix_user=aws.efs.AccessPointPosixUserArgs(**staging_posix_user()),
+            root_directory=aws.efs.AccessPointRootDirectoryArgs(
+                path=staging_root["path"],
+                creation_info=aws.efs.AccessPointRootDirectoryCreationInfoArgs(**staging_root["creation_info"]),
+            ),
             tags={**tags, "Name": f"{name}-weights-staging"},
             opts=child,
         )

@@ -1,6 +1,6 @@
 """The policy pack's rules for the stack's pods and their network: plain functions, as in `policies/rules.py`.
 
-Standard library only. Three rules:
+Standard library only. The rules:
 
 - `check_pods_least_privilege` (resource rule): every pod template of every
   workload (RayCluster head and worker groups, Pods, Jobs, CronJobs,
@@ -10,6 +10,15 @@ Standard library only. Three rules:
   adds back nothing but CHOWN in init containers (handing a directory to the
   pod's non-root user). EFA needs no capability: the nodes' containerd base
   runtime spec raises the locked-memory limit (infra/aws/gpu_nodes.py).
+- `check_root_init_only_on_fsx` (stack rule): that exception, narrowed to
+  where it is needed. An init container that runs as root or adds CHOWN is
+  allowed only in a pod that mounts a claim bound to an FSx for Lustre volume
+  (`fsx.csi.aws.com`): FSx has no access points, and its CSI driver's
+  `fsGroupPolicy: ReadWriteOnceWithFSType` gives a ReadWriteMany volume no
+  fsGroup, so a root step hands the checkpoint's directory to the staging
+  user. On EFS the staging access point creates that directory for the
+  staging user and enforces it (infra/k8s/staging.py): no root step, and the
+  namespace can enforce `restricted`.
 - `check_namespace_pod_security` (stack rule): a namespace the stack creates
   and runs pods in enforces Pod Security admission at exactly the strictest
   level all of them pass (`policies/pod_security.py`, at the version its
@@ -53,6 +62,10 @@ else:  # run by the policy analyzer from the pack's directory
     from workloads import _list, _map, containers, is_unknown, pod_templates, raycluster_spec, requests_resource  # type: ignore[no-redef]
 
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+PERSISTENT_VOLUME_CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+# The one CSI driver whose volumes may need a root step (module doc, `check_root_init_only_on_fsx`).
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
 NAMESPACE = "kubernetes:core/v1:Namespace"
 SERVICE = "kubernetes:core/v1:Service"
 PSA_PREFIX = "pod-security.kubernetes.io/"
@@ -116,6 +129,57 @@ def check_pods_least_privilege(resource_type: str, props: Mapping, options: Mapp
         if not pod or not pss.judgeable(pod, metadata) or is_unknown(pod.get("automountServiceAccountToken")):
             continue
         out.extend(_pod_problems(where, pod))
+    return out
+
+
+# --- root init containers: FSx only ------------------------------------------------------------------
+
+
+def _root_init_containers(pod: Mapping) -> list[str]:
+    """The init containers of a pod spec that run as root (their own runAsUser, else the pod's, is 0) or add CHOWN."""
+    pod_user = _map(pod.get("securityContext")).get("runAsUser")
+    out = []
+    for c in (_map(c) for c in _list(pod.get("initContainers"))):
+        sc = _map(c.get("securityContext"))
+        caps = {str(x).upper().removeprefix("CAP_") for x in _list(_map(sc.get("capabilities")).get("add"))}
+        if sc.get("runAsUser", pod_user) == 0 or "CHOWN" in caps:
+            out.append(str(c.get("name", "?")))
+    return out
+
+
+def check_root_init_only_on_fsx(resources: Sequence[Mapping], context: Mapping) -> list[tuple[str, str]]:
+    """An init container that runs as root or adds CHOWN only in a pod whose claims include an FSx for Lustre volume."""
+    claims: dict[tuple[str, str], object] = {}  # (namespace, claim) -> its volumeName
+    drivers: dict[object, object] = {}  # volume name -> its CSI driver
+    for r in resources:
+        props = _map(r.get("inputs"))
+        name = _map(props.get("metadata")).get("name")
+        if r.get("type") == PERSISTENT_VOLUME_CLAIM:
+            claims[(_namespace(props), name)] = _map(props.get("spec")).get("volumeName")
+        elif r.get("type") == PERSISTENT_VOLUME:
+            drivers[name] = _map(_map(props.get("spec")).get("csi")).get("driver")
+    out: list[tuple[str, str]] = []
+    for r in resources:
+        props = _map(r.get("inputs"))
+        for where, _, pod in pod_templates(str(r.get("type", "")), props):
+            if not pod or has_unknown(pod.get("initContainers")) or has_unknown(pod.get("securityContext")):
+                continue
+            roots = _root_init_containers(pod)
+            if not roots:
+                continue
+            ns = _namespace(props)
+            names = [_map(v.get("persistentVolumeClaim")).get("claimName") for v in map(_map, _list(pod.get("volumes")))
+                     if "persistentVolumeClaim" in v]  # fmt: skip
+            found = [drivers.get(claims.get((ns, c))) for c in names]
+            if any(is_unknown(c) or is_unknown(d) for c, d in zip(names, found)):
+                continue
+            if FSX_CSI_DRIVER in found:
+                continue
+            seen = ", ".join(f"{c} on {d or 'a volume the stack does not create'}" for c, d in zip(names, found)) or "no claim"
+            out.append((r.get("urn", ""), f"{r.get('name')} ({where}): init container {', '.join(roots)} runs as root or adds "
+                                          f"CHOWN, which only a pod on FSx for Lustre needs ({FSX_CSI_DRIVER}: no access "
+                                          f"points, no fsGroup for its volumes); it mounts {seen}. On EFS the staging "
+                                          "access point creates the directory for the staging user: drop the root step"))
     return out
 
 

@@ -65,6 +65,7 @@ pod_gpus, ray_pod_templates, raycluster_spec = workloads.pod_gpus, workloads.ray
 check_serving_pods = workloads.check_serving_pods
 check_pods_least_privilege = kubernetes_rules.check_pods_least_privilege
 check_namespace_pod_security = kubernetes_rules.check_namespace_pod_security
+check_root_init_only_on_fsx = kubernetes_rules.check_root_init_only_on_fsx
 check_network_policies = kubernetes_rules.check_network_policies
 check_api_clients = kubernetes_rules.check_api_clients
 
@@ -640,6 +641,14 @@ RULES: tuple[Rule, ...] = (
         MANDATORY,
         check_pods_least_privilege,
         "resource",
+    ),
+    Rule(
+        "root-init-only-on-fsx",
+        "An init container that runs as root or adds CHOWN appears only in a pod whose claim is an FSx for Lustre volume "
+        "(no access points there); on EFS the staging access point hands the directory over.",
+        MANDATORY,
+        check_root_init_only_on_fsx,
+        "stack",
     ),
     Rule(
         "namespace-pod-security",

@@ -3,12 +3,13 @@
 `policies/pod_security.py` judges a pod spec by the controls of the Kubernetes
 "Pod Security Standards" page; its tests take a minimal pod that passes
 restricted and break one control at a time. Then the stack's own pods
-(RayCluster head and workers, the EFA check, the benchmark, the staging Job):
-each sets no privilege escalation, drops ALL (adding back only CHOWN in the
-staging Job's init container), uses RuntimeDefault seccomp and mounts no
-service-account token; all but that init container run as a non-root user;
-their levels are what the namespace's labels say (the strictest level all of
-them pass is the one enforced, and never below baseline).
+(RayCluster head and workers, the EFA check, the benchmark, the staging Job on
+EFS and on FSx): each sets no privilege escalation, drops ALL (adding back only
+CHOWN in the FSx staging Job's init container), uses RuntimeDefault seccomp and
+mounts no service-account token; all but that init container run as a non-root
+user; their levels are what the namespace's labels say (the strictest level all
+of them pass is the one enforced, and never below baseline): restricted for an
+EFS stack, baseline for an FSx one.
 """
 
 from __future__ import annotations
@@ -204,8 +205,9 @@ def test_levels_order():
 # --- the stack's pods --------------------------------------------------------------------------
 
 
-def stack_pods(stack: str) -> dict[str, tuple[dict, dict]]:
-    """Every pod template the stack's builders make for `stack` with every check on: name -> (metadata, spec)."""
+def stack_pods(stack: str, storage: str = "efs") -> dict[str, tuple[dict, dict]]:
+    """Every pod template the stack's builders make for `stack` with every check on, its weights on `storage`:
+    name -> (metadata, spec)."""
     spec = all_checks(stack_plan(stack))
     rc = raycluster.raycluster(spec)
     out = {"head": rc["spec"]["headGroupSpec"]["template"]}
@@ -218,14 +220,16 @@ def stack_pods(stack: str) -> dict[str, tuple[dict, dict]]:
         "spec": staging.staging_pod_spec(
             image="registry/staging:tag", command=staging.staging_command(), args=[], pvc_name="model-weights",
             mount_path="/models", dest="/models/org/name", service_account="sa", hf_token_secret="t", scripts_config_map="cm",
+            owner_step=storage == "fsx",
         ),
     }  # fmt: skip
     return {name: (t["metadata"], t["spec"]) for name, t in out.items()}
 
 
+@pytest.mark.parametrize("storage", ["efs", "fsx"])
 @pytest.mark.parametrize("stack", ["prod", "test"])
-def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
-    for name, (metadata, pod) in stack_pods(stack).items():
+def test_every_pod_the_stack_creates_runs_with_least_privilege(stack, storage):
+    for name, (metadata, pod) in stack_pods(stack, storage).items():
         assert pod["automountServiceAccountToken"] is False, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
@@ -234,6 +238,7 @@ def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
             assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
             added = set(sc["capabilities"].get("add", []))
             if c["name"] == "own-dest":
+                assert storage == "fsx" and name == "staging"
                 assert added == {"CHOWN"} and sc["runAsUser"] == 0
             else:
                 # Nothing, EFA included (prod's p5: the nodes raise the locked-memory limit), and never root.
@@ -247,24 +252,32 @@ def test_every_pod_the_stack_creates_runs_with_least_privilege(stack):
 def test_the_levels_of_the_stacks_pods_and_why():
     pods = stack_pods("prod")
     levels = {name: pss.level(spec, md) for name, (md, spec) in pods.items()}
-    # The serving pods pass restricted: no hostPath (an emptyDir holds the compile cache), no capability, non-root.
-    assert levels == {"head": "restricted", "worker gpu": "restricted", "efa-check": "restricted", "benchmark": "restricted", "staging": "baseline"}
-    # Staging: only its root init container (CHOWN) keeps it out of restricted.
-    reasons = pss.restricted_violations(pods["staging"][1])
+    # The serving pods pass restricted: no hostPath (an emptyDir holds the compile cache), no capability, non-root; so
+    # does the staging Job on EFS, whose access point hands it the checkpoint's directory (no init container).
+    assert levels == {"head": "restricted", "worker gpu": "restricted", "efa-check": "restricted", "benchmark": "restricted", "staging": "restricted"}
+    assert "initContainers" not in pods["staging"][1]
+    # Staging on FSx: only its root init container (CHOWN) keeps it out of restricted.
+    fsx = stack_pods("prod", "fsx")
+    assert {name: pss.level(spec, md) for name, (md, spec) in fsx.items()} == {**levels, "staging": "baseline"}
+    reasons = pss.restricted_violations(fsx["staging"][1])
     assert reasons and all("own-dest" in v for v in reasons)
     test_levels = {name: pss.level(spec, md) for name, (md, spec) in stack_pods("test").items()}  # one node: no worker, no EFA check
     assert test_levels == {name: levels[name] for name in test_levels} and "head" in test_levels
 
 
-def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass():
-    labels = pod_security.namespace_labels("1.33")
+@pytest.mark.parametrize("storage,enforced", [("efs", "restricted"), ("fsx", "baseline")])
+def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass(storage, enforced):
+    labels = pod_security.namespace_labels("1.33", storage)
     assert labels == {
-        "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.33",
+        "pod-security.kubernetes.io/enforce": enforced, "pod-security.kubernetes.io/enforce-version": "v1.33",
         "pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/warn-version": "v1.33",
         "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "v1.33",
     }  # fmt: skip
+    assert pss.stricter_or_equal(enforced, pod_security.PSA_ENFORCE)
+    with pytest.raises(ValueError):
+        pod_security.namespace_labels("1.33", "ebs")
     for stack in ("prod", "test"):
-        pods = stack_pods(stack)
+        pods = stack_pods(stack, storage)
         strictest = pss.weakest([pss.level(spec, md) for md, spec in pods.values()])
         assert labels["pod-security.kubernetes.io/enforce"] == strictest
         for md, spec in pods.values():
@@ -275,7 +288,7 @@ def test_the_namespace_enforces_the_strictest_level_all_its_pods_pass():
 
 
 def test_what_the_serving_pods_used_to_need_would_not_pass_the_enforced_level():
-    """The namespace enforces baseline: IPC_LOCK or the old hostPath compile cache would be refused at admission."""
+    """Every stack's namespace enforces baseline at least: IPC_LOCK or the old hostPath compile cache would be refused at admission."""
     _, head = stack_pods("prod")["head"]
     for change, control in (
         (lambda h: h["containers"][0]["securityContext"]["capabilities"].update(add=["IPC_LOCK"]), "capabilities"),

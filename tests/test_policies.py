@@ -470,13 +470,13 @@ def test_the_network_rule_needs_a_default_deny_and_skips_what_it_cannot_see():
 
 def test_every_rule_has_a_name_description_and_is_mandatory():
     names = [r.name for r in R.RULES]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 20
     for r in R.RULES:
         assert r.description and "\n" not in r.description
         assert r.enforcement == R.MANDATORY
     assert {r.name for r in R.RULES if r.scope == "stack"} == {
         "tp-within-node", "efa-security-group-self-referencing", "production-weights-protected",
-        "namespace-pod-security", "network-policies-isolate-ray", "api-admits-only-its-clients", "iam-managed-policies-scoped",
+        "root-init-only-on-fsx", "namespace-pod-security", "network-policies-isolate-ray", "api-admits-only-its-clients", "iam-managed-policies-scoped",
         "vpcs-have-flow-logs", "default-security-groups-closed",
     }  # fmt: skip
 
@@ -511,6 +511,70 @@ def test_doc() -> dict:
 def test_prod_and_test_stacks_pass_every_rule(prod_doc, test_doc):
     assert check_document(prod_doc) == []
     assert check_document(test_doc) == []
+
+
+def _namespace_labels(doc) -> dict:
+    return _find(doc, "kubernetes:core/v1:Namespace", "-serving")["inputs"]["metadata"]["labels"]
+
+
+@pytest.fixture(scope="module")
+def fsx_prod_doc(tmp_path_factory) -> dict:
+    """prod with its weights on FSx for Lustre (the storage-type row of infra/preview/changes.py)."""
+    from tests.project_copy import edited_project
+
+    root = edited_project(tmp_path_factory.mktemp("fsx") / "project", "prod", [
+        ("    fsxCsi: false\n", "    fsxCsi: true\n"),
+        ("    owner: ml-platform\n", "    owner: ml-platform\n  gpu-serving:storage:\n    type: fsx\n"),
+    ])  # fmt: skip
+    return synthesize("prod", root)
+
+
+def test_the_serving_namespace_enforces_restricted_on_efs_and_baseline_on_fsx(prod_doc, fsx_prod_doc):
+    """The policy pack proves it on the synthesized stacks: on EFS every pod, the staging Job's included, passes
+    restricted, and the namespace enforces it; on FSx the staging Job's root init container (CHOWN) is the one thing
+    that needs baseline, and the namespace enforces that. Both pass every rule."""
+    from policies import pod_security as pss
+
+    jobs = {}
+    for name, doc in (("efs", prod_doc), ("fsx", fsx_prod_doc)):
+        assert check_document(doc) == [], [(v.rule, v.message) for v in check_document(doc)]
+        job = _find(doc, "kubernetes:batch/v1:Job", "-weights-staging")["inputs"]["spec"]["template"]
+        jobs[name] = job
+        version = pss.policy_version(_namespace_labels(doc)["pod-security.kubernetes.io/enforce-version"])
+        assert _namespace_labels(doc)["pod-security.kubernetes.io/enforce"] == pss.level(job["spec"], job["metadata"], version)
+    assert _namespace_labels(prod_doc)["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert "initContainers" not in jobs["efs"]["spec"]
+    assert _namespace_labels(fsx_prod_doc)["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert [c["name"] for c in jobs["fsx"]["spec"]["initContainers"]] == ["own-dest"]
+    # Enforcing restricted on FSx would refuse the staging Job's pods, and only for its root step.
+    doc = copy.deepcopy(fsx_prod_doc)
+    _namespace_labels(doc)["pod-security.kubernetes.io/enforce"] = "restricted"
+    found = check_document(doc)
+    assert {v.rule for v in found} == {"namespace-pod-security"} and len(found) == 1
+    assert "-weights-staging" in found[0].message and "own-dest" in found[0].message
+
+
+def test_a_root_init_container_is_allowed_on_fsx_only(prod_doc, fsx_prod_doc):
+    """The CHOWN exception of pods-least-privilege, narrowed: the FSx Job's root step passes; the same step in the EFS
+    stack's Job (its claim bound to an EFS volume) is refused, and so is it in a pod without a claim."""
+    fsx_job = _find(fsx_prod_doc, "kubernetes:batch/v1:Job", "-weights-staging")
+    (owner,) = fsx_job["inputs"]["spec"]["template"]["spec"]["initContainers"]
+    assert R.check_root_init_only_on_fsx(fsx_prod_doc["resources"], CTX) == []
+    doc = copy.deepcopy(prod_doc)
+    efs_job = _find(doc, "kubernetes:batch/v1:Job", "-weights-staging")
+    efs_job["inputs"]["spec"]["template"]["spec"]["initContainers"] = [copy.deepcopy(owner)]
+    (found,) = R.check_root_init_only_on_fsx(doc["resources"], CTX)
+    assert found[0] == efs_job["urn"] and "init container own-dest runs as root or adds CHOWN" in found[1]
+    assert "on efs.csi.aws.com" in found[1]
+    # Root without CHOWN counts too; a pod without a claim has no FSx volume to hand over.
+    pod = {"initContainers": [{"name": "r", "securityContext": {"runAsUser": 0}}], "containers": [{"name": "c"}]}
+    bare = _k8s("kubernetes:core/v1:Pod", "p", {"metadata": {"name": "p", "namespace": "ns"}, "spec": pod})
+    one([m for _, m in R.check_root_init_only_on_fsx([bare], CTX)], "it mounts no claim")
+    # Unknown values (a preview): nothing judged.
+    unknown = _k8s("kubernetes:core/v1:Pod", "p", {"metadata": {"name": "p", "namespace": "ns"}, "spec": {**pod, "initContainers": R.UNKNOWN}})
+    assert R.check_root_init_only_on_fsx([unknown], CTX) == []
+    # The whole pack says the same of the EFS document: this rule, and admission (restricted) too.
+    assert {v.rule for v in check_document(doc)} == {"root-init-only-on-fsx", "namespace-pod-security"}
 
 
 def test_context_of_the_real_stacks(prod_doc, test_doc):
@@ -581,8 +645,9 @@ def _writable_worker_root(doc):
     worker["securityContext"]["readOnlyRootFilesystem"] = False
 
 
-def _enforce_restricted(doc):
-    _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "restricted"
+def _enforce_baseline(doc):
+    """What an EFS stack's namespace enforced while its staging Job had a root init container."""
+    _find(doc, "kubernetes:core/v1:Namespace", "prod-serving")["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "baseline"
 
 
 def _no_pod_security_labels(doc):
@@ -666,11 +731,12 @@ def _no_shm(doc):
         (_ray_open_to_every_namespace, ("network-policies-isolate-ray", "api-admits-only-its-clients"), "a pod of another namespace can reach the head's Ray GCS port 6379"),
         (_ray_open_to_the_vpc, "network-policies-isolate-ray", "address 10.0.0.1 can reach the head's Ray client server port 10001"),
         (_ray_pods_cut_off, "network-policies-isolate-ray", "its head and workers cannot reach each other"),
-        (_staging_escalates, "pods-least-privilege", "container stage: set securityContext.allowPrivilegeEscalation: false"),
-        (_staging_adds_chown_outside_init, "pods-least-privilege", "container stage: adds CHOWN"),
+        # The staging Job passes restricted on EFS, which the namespace enforces: admission would refuse these too.
+        (_staging_escalates, ("pods-least-privilege", "namespace-pod-security"), "container stage: set securityContext.allowPrivilegeEscalation: false"),
+        (_staging_adds_chown_outside_init, ("pods-least-privilege", "namespace-pod-security"), "container stage: adds CHOWN"),
         (_head_mounts_a_token, "pods-least-privilege", "head template: mounts a service-account token"),
         (_writable_worker_root, "pods-least-privilege", "container ray-worker: set securityContext.readOnlyRootFilesystem: true"),
-        (_enforce_restricted, "namespace-pod-security", "passes Pod Security baseline only, but namespace gpu-serving enforces restricted"),
+        (_enforce_baseline, "namespace-pod-security", "namespace gpu-serving enforces Pod Security baseline, but every pod the stack runs there passes restricted: enforce restricted"),
         (_no_pod_security_labels, "namespace-pod-security", "without Pod Security admission"),
         (_enforce_privileged, "namespace-pod-security", "enforces Pod Security privileged: the stack's namespaces enforce baseline or stricter"),
     ],
@@ -774,7 +840,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_check_prod_passes():
     proc = run_cli("check", "--stack", "prod")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "All 19 policy rules passed: stack prod" in proc.stdout
+    assert "All 20 policy rules passed: stack prod" in proc.stdout
 
 
 def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
@@ -791,12 +857,12 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     proc = run_cli("check", "--stack", "prod", "--root", str(root))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
-    assert "1 violation(s) of 1 of 19 rules" in proc.stdout
+    assert "1 violation(s) of 1 of 20 rules" in proc.stdout
 
     proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
-    assert result["passed"] is False and len(result["rules"]) == 19
+    assert result["passed"] is False and len(result["rules"]) == 20
     (v,) = result["violations"]
     assert v["rule"] == "eks-secrets-audit-private-endpoint" and v["name"] == "gpu-serving-prod-eks"
     assert "publicAccessCidrs has 0.0.0.0/0" in v["message"]

@@ -306,6 +306,55 @@ def test_the_owner_step_creates_the_directory_and_hands_it_over(tmp_path):
     assert bad.returncode != 0
 
 
+def test_staged_files_are_readable_by_the_serving_user(source, tmp_path):
+    """The program sets umask 022 itself: whatever the runtime's umask (here a tight 077), what it stages is 0644 and
+    its directories 0755, so the serving access point's `nobody` (another user, another group) reads them."""
+    dest = tmp_path / "models" / "org" / "name"
+    args = staging_args(f"file://{source}", str(dest), workers=3)
+    proc = subprocess.run(local(staging_command()) + args, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.umask(0o077))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert stage_weights.UMASK == 0o022
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    dirs = [dest, *(p for p in dest.rglob("*") if p.is_dir())]
+    assert {p.relative_to(dest).as_posix() for p in files} == set(FILES) | {MARKER_NAME}
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o644"}
+    assert {oct(p.stat().st_mode & 0o777) for p in dirs} == {"0o755"}
+
+
+def test_a_checkpoint_staged_the_old_way_is_complete_through_the_efs_access_point(source, tmp_path):
+    """Day two on EFS: the old Job staged into `<mount>/<org>/<name>` (the whole file system mounted); the new one
+    mounts that directory itself (the staging access point's root) and writes to the mount: nothing is fetched
+    again, and the marker the serving pods wait for is where they look for it."""
+    from infra.k8s.staging import efs_staging_dest, marker_path, model_path
+
+    fs_root = tmp_path / "efs"
+    checkpoint = "deepseek-ai/DeepSeek-V4-Pro"
+    old = run_stage(source, Path(model_path(str(fs_root), checkpoint, "hf")))
+    assert old.returncode == 0 and summary(old)["fetched"] == len(FILES)
+    access_point_root = fs_root / "deepseek-ai" / "DeepSeek-V4-Pro"  # what the staging pod sees at its mount
+    new = run_stage(source, Path(efs_staging_dest(str(access_point_root), checkpoint, "hf")))
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert summary(new) == {"files": 5, "fetched": 0, "skipped": 5, "failed": 0, "bad": 0, "resumed": 0, "transferred": 0}
+    assert Path(marker_path(str(fs_root), checkpoint, "hf")).is_file()
+
+
+def test_a_destination_it_may_not_write_is_reported(source, tmp_path, monkeypatch, capsys):
+    """A staging access point's root that exists and belongs to someone else (EFS creates it for the staging user
+    only when it is missing): a clear line, exit 1 (the Job retries; nothing else is wrong)."""
+    def refuse(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(stage_weights.os, "makedirs", refuse)
+    old_umask = os.umask(0o022)
+    try:
+        code = stage_weights.main(["--source", f"file://{source}", "--dest", str(tmp_path / "m")])
+    finally:
+        os.umask(old_umask)
+    assert code == EXIT_INCOMPLETE
+    assert "cannot write the destination" in capsys.readouterr().out
+
+
 def test_the_staging_image_pins_every_package_by_hash():
     """images/staging: every requirement is pinned to one version and at least one sha256; the Dockerfile installs
     exactly those at build time, as the user the Job runs as; the tag follows the pins."""

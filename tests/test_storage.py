@@ -21,6 +21,7 @@ Authorization Reference list them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -401,20 +402,59 @@ def test_efs_access_points(efs_prod):
     aps = {r.name: plain(r.inputs) for r in rec.of_type(EFS_AP)}
     assert set(aps) == {"weights-efs-ap-serving", "weights-efs-ap-staging"}
     fs_id = recording.placeholder("id", rec.one(EFS_FS).name)
-    path = EFS_MODEL.shape_for("Path")
-    for ap in aps.values():
-        assert ap["fileSystemId"] == fs_id
-        # Both at the root (module doc: an access point cannot change, and running stacks hold /<org>/<name>).
-        assert ap["rootDirectory"] == {"path": "/"} and re.fullmatch(path.metadata["pattern"], "/")
-        assert "creationInfo" not in ap["rootDirectory"]  # the root exists
-    # Serving: `nobody`, in the checkpoint's group; nothing it could own. Staging: the Job's own users (root, then STAGING_UID).
-    serving = aps["weights-efs-ap-serving"]["posixUser"]
-    assert serving == {"uid": 65534, "gid": 65534, "secondaryGids": [STAGING_UID]}
+    path = EFS_MODEL.shape_for("Path").metadata
     uid = EFS_MODEL.shape_for("Uid").metadata
-    assert all(uid["min"] <= v <= uid["max"] for v in (serving["uid"], serving["gid"], *serving["secondaryGids"]))
-    assert serving["uid"] not in (0, STAGING_UID)
-    assert "posixUser" not in aps["weights-efs-ap-staging"]
+    assert all(ap["fileSystemId"] == fs_id for ap in aps.values())
+    # Serving: at the root (an access point cannot change, and running stacks hold /<org>/<name>), as `nobody`, in the
+    # checkpoint's group; nothing it could own. The root exists: no creation info.
+    serving = aps["weights-efs-ap-serving"]
+    assert serving["rootDirectory"] == {"path": "/"} and re.fullmatch(path["pattern"], "/")
+    assert serving["posixUser"] == {"uid": 65534, "gid": 65534, "secondaryGids": [STAGING_UID]}
+    assert all(uid["min"] <= v <= uid["max"] for v in (65534, STAGING_UID))
+    # Staging: rooted at the checkpoint's directory, which EFS creates (when missing) owned by the staging user, mode
+    # 0755, and the staging user enforced on every request: no root anywhere (infra/aws/efs_access.py).
+    staging = aps["weights-efs-ap-staging"]
+    assert staging["posixUser"] == {"uid": STAGING_UID, "gid": STAGING_UID} and STAGING_UID != 0
+    assert staging["rootDirectory"] == {
+        "path": "/deepseek-ai/DeepSeek-V4-Pro",
+        "creationInfo": {"ownerUid": STAGING_UID, "ownerGid": STAGING_UID, "permissions": "0755"},
+    }
+    root = staging["rootDirectory"]
+    assert re.fullmatch(path["pattern"], root["path"]) and len(root["path"]) <= path["max"]
+    creation = EFS_MODEL.shape_for("CreationInfo")
+    assert set(creation.required_members) == {"OwnerUid", "OwnerGid", "Permissions"}
+    assert re.fullmatch(creation.members["Permissions"].metadata["pattern"], root["creationInfo"]["permissions"])
+    # What the serving door sees of it: the same directory under the mount, world-readable (0755, and the program's
+    # umask 022 for what it writes: tests/test_staging.py).
+    assert "/models" + root["path"] == efs_prod[1].model_path
     assert set(EFS_MODEL.shape_for("CreateAccessPointRequest").members) >= {"FileSystemId", "PosixUser", "RootDirectory"}
+
+
+@pytest.mark.parametrize(
+    "checkpoint,source,root,below",
+    [
+        ("deepseek-ai/DeepSeek-V4-Pro", "hf", "/deepseek-ai/DeepSeek-V4-Pro", ""),
+        ("deepseek-ai/DeepSeek-V4-Pro@0123456789abcdef0123456789abcdef01234567", "hf", "/deepseek-ai/DeepSeek-V4-Pro", ""),
+        ("s3://ml-weights-bucket/deepseek/v4-pro/", "s3", "/ml-weights-bucket/deepseek/v4-pro", ""),
+        # Deeper than an access point's four levels: the first four, the rest written by the Job below them.
+        ("s3://ml-weights-bucket/a/b/c/d/e", "s3", "/ml-weights-bucket/a/b/c", "d/e"),
+        # A level EFS refuses (a leading dot, a `$`): the root stops before it.
+        ("s3://ml-weights-bucket/team/.hidden/m", "s3", "/ml-weights-bucket/team", ".hidden/m"),
+        ("s3://ml-weights-bucket/a$b/m", "s3", "/ml-weights-bucket", "a$b/m"),
+        # Over 100 characters: the levels that fit.
+        ("s3://ml-weights-bucket/" + "x" * 90 + "/m", "s3", "/ml-weights-bucket", "x" * 90 + "/m"),
+    ],
+)
+def test_the_staging_root_is_an_access_point_path(checkpoint, source, root, below):
+    from infra.k8s import staging
+
+    path = EFS_MODEL.shape_for("Path").metadata
+    assert staging.efs_staging_root(checkpoint, source) == (root, below)
+    assert re.fullmatch(path["pattern"], root) and len(root) <= path["max"]
+    # The Job's destination under its mount is the checkpoint's directory the serving pods read.
+    dest = staging.efs_staging_dest("/models", checkpoint, source)
+    assert dest == ("/models/" + below if below else "/models")
+    assert staging.model_path("/models", checkpoint, source) == "/models" + root + ("/" + below if below else "")
 
 
 def test_efs_file_system_policy_statements(efs_prod):
@@ -439,8 +479,11 @@ def test_efs_file_system_policy_statements(efs_prod):
     assert by_sid["ServingReads"]["Action"] == ["elasticfilesystem:ClientMount"]
     assert by_sid["ServingReads"]["Condition"]["StringEquals"] == {"elasticfilesystem:AccessPointArn": serving}
     assert by_sid["StagingWrites"]["Condition"]["StringEquals"] == {"elasticfilesystem:AccessPointArn": staging}
-    assert set(by_sid["StagingWrites"]["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
-                                                     "elasticfilesystem:ClientRootAccess"}  # fmt: skip
+    assert set(by_sid["StagingWrites"]["Action"]) == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
+    # Root for no one: both access points enforce a non-root identity, and no staging step runs as root.
+    assert by_sid["DenyRootAccess"] == {"Sid": "DenyRootAccess", "Effect": "Deny", "Principal": {"AWS": "*"},
+                                        "Action": ["elasticfilesystem:ClientRootAccess"], "Resource": fs_arn}  # fmt: skip
+    assert not any("elasticfilesystem:ClientRootAccess" in st["Action"] for st in allows)
 
 
 @pytest.mark.parametrize("variant", ["efs-prod", "efs-ephemeral"])
@@ -459,8 +502,9 @@ def test_the_file_system_policy_decides_who_may_do_what(variants, variant):
 
     # The serving pods' mount (the node role, iam, tls, the serving access point): read, nothing more.
     assert can(mount, ap=serving) and not can(write, ap=serving) and not can(root, ap=serving)
-    # The staging Job's mount: read, write, and root for its init container's chown.
-    assert can(mount, ap=staging) and can(write, ap=staging) and can(root, ap=staging)
+    # The staging Job's mount: read and write, as the staging user the access point enforces; never root.
+    assert can(mount, ap=staging) and can(write, ap=staging) and not can(root, ap=staging)
+    assert not any(can(root, ap=ap, identity_allows=True) for ap in (serving, staging, None))
     # Without TLS, nothing, through either door; nor for any other action.
     for ap in (serving, staging):
         assert not any(can(a, ap=ap, tls=False) for a in (mount, write, root))
@@ -539,7 +583,9 @@ def test_the_serving_pods_mount_the_read_only_claim(prod_doc):
         assert claims == [{"claimName": "model-weights-serving", "readOnly": True}]
     (job,) = [r for r in prod_doc["resources"] if r["type"] == JOB and r["name"].endswith("-weights-staging")]
     claims = [v["persistentVolumeClaim"] for v in job["inputs"]["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v]
-    assert claims == [{"claimName": "model-weights-staging"}]
+    assert claims == [{"claimName": next(r["inputs"]["metadata"]["name"] for r in prod_doc["resources"]
+                                         if r["type"] == PVC and r["name"].endswith("-weights-staging-pvc"))}]  # fmt: skip
+    assert claims[0]["claimName"].startswith("model-weights-staging-")
 
 
 def test_a_running_stack_replaces_its_volume_and_claim_and_the_diff_says_so(prod_doc):
@@ -657,8 +703,10 @@ def _pairs(rec) -> dict[str, tuple[dict, dict]]:
 def test_static_binding(variants, variant):
     rec, comp = variants[variant]
     pairs = _pairs(rec)
-    # The same claims for either kind: a change of kind leaves the serving pods' claim alone.
-    assert set(pairs) == {"model-weights-serving", "model-weights-staging"} == {comp.pvc_name, comp.staging_pvc_name}
+    # The same serving claim for either kind: a change of kind leaves the serving pods' claim alone. On EFS the staging
+    # claim is named after its access point's root (the checkpoint's directory), which it follows.
+    staging = "model-weights-staging" + ("-" + hashlib.sha256(b"/deepseek-ai/DeepSeek-V4-Pro").hexdigest()[:8] if variant.startswith("efs") else "")
+    assert set(pairs) == {"model-weights-serving", staging} == {comp.pvc_name, comp.staging_pvc_name}
     for name, (pv, pvc) in pairs.items():
         assert pv["spec"]["storageClassName"] == "" == pvc["spec"]["storageClassName"]
         assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] == f"gpu-serving-{name}"
@@ -806,9 +854,11 @@ def test_staging_job(efs_prod, prod_storage):
     assert pod["nodeSelector"] == {"gpu-serving/role": "system"}
     assert "tolerations" not in pod
     assert pod["restartPolicy"] == "Never"
-    # The claim, read-write, at the mount path; the script's destination is the model path under it.
+    # The claim, read-write, at the mount path: the staging access point's root, the checkpoint's directory, is the
+    # script's destination (the serving pods read it at the model path).
     (vol,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
-    assert vol["persistentVolumeClaim"] == {"claimName": "model-weights-staging"} == {"claimName": comp.staging_pvc_name}
+    assert vol["persistentVolumeClaim"] == {"claimName": comp.staging_pvc_name}
+    assert comp.staging_pvc_name.startswith("model-weights-staging-")
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == vol["name"]]
     assert mount["mountPath"] == "/models" and not mount.get("readOnly")
     # The program: a file of the ConfigMap the pod mounts read-only, whose hash the pod carries.
@@ -825,7 +875,7 @@ def test_staging_job(efs_prod, prod_storage):
     assert "STAGING_SCRIPT" not in {e["name"] for e in container["env"]}
     args = container["args"]
     assert args[args.index("--source") + 1] == "hf://deepseek-ai/DeepSeek-V4-Pro"
-    assert args[args.index("--dest") + 1] == comp.model_path == "/models/deepseek-ai/DeepSeek-V4-Pro"
+    assert args[args.index("--dest") + 1] == "/models" and comp.model_path == "/models/deepseek-ai/DeepSeek-V4-Pro"
     assert container["image"] == IMAGE
     # Modest requests; no GPUs, no EFA.
     requests = container["resources"]["requests"]
@@ -837,15 +887,13 @@ def test_staging_job(efs_prod, prod_storage):
                                       "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-    # ... after the one root step, which may only chown: it hands the destination to that user.
-    (owner,) = pod["initContainers"]
-    assert owner["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
-        "readOnlyRootFilesystem": True, "runAsUser": 0, "runAsNonRoot": False,
-    }  # fmt: skip
-    assert owner["image"] == container["image"] and owner["args"] == [comp.model_path, f"{STAGING_UID}:{STAGING_UID}"]
-    mounted, script = owner["command"][1].rsplit("/", 1)
-    assert owner["command"][0] == "sh" and mounted == script_files.MOUNT_PATH and script in config_map["data"]
+    # ... and nothing else: no init container, no root (the access point hands it the directory), so the pod passes
+    # Pod Security restricted; the ConfigMap carries the program alone.
+    assert "initContainers" not in pod
+    assert set(config_map["data"]) == {"stage_weights.py"}
+    from policies import pod_security as pss
+
+    assert pss.level(pod, spec["template"]["metadata"]) == "restricted"
     # Created after its storage exists, and not awaited: `pulumi up` moves on (python -m infra rollout follows it).
     assert job["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     assert not res.options.get("custom_timeouts")
@@ -858,6 +906,35 @@ def test_staging_job(efs_prod, prod_storage):
     assert netpol["spec"]["podSelector"]["matchLabels"] == job["spec"]["template"]["metadata"]["labels"]
     assert netpol["spec"]["policyTypes"] == ["Egress"]
     assert netpol["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 443}]}]
+
+
+def test_fsx_staging_keeps_its_root_init_container(fsx_prod):
+    """FSx for Lustre has no access points, and its CSI driver's fsGroupPolicy (ReadWriteOnceWithFSType) lets no
+    kubelet chown a ReadWriteMany volume: the one root step stays, and with it Pod Security baseline."""
+    from policies import pod_security as pss
+
+    rec, comp = fsx_prod
+    job = manifest(rec.one(JOB))
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert comp.staging_pvc_name == "model-weights-staging"
+    args = container["args"]
+    assert args[args.index("--dest") + 1] == comp.model_path == "/models/deepseek-ai/DeepSeek-V4-Pro"
+    config_map = manifest(rec.one(CONFIG_MAP))
+    assert set(config_map["data"]) == {"stage_weights.py", "staging_owner.sh"}
+    # The one root step, which may only chown: it hands the destination to the program's user.
+    (owner,) = pod["initContainers"]
+    assert owner["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        "readOnlyRootFilesystem": True, "runAsUser": 0, "runAsNonRoot": False,
+    }  # fmt: skip
+    assert owner["image"] == container["image"] and owner["args"] == [comp.model_path, f"{STAGING_UID}:{STAGING_UID}"]
+    mounted, script = owner["command"][1].rsplit("/", 1)
+    assert owner["command"][0] == "sh" and mounted == script_files.MOUNT_PATH and script in config_map["data"]
+    assert pss.level(pod, job["spec"]["template"]["metadata"]) == "baseline"
+    assert all("own-dest" in v for v in pss.restricted_violations(pod))
+    # No access point on FSx, and no Job shares a name with the EFS one (the kind is part of it).
+    assert not rec.of_type(EFS_AP)
 
 
 def test_s3_staging_reads_through_pod_identity(s3_ephemeral):

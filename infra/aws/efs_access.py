@@ -25,35 +25,44 @@ one, could rewrite the weights. Now:
   nodes) are mounted by the same DaemonSet: **both mounts necessarily present
   the same IAM identity**. IAM cannot tell serving from staging; the access
   points can.
-- Two access points, both rooted at the file system's root (`/`):
-  `serving` enforces a POSIX identity that owns nothing, `nobody`
-  (`READER_UID`, group `READER_UID`, secondary group the staging user's
-  group, so a checkpoint staged with a tighter umask stays readable), so even
-  a write the policy let through would meet files it does not own;
-  `staging` enforces none: its init container must create the checkpoint's
-  directory under the root-owned `/` and chown it as root
-  (infra/k8s/staging.py, `owner_container`), then the program writes as
-  `STAGING_UID` (so AWS Security Hub's EFS.4, "access points should enforce a
-  user identity", flags this one, knowingly). Root `/` for both, not the checkpoint's parent: an access
-  point cannot change (EFS has no UpdateAccessPoint; its root directory and
-  POSIX user are set at creation), and a PersistentVolume's source is
-  immutable, so a root that followed the checkpoint would replace both access
-  points and both volumes, in use, on every change of model to another
-  organisation; a root below `/` would also hide the checkpoint a running
-  stack already staged at `/<org>/<name>` (the path model_path gives the
-  serving pods), and the Path of an access point allows four levels at most
-  (botocore efs `Path`), fewer than an S3 prefix may have.
+- Two access points, each enforcing a POSIX identity (so AWS Security Hub's
+  EFS.4, "access points should enforce a user identity", passes for both):
+  `serving`, rooted at the file system's root (`/`), enforces an identity
+  that owns nothing, `nobody` (`READER_UID`, group `READER_UID`, secondary
+  group the staging user's group, so a checkpoint staged with a tighter umask
+  stays readable), so even a write the policy let through would meet files it
+  does not own; `staging` is rooted at the checkpoint's directory
+  (`/<org>/<name>`: infra/k8s/staging.py, `efs_staging_root`), enforces the
+  staging user (`STAGING_UID`, its group) and, when that directory does not
+  exist at mount time, has EFS create it owned by that user, mode 0755
+  (`creation_info`; EFS user guide, "Creating the root directory for an
+  access point"; an existing one keeps its owner and mode, and a stack staged
+  before this has it owned by the staging user already, the old init
+  container's chown). So the staging Job needs no root: no init container, no
+  ClientRootAccess for anyone. Why the serving root stays `/`: an access point
+  cannot change (EFS has no UpdateAccessPoint; its root directory and POSIX
+  user are set at creation: every field but the tags is ForceNew in the
+  Terraform provider pulumi-aws bridges, internal/service/efs/access_point.go),
+  and a PersistentVolume's source is immutable, so a serving root that
+  followed the checkpoint would replace the serving access point, volume and
+  claim, in use, on every change of model. The staging access point does
+  follow the checkpoint: a new checkpoint replaces it, the staging volume and
+  claim (under new names, components/storage.py) and the Job, none of which
+  the serving pods mount. The Path of an access point allows four levels and
+  100 characters at most (botocore efs `Path`), fewer than an S3 prefix may
+  have: then the root is the checkpoint's first four levels and the Job
+  writes below it.
 - The file system policy (`file_system_policy`): denies every request without
   TLS (`aws:SecureTransport` false; the user guide's in-transit example);
   denies `ClientMount`, `ClientWrite` and `ClientRootAccess` to anyone not
   coming through one of the two access points (`elasticfilesystem:AccessPointArn`;
   a negated condition is true when the key is absent, IAM user guide,
   "Condition operators", so a mount of the bare file system is refused);
-  denies `ClientWrite` and `ClientRootAccess` through anything but the
-  staging access point; allows the node role `ClientMount` through the
-  serving access point and `ClientMount`, `ClientWrite` and
-  `ClientRootAccess` (the init container's chown) through the staging one,
-  each only over a mount target (`elasticfilesystem:AccessedViaMountTarget`).
+  denies `ClientWrite` through anything but the staging access point, and
+  `ClientRootAccess` to everyone (no mount needs root: both access points
+  enforce a non-root identity); allows the node role `ClientMount` through the
+  serving access point and `ClientMount` and `ClientWrite` through the staging
+  one, each only over a mount target (`elasticfilesystem:AccessedViaMountTarget`).
   Nothing is granted to an anonymous client, so a mount without `iam` is
   refused. The denies hold even if someone attaches an EFS client policy
   (AmazonElasticFileSystemClientFullAccess) to the node role, since an allow
@@ -94,7 +103,7 @@ CLIENT_ACTIONS = (CLIENT_MOUNT, CLIENT_WRITE, CLIENT_ROOT_ACCESS)
 SECURE_TRANSPORT = "aws:SecureTransport"
 ACCESSED_VIA_MOUNT_TARGET = "elasticfilesystem:AccessedViaMountTarget"
 ACCESS_POINT_ARN = "elasticfilesystem:AccessPointArn"
-# Both access points expose the file system's root (module doc: why not the checkpoint's parent).
+# The serving access point exposes the file system's root (module doc: why not the checkpoint's directory).
 ACCESS_POINT_ROOT = "/"
 # The serving access point's POSIX user: `nobody`, which owns nothing on the volume; its secondary group is
 # the staging user's group, the checkpoint's group.
@@ -103,8 +112,7 @@ READER_UID = 65534
 
 def file_system_policy(file_system_arn: str, mount_role_arn: str, serving_access_point_arn: str, staging_access_point_arn: str) -> dict:
     """The EFS file system policy (module doc): TLS always, the two access points only, reads through the
-    serving one, writes (and the staging Job's root) through the staging one, for the nodes' role over a
-    mount target."""
+    serving one, writes through the staging one, root through none, for the nodes' role over a mount target."""
     via_mount_target = {"Bool": {ACCESSED_VIA_MOUNT_TARGET: "true"}}
     both = sorted([serving_access_point_arn, staging_access_point_arn])
     return {
@@ -130,9 +138,17 @@ def file_system_policy(file_system_arn: str, mount_role_arn: str, serving_access
                 "Sid": "DenyWritesOutsideStaging",
                 "Effect": "Deny",
                 "Principal": {"AWS": "*"},
-                "Action": [CLIENT_WRITE, CLIENT_ROOT_ACCESS],
+                "Action": [CLIENT_WRITE],
                 "Resource": file_system_arn,
                 "Condition": {"StringNotEquals": {ACCESS_POINT_ARN: staging_access_point_arn}},
+            },
+            {
+                # Both access points enforce a non-root identity (module doc): no mount needs root.
+                "Sid": "DenyRootAccess",
+                "Effect": "Deny",
+                "Principal": {"AWS": "*"},
+                "Action": [CLIENT_ROOT_ACCESS],
+                "Resource": file_system_arn,
             },
             {
                 "Sid": "ServingReads",
@@ -146,9 +162,7 @@ def file_system_policy(file_system_arn: str, mount_role_arn: str, serving_access
                 "Sid": "StagingWrites",
                 "Effect": "Allow",
                 "Principal": {"AWS": mount_role_arn},
-                # ClientRootAccess: the staging Job's init container creates and chowns the checkpoint's
-                # directory as root (infra/k8s/staging.py, owner_container).
-                "Action": list(CLIENT_ACTIONS),
+                "Action": [CLIENT_MOUNT, CLIENT_WRITE],
                 "Resource": file_system_arn,
                 "Condition": {**via_mount_target, "StringEquals": {ACCESS_POINT_ARN: staging_access_point_arn}},
             },

@@ -8,10 +8,12 @@ volume); every pod uses the runtime's default seccomp profile and mounts no
 service-account token (none of them calls the Kubernetes API). What each pod
 adds back, and why:
 
-- the weight-staging Job's first init container: `CHOWN`, as root, to hand
-  the checkpoint's directory on the shared file system (whose root directory
-  EFS and FSx create owned by root, mode 0755) to the unprivileged user the
-  program runs as (`staging_owner.sh`);
+- on FSx for Lustre, the weight-staging Job's init container: `CHOWN`, as
+  root, to hand the checkpoint's directory on the shared file system (whose
+  root directory FSx creates owned by root, mode 0755) to the unprivileged
+  user the program runs as (`staging_owner.sh`). On EFS there is no such
+  step: the staging access point creates the checkpoint's directory for that
+  user and enforces it (infra/k8s/staging.py, module doc);
 - nothing else. The Ray containers, the EFA check, the benchmark and the
   staging program run as a non-root user (`NONROOT_UID`) with no capability at
   all. On EFA nodes libfabric pins host memory, which the kernel refuses beyond
@@ -28,11 +30,12 @@ adds back, and why:
   the host's mode), shared memory (`/dev/shm`) and sockets between the pods.
 
 Pod Security admission (`namespace_labels`): the namespace enforces the
-strictest level every pod in it passes, `baseline` (the staging Job's
-ownership step runs as root with CHOWN, which `restricted` forbids; every
-other pod passes `restricted`: no hostPath, no added capability, non-root), and
-warns and audits at `restricted` (whoever creates a pod that would not pass it
-is told so). The policy pack (policies/pod_security.py) evaluates every pod
+strictest level every pod in it passes: `restricted` when the weights are on
+EFS (every pod passes it: no hostPath, no added capability, non-root, the
+staging Job included), `baseline` on FSx for Lustre (the staging Job's
+ownership step runs as root with CHOWN, which `restricted` forbids); it warns
+and audits at `restricted` (whoever creates a pod that would not pass it is
+told so). The policy pack (policies/pod_security.py) evaluates every pod
 template against these levels and fails when the enforced level is weaker than
 what the pods need, or stricter than what they pass, or weaker than
 `baseline`; policies/workloads.py refuses a serving pod that adds a
@@ -51,7 +54,9 @@ SECCOMP = {"type": "RuntimeDefault"}
 # The namespace labels `pod-security.kubernetes.io/<mode>` and `<mode>-version` (modes
 # enforce, warn, audit; a version `v1.<minor>` or `latest`): Kubernetes docs, "Pod
 # Security Admission" (k8s.io/pod-security-admission api/constants.go).
-PSA_ENFORCE = "baseline"
+# What the namespace enforces, by where the weights are (module doc): FSx's staging Job keeps a root init container.
+PSA_ENFORCE_BY_STORAGE = {"efs": "restricted", "fsx": "baseline"}
+PSA_ENFORCE = "baseline"  # the weakest of them: what every stack's namespace enforces at least
 PSA_WARN = "restricted"
 PSA_AUDIT = "restricted"
 PSA_PREFIX = "pod-security.kubernetes.io/"
@@ -87,13 +92,20 @@ def hardened_pod(run_as_user: Optional[int] = None) -> dict:
     return {"automountServiceAccountToken": False, "securityContext": pod_security_context(run_as_user)}
 
 
-def namespace_labels(kubernetes_version: str) -> dict[str, str]:
+def enforced_level(storage_kind: str) -> str:
+    """The level the serving namespace enforces for a stack whose weights are on `storage_kind` (module doc)."""
+    if storage_kind not in PSA_ENFORCE_BY_STORAGE:
+        raise ValueError(f"storage kind {storage_kind!r}: one of {', '.join(PSA_ENFORCE_BY_STORAGE)}")
+    return PSA_ENFORCE_BY_STORAGE[storage_kind]
+
+
+def namespace_labels(kubernetes_version: str, storage_kind: str) -> dict[str, str]:
     """Pod Security admission labels, each pinned to the cluster's version (`v1.33`): a later
     Kubernetes release does not change what the levels mean for this namespace until the
-    cluster runs it and the labels follow."""
+    cluster runs it and the labels follow. Enforced: `enforced_level(storage_kind)`."""
     version = f"v{kubernetes_version}"
     labels = {}
-    for mode, level in (("enforce", PSA_ENFORCE), ("warn", PSA_WARN), ("audit", PSA_AUDIT)):
+    for mode, level in (("enforce", enforced_level(storage_kind)), ("warn", PSA_WARN), ("audit", PSA_AUDIT)):
         labels[f"{PSA_PREFIX}{mode}"] = level
         labels[f"{PSA_PREFIX}{mode}-version"] = version
     return labels

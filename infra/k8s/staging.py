@@ -16,19 +16,36 @@ The image is built from `images/staging/` (Python with huggingface_hub, boto3
 and their dependencies, every wheel's hash pinned, installed at build time) and
 pushed to the stack's ECR repository by `bin/build-image`, at a tag derived from
 what it is built from (`staging_image_tag`); nothing is installed when the Job
-runs. The program runs as an unprivileged user (`STAGING_UID`); an init
-container (root, CAP_CHOWN only) first hands it the checkpoint's directory
-(`staging_owner.sh`). Security contexts: infra/k8s/pod_security.py; what the
-pod may reach: infra/k8s/network_policies.py (`staging_policy`).
+runs. The program runs as an unprivileged user (`STAGING_UID`), and how it comes
+to own the checkpoint's directory depends on the file system
+(`efs_staging_root`):
 
-The volume it mounts read-write is the staging claim (components/storage.py):
-on EFS, the staging access point, the only way in that may write. That door
-enforces no POSIX user and its file system policy grants ClientRootAccess
-because of the init container: the checkpoint's directory goes under the file
-system's root-owned `/` (its organisation's directory may be new too), and
-only root may create it there and chown it; without ClientRootAccess EFS
-squashes the client's root (an unprivileged identity) and both fail. The
-serving pods' door enforces `nobody` and grants no write at all.
+- EFS: the volume it mounts read-write is the staging claim (components/storage.py),
+  through the staging access point, the only way in that may write. That access
+  point's root directory is the checkpoint's own directory (`efs_staging_root`:
+  `/<org>/<name>`, or its first four levels), it enforces the POSIX identity
+  `STAGING_UID:STAGING_UID`, and it creates its root directory owned by that
+  identity, mode 0755 (`root_directory.creation_info`), when a client first
+  mounts it and the directory does not exist (EFS user guide, "Creating the root
+  directory for an access point": "If the root directory configured on the access
+  point already exists before mount time, the existing permissions aren't
+  overwritten"). So the pod mounts the checkpoint's directory itself, owned by the
+  user it runs as: no init container, no root, no capability, Pod Security
+  `restricted`. A stack staged before this (the root init container chowned
+  `/<org>/<name>` to `STAGING_UID`, recursively) keeps that directory as it is, its
+  owner already the staging user's: nothing is fetched again.
+- FSx for Lustre has no access points: the pod mounts the whole file system,
+  whose root directory is root's (mode 0755), and an init container (root,
+  CAP_CHOWN only) first creates the checkpoint's directory and hands it to
+  `STAGING_UID` (`staging_owner.sh`). The FSx CSI driver would not let the
+  kubelet do it instead: its CSIDriver declares `fsGroupPolicy:
+  ReadWriteOnceWithFSType` (aws-fsx-csi-driver v1.7.0, the add-on the stack
+  pins: charts/aws-fsx-csi-driver/values.yaml, deploy/kubernetes/base/csidriver.yaml),
+  under which the kubelet applies a pod's fsGroup only to a ReadWriteOnce volume
+  with an fsType, and the staging volume is ReadWriteMany without one.
+
+Security contexts: infra/k8s/pod_security.py; what the pod may reach:
+infra/k8s/network_policies.py (`staging_policy`).
 """
 
 from __future__ import annotations
@@ -49,11 +66,23 @@ from infra.planning.cold_start_cost import STAGING_MIN_BYTES_PER_S
 
 VOLUME_NAME = "model-weights"
 STAGING_SCRIPT = "stage_weights.py"
-OWNER_SCRIPT = "staging_owner.sh"  # the init container that hands the checkpoint's directory to STAGING_UID
-# The staging ConfigMap's scripts: the program and its init container's (its pod runs nothing else).
+OWNER_SCRIPT = "staging_owner.sh"  # FSx: the init container that hands the checkpoint's directory to STAGING_UID
+# The staging ConfigMap's scripts: the program and, on FSx, its init container's (the pod runs nothing else).
 STAGING_SCRIPTS = (STAGING_SCRIPT, OWNER_SCRIPT)
-# The program's user: not root (images/staging/Dockerfile's USER, and the pod's runAsUser).
+EFS_STAGING_SCRIPTS = (STAGING_SCRIPT,)
+# The program's user: not root (images/staging/Dockerfile's USER, and the pod's runAsUser); on EFS also the
+# identity the staging access point enforces and creates its root directory for.
 STAGING_UID = pod_security.NONROOT_UID
+# The mode EFS gives the staging access point's root directory when it creates it: the owner writes, everyone
+# else (the serving access point's `nobody`) enters and reads. EFS CreationInfo `Permissions` (botocore efs
+# model: pattern ^[0-7]{3,4}$).
+EFS_STAGING_ROOT_MODE = "0755"
+# An access point's root directory: at most four levels below `/` and 100 characters, each level not starting
+# with "." nor holding one of $#<>;`|&?{}^* (botocore efs model, shape `Path`; EFS user guide, "Enforcing a root
+# directory with an access point").
+EFS_ROOT_MAX_LEVELS = 4
+EFS_ROOT_MAX_CHARS = 100
+_EFS_PATH_LEVEL = re.compile(r"^(?!\.)[^$#<>;`|&?{}^*/\n]+$")
 
 # The staging image (images/staging/: Python and the pinned huggingface_hub and boto3
 # with their dependencies, hashes checked, installed when the image is built; nothing
@@ -145,6 +174,35 @@ def marker_path(mount_path: str, checkpoint: str, source: str) -> str:
     return posixpath.join(model_path(mount_path, checkpoint, source), stage_weights.MARKER_NAME)
 
 
+def efs_staging_root(checkpoint: str, source: str) -> tuple[str, str]:
+    """(the EFS staging access point's root directory, where the checkpoint lives below it).
+
+    The checkpoint's directory itself (`/<org>/<name>`, `/<bucket>/<prefix>`) when an access point may
+    have it as its root; else its longest leading part that may (four levels, 100 characters, levels of
+    the allowed characters: `EFS_ROOT_MAX_LEVELS`), the rest below it. Never `/`: the bucket or the
+    organisation is always one allowed level. The staging Job writes only under this root, which EFS
+    creates for `STAGING_UID` (module doc); the serving access point, rooted at `/`, sees the same files
+    at `model_path`.
+    """
+    directory, _ = split_checkpoint(checkpoint, source)
+    levels = directory.split("/")
+    root: list[str] = []
+    for level in levels[:EFS_ROOT_MAX_LEVELS]:
+        if not _EFS_PATH_LEVEL.match(level) or len("/" + "/".join([*root, level])) > EFS_ROOT_MAX_CHARS:
+            break
+        root.append(level)
+    if not root:
+        raise ValueError(f"checkpoint {checkpoint!r}: its first level {levels[0]!r} cannot be an EFS access point's root directory")
+    return "/" + "/".join(root), "/".join(levels[len(root):])
+
+
+def efs_staging_dest(mount_path: str, checkpoint: str, source: str) -> str:
+    """Where the staging program writes on EFS: the staging volume's mount (the access point's root) and what
+    lies below it (`efs_staging_root`); the serving pods read the same directory at `model_path`."""
+    _, rest = efs_staging_root(checkpoint, source)
+    return posixpath.join(mount_path, rest) if rest else mount_path
+
+
 # ---- the Job's figures --------------------------------------------------------------------
 
 
@@ -195,14 +253,19 @@ def staging_image_tag(image_dir: Path = STAGING_IMAGE_DIR) -> str:
     return f"staging-hub{pins['huggingface-hub']}-boto3-{pins['boto3']}-{digest}"
 
 
-def staging_config_map(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
-    """The ConfigMap that carries the program to the Job's pod."""
-    return script_files.config_map(name, namespace, STAGING_SCRIPTS, labels)
+def staging_scripts(owner_step: bool) -> tuple[str, ...]:
+    """The scripts the Job's pod runs: the program, and the init container's on FSx (`owner_step`)."""
+    return STAGING_SCRIPTS if owner_step else EFS_STAGING_SCRIPTS
 
 
-def staging_scripts_hash() -> str:
+def staging_config_map(name: str, namespace: str, labels: dict[str, str], scripts: tuple[str, ...] = STAGING_SCRIPTS) -> dict[str, Any]:
+    """The ConfigMap that carries the program (and, on FSx, the init container's script) to the Job's pod."""
+    return script_files.config_map(name, namespace, scripts, labels)
+
+
+def staging_scripts_hash(scripts: tuple[str, ...] = STAGING_SCRIPTS) -> str:
     """Changes with the program: part of the Job's name and its pod template's annotation."""
-    return script_files.content_hash(STAGING_SCRIPTS)
+    return script_files.content_hash(scripts)
 
 
 # ---- the Job's manifest pieces ------------------------------------------------------------------
@@ -221,11 +284,12 @@ def job_name(prefix: str, *parts: str) -> str:
 
 
 def owner_container(image: Any, dest: str, mount_path: str) -> dict[str, Any]:
-    """Init container: create the checkpoint's directory and hand it to STAGING_UID (staging_owner.sh).
+    """FSx's init container: create the checkpoint's directory and hand it to STAGING_UID (staging_owner.sh).
 
     The Job's one root step, with CAP_CHOWN alone (every other capability
-    dropped, no privilege escalation, read-only root file system); on EFS the
-    reason the staging access point is granted ClientRootAccess (module doc).
+    dropped, no privilege escalation, read-only root file system), and the
+    reason an FSx stack's namespace enforces `baseline`, not `restricted`
+    (module doc: why kubelet's fsGroup cannot do it there). EFS needs none.
     """
     return {
         "name": "own-dest",
@@ -251,12 +315,15 @@ def staging_pod_spec(
     hf_token_secret: Optional[str],
     scripts_config_map: str,
     node_selector: Optional[dict[str, str]] = None,
+    owner_step: bool = True,
 ) -> dict[str, Any]:
     """The staging pod: the volume read-write, the program read-only, modest resources, system nodes.
 
     The program runs as STAGING_UID with no capability, no privilege
     escalation and a read-only root file system (it writes to the volume and
-    /tmp), after `owner_container` handed it `dest`; no service-account token
+    /tmp); with `owner_step` (FSx), after `owner_container` handed it `dest`
+    as root; without (EFS: the access point creates `dest` for STAGING_UID),
+    the pod passes Pod Security `restricted`. No service-account token
     is mounted (the program never calls the Kubernetes API; EKS Pod Identity,
     for an S3 source, injects its own token). `image` may be an Output.
     """
@@ -272,13 +339,12 @@ def staging_pod_spec(
         env.append(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf_token_secret, "key": "HF_TOKEN", "optional": False}}}
         )
-    return {
+    pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account,
         "enableServiceLinks": False,
         **pod_security.hardened_pod(STAGING_UID),
         "nodeSelector": dict(node_selector or system_node_selector()),
-        "initContainers": [owner_container(image, dest, mount_path)],
         "containers": [
             {
                 "name": "stage",
@@ -307,9 +373,14 @@ def staging_pod_spec(
             script_files.volume(scripts_config_map),
         ],
     }
+    if owner_step:
+        pod["initContainers"] = [owner_container(image, dest, mount_path)]
+    return pod
 
 
-def staging_job_spec(pod_spec: dict[str, Any], *, deadline_s: int, labels: dict[str, str]) -> dict[str, Any]:
+def staging_job_spec(
+    pod_spec: dict[str, Any], *, deadline_s: int, labels: dict[str, str], scripts: tuple[str, ...] = STAGING_SCRIPTS
+) -> dict[str, Any]:
     """The Job: retries that resume, one deadline for all of them, final failure on a bad source."""
     return {
         "backoffLimit": STAGING_BACKOFF_LIMIT,
@@ -326,7 +397,7 @@ def staging_job_spec(pod_spec: dict[str, Any], *, deadline_s: int, labels: dict[
             ]
         },
         "template": {
-            "metadata": {"labels": dict(labels), "annotations": script_files.hash_annotation(STAGING_SCRIPTS)},
+            "metadata": {"labels": dict(labels), "annotations": script_files.hash_annotation(scripts)},
             "spec": pod_spec,
         },
     }

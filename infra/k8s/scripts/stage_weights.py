@@ -49,6 +49,15 @@ When files must be fetched and an old marker exists, the marker is removed
 first: the serving pods never see a marker over a half-updated checkpoint.
 Files at the destination that the source does not list are left alone.
 
+Permissions: the program sets its umask to `UMASK` (022) before it writes, so
+every file it stages is mode 0644 and every directory 0755 whatever the
+runtime's default (runc's is the same, 0022, when the OCI spec names none):
+the serving pods read them as another user (on EFS the serving access point's
+`nobody`; infra/aws/efs_access.py). A destination it may not write (on EFS, a
+staging access point's root directory that exists and belongs to another user:
+EFS only creates it, with the staging user as owner, when it is missing) is
+reported as such, exit 1.
+
 Credentials: the Hugging Face token comes from the `HF_TOKEN` environment
 variable (a Kubernetes Secret); S3 uses boto3's default chain, which in the Job
 is EKS Pod Identity (the pod's service account is associated with a read-only
@@ -80,6 +89,7 @@ ATTEMPTS = 3  # transfers of one file per run; each resumes where the last one s
 
 EXIT_INCOMPLETE = 1  # some file missing or of the wrong size: retry (resumes)
 EXIT_SOURCE = 3  # the source cannot be listed (no repo/bucket, no access): final
+UMASK = 0o022  # files 0644, directories 0755: readable by the serving pods' user (module doc, "Permissions")
 
 DEFAULT_WORKERS = 8
 # Progress lines (module doc, "Progress"); infra/cli/rollout.py parses them.
@@ -558,9 +568,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not args.progress_interval > 0:
         parser.error("--progress-interval must be positive")
+    os.umask(UMASK)
     try:
         source = make_source(args.source)
         return stage(source, args.dest, args.workers, args.exclude, args.progress_interval)
+    except PermissionError as exc:
+        log("cannot write the destination %s: %s (uid %d); on EFS the staging access point's root directory must "
+            "belong to the staging user" % (args.dest, exc, os.getuid()))
+        return EXIT_INCOMPLETE
     except SourceError as exc:
         log("cannot use the source: %s" % exc)
         return EXIT_SOURCE
