@@ -151,6 +151,17 @@ def alertmanager_config(webhook_secret: Optional[str]) -> dict[str, Any]:
     }
 
 
+# The control-plane components the chart scrapes by default: not reachable from pods on EKS (module doc);
+# their default rules go with them. The same in both modes.
+NOT_ON_EKS: dict[str, Any] = {
+    "kubeControllerManager": {"enabled": False},
+    "kubeScheduler": {"enabled": False},
+    "kubeEtcd": {"enabled": False},
+    "kubeProxy": {"enabled": False},
+    "kubeApiServer": {"enabled": False},
+}
+
+
 def kube_prometheus_stack_values(
     sizing: Sizing,
     retention_days: int,
@@ -167,12 +178,7 @@ def kube_prometheus_stack_values(
     if webhook_secret is not None:
         alertmanager_spec["secrets"] = [webhook_secret]
     return {
-        # Not reachable from pods on EKS (module doc); their default rules go with them.
-        "kubeControllerManager": {"enabled": False},
-        "kubeScheduler": {"enabled": False},
-        "kubeEtcd": {"enabled": False},
-        "kubeProxy": {"enabled": False},
-        "kubeApiServer": {"enabled": False},
+        **NOT_ON_EKS,
         "prometheusOperator": _operator(system),
         "prometheus": {
             "prometheusSpec": {
@@ -227,11 +233,7 @@ def amp_values(sizing: Sizing, grafana_admin_secret: str, amp: AmpValues) -> dic
     """Values of the release in `amp` mode (module doc): agent, remote write with SigV4, Grafana on the workspace."""
     system = system_node_selector()
     return {
-        "kubeControllerManager": {"enabled": False},
-        "kubeScheduler": {"enabled": False},
-        "kubeEtcd": {"enabled": False},
-        "kubeProxy": {"enabled": False},
-        "kubeApiServer": {"enabled": False},
+        **NOT_ON_EKS,
         "defaultRules": {"create": False},
         "prometheusOperator": _operator(system),
         "prometheus": {
