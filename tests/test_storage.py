@@ -638,6 +638,96 @@ def test_a_running_stack_replaces_its_volume_and_claim_and_the_diff_says_so(prod
     assert effects(d, head) == (RESTARTS_SERVING, STAGES_AGAIN)
 
 
+def _staged_by_a_root_init_container(head: dict) -> dict:
+    """What a running EFS prod stack had before the staging access point took over the chown: rebuilt from `head`,
+    field by field as the previous program wrote them (staging access point at `/`, no POSIX user, no creation info;
+    ClientRootAccess for the staging door; the staging volume and claim `<ns>-model-weights-staging`,
+    `model-weights-staging`; the Job's root init container, its destination the model path under the file system's
+    root, its ConfigMap carrying staging_owner.sh; the namespace at baseline)."""
+    import copy
+
+    from infra.k8s import staging
+
+    base = copy.deepcopy(head)
+    by_name = {r["name"]: r for r in base["resources"]}
+    prefix = "gpu-serving-prod-weights"
+    ap = by_name[f"{prefix}-efs-ap-staging"]["inputs"]
+    del ap["posixUser"]
+    ap["rootDirectory"] = {"path": "/"}
+    policy = json.loads(by_name[f"{prefix}-efs-policy"]["inputs"]["policy"])
+    root = "elasticfilesystem:ClientRootAccess"
+    policy["Statement"] = [st for st in policy["Statement"] if st["Sid"] != "DenyRootAccess"]
+    for st in policy["Statement"]:
+        if st["Sid"] in ("DenyWritesOutsideStaging", "StagingWrites"):
+            st["Action"] = st["Action"] + [root]
+    by_name[f"{prefix}-efs-policy"]["inputs"]["policy"] = json.dumps(policy, sort_keys=True)
+    pv, pvc = by_name[f"{prefix}-staging-pv"]["inputs"], by_name[f"{prefix}-staging-pvc"]["inputs"]
+    pv["metadata"]["name"] = pvc["spec"]["volumeName"] = "gpu-serving-model-weights-staging"
+    pv["spec"]["claimRef"]["name"] = pvc["metadata"]["name"] = "model-weights-staging"
+    job = by_name[f"{prefix}-staging"]["inputs"]
+    job["metadata"]["name"] = "model-weights-stage-00000000"
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    model = staging.model_path("/models", "deepseek-ai/DeepSeek-V4-Pro", "hf")
+    container["args"][container["args"].index("--dest") + 1] = model
+    pod["initContainers"] = [staging.owner_container(container["image"], model, "/models")]
+    for v in pod["volumes"]:
+        if "persistentVolumeClaim" in v:
+            v["persistentVolumeClaim"]["claimName"] = "model-weights-staging"
+    scripts = by_name[f"{prefix}-staging-scripts"]["inputs"]
+    scripts["data"]["staging_owner.sh"] = (script_files.SCRIPTS_DIR / "staging_owner.sh").read_text()
+    (ns,) = [r for r in base["resources"] if r["type"] == "kubernetes:core/v1:Namespace" and r["name"].endswith("-serving")]
+    ns["inputs"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "baseline"
+    return base
+
+
+def test_day_two_the_staging_access_point_takes_over_the_chown_and_the_diff_says_so(prod_doc):
+    """The prod synthesis against a running prod stack staged by the root init container (rebuilt above): the staging
+    access point is replaced (root_directory and posix_user are ForceNew), and with it the staging volume and claim,
+    under new names, created before the old ones go; the new Job finds every file complete (the checkpoint's directory
+    exists and is the staging user's, so EFS leaves it alone: tests/test_staging.py plays it). Nothing of serving moves,
+    the file system is not replaced, nothing protected is touched."""
+    from infra.preview.changes import STAGES_AGAIN, effects
+    from infra.preview.diff import EFS_ACCESS_POINT, FORCE_NEW, diff, render_markdown
+
+    head = prod_doc
+    base = _staged_by_a_root_init_container(head)
+    d = diff(base, head)
+    prefix = "gpu-serving-prod-weights"
+    replaced = {c.name: c.replaced_by for c in d.changed if c.replaced}
+    assert replaced == {
+        f"{prefix}-efs-ap-staging": ["posixUser", "rootDirectory"],
+        # Its handle names the access point's id, a placeholder here that a real update changes too (spec.csi).
+        f"{prefix}-staging-pv": ["metadata.name"],
+        f"{prefix}-staging-pvc": ["metadata.name", "spec.volumeName"],
+    }
+    # What changes in place: the policy (no ClientRootAccess), the ConfigMap (the program alone), the namespace's level,
+    # and the Job, a new one by name.
+    changed = {c.name: [f.path for f in c.fields] for c in d.changed}
+    assert set(changed) == set(replaced) | {f"{prefix}-efs-policy", f"{prefix}-staging-scripts", f"{prefix}-staging", "gpu-serving-prod-serving"}
+    assert changed["gpu-serving-prod-serving"] == ["inputs.metadata.labels[\"pod-security.kubernetes.io/enforce\"]"]
+    assert "inputs.metadata.name" in changed[f"{prefix}-staging"]
+    # The weights' file system, the serving access point, volume, claim and RayCluster: untouched.
+    untouched = {f"{prefix}-efs", f"{prefix}-efs-ap-serving", f"{prefix}-pv", f"{prefix}-pvc"}
+    assert not untouched & set(changed)
+    assert not [c for c in d.changed if c.type == "kubernetes:ray.io/v1:RayCluster"]
+    assert not d.added and not d.removed
+    # What the PR comment says, and what the changes table would: a new staging Job, nothing else.
+    md = render_markdown(d)
+    assert f"**Replaces EFS access point `{prefix}-efs-ap-staging`**" in md and "no file is touched" in md
+    assert f"**Replaces PersistentVolume `{prefix}-staging-pv`**" in md
+    assert f"**Replaces PersistentVolumeClaim `{prefix}-staging-pvc`**" in md
+    assert "Replaces EFS file system" not in md and "Protection switched off" not in md and "Deletes protected" not in md
+    assert effects(d, head) == (STAGES_AGAIN,)
+    # The provider's ForceNew fields, as the Terraform schema pulumi-aws bridges has them, exist on the Pulumi resource.
+    import inspect
+
+    import pulumi_aws
+
+    args = set(inspect.signature(pulumi_aws.efs.AccessPoint._internal_init).parameters)
+    assert {re.sub(r"(?<=[a-z])(?=[A-Z])", "_", f).lower() for f in FORCE_NEW[EFS_ACCESS_POINT]} <= args
+
+
 @pytest.mark.parametrize("variant,expected", [("efs-prod", True), ("efs-ephemeral", False), ("fsx-prod", True), ("s3-fsx-ephemeral", False)])
 def test_protection_follows_production(variants, variant, expected):
     rec, _ = variants[variant]

@@ -10,7 +10,8 @@ index). `render_markdown(d)` writes it up, with a loud callout at the top when
 the change would
 
 - replace an EKS node group, the EKS cluster, a launch template, the weights'
-  file system, or the weights' PersistentVolume or claim (a change to a field
+  file system or one of its EFS access points, or the weights' PersistentVolume
+  or claim (a change to a field
   the provider can only set at creation, or to a `replaceOnChanges` path), or
   delete a node group or the cluster;
 - swap a node group for a new one of another name under the same component
@@ -57,6 +58,12 @@ the provider pulumi-aws 7.x bridges; TF provider v6):
   storage_capacity when it shrinks, or changes at all on SCRATCH_1 (the
   default deployment type). Either is the model weights: a replacement stages
   them again.
+- `internal/service/efs/access_point.go`, `resourceAccessPoint()`: ForceNew on
+  file_system_id, posix_user (uid, gid, secondary_gids) and root_directory
+  (path, creation_info): every argument but the tags (its Update sets tags
+  only; EFS has no UpdateAccessPoint). A replaced access point has a new id,
+  so the PersistentVolume whose handle names it is replaced too; deleting an
+  access point deletes no file.
 - `internal/service/ec2/ec2_launch_template.go`, `ResourceLaunchTemplate()`:
   ForceNew only on name and name_prefix; any other change to the launch data
   creates a new template version (`latest_version` becomes unknown), which node
@@ -95,6 +102,7 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 EFS = "aws:efs/fileSystem:FileSystem"
+EFS_ACCESS_POINT = "aws:efs/accessPoint:AccessPoint"
 FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 PERSISTENT_VOLUME_CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
@@ -129,6 +137,7 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
     ),
     LAUNCH_TEMPLATE: ("name", "namePrefix"),
     EFS: ("availabilityZoneName", "creationToken", "encrypted", "kmsKeyId", "performanceMode"),
+    EFS_ACCESS_POINT: ("fileSystemId", "posixUser", "rootDirectory"),
     FSX_LUSTRE: ("deploymentType", "fileSystemTypeVersion", "kmsKeyId", "securityGroupIds", "storageType", "subnetIds"),
     # Kubernetes' immutable fields (module docstring).
     PERSISTENT_VOLUME: ("metadata.name", "spec.csi", "spec.volumeMode"),
@@ -163,6 +172,7 @@ SET_FIELDS: dict[str, frozenset[str]] = {
     CLUSTER: frozenset(),
     LAUNCH_TEMPLATE: frozenset(),
     EFS: frozenset(),
+    EFS_ACCESS_POINT: frozenset({"posixUser.secondaryGids"}),
     FSX_LUSTRE: frozenset({"securityGroupIds"}),
     PERSISTENT_VOLUME: frozenset(),
     PERSISTENT_VOLUME_CLAIM: frozenset(),
@@ -176,7 +186,7 @@ LT_NOT_VERSIONED = frozenset({"name", "namePrefix", "description", "defaultVersi
 
 KIND = {
     NODE_GROUP: "EKS node group", CLUSTER: "EKS cluster", LAUNCH_TEMPLATE: "launch template",
-    EFS: "EFS file system", FSX_LUSTRE: "FSx for Lustre file system",
+    EFS: "EFS file system", EFS_ACCESS_POINT: "EFS access point", FSX_LUSTRE: "FSx for Lustre file system",
     PERSISTENT_VOLUME: "PersistentVolume", PERSISTENT_VOLUME_CLAIM: "PersistentVolumeClaim",
 }  # fmt: skip
 
@@ -546,6 +556,8 @@ CONSEQUENCE = {
     "or kept when retained on delete",
     FSX_LUSTRE: "a new, empty file system is created and the weights staged into it again (hours); this one is "
     "deleted, or kept when retained on delete",
+    EFS_ACCESS_POINT: "a new access point (a new id) is created on the same file system and this one deleted at the end "
+    "of the update; no file is touched, and the volume whose handle names it is replaced with it",
     PERSISTENT_VOLUME: "the new volume is created (under a new name, before this one goes) and this one deleted at the "
     "end of the update, or left in the cluster, Released, when retained on delete (its data stays: reclaim policy Retain)",
     PERSISTENT_VOLUME_CLAIM: "the new claim is created (under a new name, before this one goes); the pods that mount a "
