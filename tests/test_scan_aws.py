@@ -125,10 +125,11 @@ def test_no_aws_finding_of_the_stacks_is_left_unaccepted(checkov, stack):
     assert not result.errors
     assert [(f.check, f.resource) for f in result.not_accepted if f.framework == "terraform_plan"] == []
     accepted = sorted((f.check, f.resource) for f, _ in result.accepted if f.framework == "terraform_plan")
-    weights = f"aws_efs_access_point.gpu-serving-{stack}-weights-efs-ap"  # both rooted at /, staging without a user
+    # The serving access point is rooted at / (accepted); the staging one at the checkpoint's directory, enforcing the
+    # staging user, passes both EFS access point checks (CKV_AWS_329, CKV_AWS_330).
+    weights = f"aws_efs_access_point.gpu-serving-{stack}-weights-efs-ap"
     assert accepted == [("CKV_AWS_135", f"aws_instance.gpu-serving-{stack}-bastion"),  # t3 is EBS-optimized by default
-                        ("CKV_AWS_329", f"{weights}-serving"), ("CKV_AWS_329", f"{weights}-staging"),
-                        ("CKV_AWS_330", f"{weights}-staging")]  # fmt: skip
+                        ("CKV_AWS_329", f"{weights}-serving")]  # fmt: skip
     assert not [r for r in result.stale if r.resource.startswith("aws_")]
     assert result.counts["terraform_plan"].failed == len(accepted) and result.counts["terraform_plan"].passed > 150
 
