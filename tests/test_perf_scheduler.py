@@ -322,6 +322,30 @@ def test_lognormal_lengths_have_the_given_mean():
     assert sum(o for _, o in pairs) / len(pairs) == pytest.approx(200, rel=0.03)
 
 
+def test_sharegpt_lengths_keep_vllm_bench_bounds_and_the_printed_means():
+    """datasets.py ShareGPTDataset.sample skips pairs is_valid_sequence rejects (prompt or
+    output < 4, prompt > 1024, both > 2048): every draw is within them, and the kept pairs'
+    means are the row's printed means."""
+    pairs = Workload.sharegpt(217, 201, 0.8).sample(20000, seed=0)
+    assert all(4 <= i <= 1024 and o >= 4 and i + o <= 2048 for i, o in pairs)
+    assert sum(i for i, _ in pairs) / len(pairs) == pytest.approx(217, rel=0.03)
+    assert sum(o for _, o in pairs) / len(pairs) == pytest.approx(201, rel=0.03)
+    assert Workload.sharegpt(217, 201, 0.8).sample(5, seed=1) == Workload.sharegpt(217, 201, 0.8).sample(5, seed=1)
+    # Unbounded, the same spread reaches past the bench's bounds.
+    assert max(i for i, _ in Workload.lognormal(217, 201, 0.8).sample(20000, seed=0)) > 1024
+
+
+def test_tpot_is_per_request_and_leaves_out_one_token_outputs():
+    """benchmarks/serve.py calculate_metrics (0.10.2-0.13.0): TPOT = (latency - ttft) / (output - 1)
+    per request with output > 1, mean over requests; throughput over the duration to the last token."""
+    from infra.planning.perf.workload import serve_metrics
+
+    m = serve_metrics([(0.0, 1.0, 4.0, 10, 4), (0.0, 2.0, 2.0, 10, 1)], {}, 1)
+    assert m["tpot_ms"].mean == pytest.approx(1000.0)  # (4 - 1) / 3 s; the 1-token request left out
+    assert m["ttft_ms"].mean == pytest.approx(1500.0)
+    assert m["output_tokens_per_s"] == pytest.approx(5 / 4.0)
+
+
 def test_send_times_end_at_num_prompts_over_rate():
     times = send_times(100, 10.0, seed=0)
     assert times == sorted(times) and times[-1] == pytest.approx(10.0)

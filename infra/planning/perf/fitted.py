@@ -61,7 +61,12 @@ class Efficiency:
     request_overhead_s: float = 28.3e-3
     # SERVING-FITTED: the API server's time per request that does queue (chat template and
     # tokenization in its one process), one request at a time before the engine sees it
-    # (workload.Client): invisible at a bounded load, the queue of a burst.
+    # (workload.Client): invisible at a bounded load, the queue of a burst. The serial part is
+    # in the code path of the rows' releases (vLLM 0.11.0 entrypoints/openai/serving_engine.py
+    # _preprocess_chat renders the chat template synchronously on the one API server's event
+    # loop; tokenization runs on a one-thread executor, AsyncMicrobatchTokenizer), and the
+    # bench client sends a burst all at t=0 (benchmarks/serve.py get_request: no delay at rate
+    # inf); its size per request is not in the code: fitted, and the same for every model.
     frontend_intake_s: float = 17.8e-3
     # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (

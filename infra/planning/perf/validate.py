@@ -42,9 +42,11 @@ MODELS = {
     "Qwen/Qwen3-8B": "models/Qwen--Qwen3-8B.json",
 }
 
-# ASSUMPTION: ShareGPT lengths (vllm bench serve --dataset-name sharegpt) drawn lognormal
-# around the row's mean input and output with a spread (sigma of the log) of 0.8; the
-# sources print only the totals, and the dataset itself is not in the repo.
+# ShareGPT lengths (vllm bench serve --dataset-name sharegpt): the pairs the bench keeps
+# (workload.Workload.sharegpt: datasets.py ShareGPTDataset.sample and is_valid_sequence of
+# the rows' releases) around the row's printed means. ASSUMPTION: lognormal with a spread
+# (std / mean, not the sigma of the log) of 0.8 within those bounds; the sources print only
+# the totals, and the dataset itself is not in the repo.
 SHAREGPT_SPREAD = 0.8
 
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
@@ -116,7 +118,7 @@ def row_setup(row: dict, root: Path, eff: Efficiency = DEFAULT) -> predict.Setup
 def row_workload(row: dict) -> Workload:
     isl, osl = max(1, round(row["isl"])), max(1, round(row["osl"]))
     if row["lengths"] == "sharegpt":
-        return Workload.lognormal(isl, osl, SHAREGPT_SPREAD)
+        return Workload.sharegpt(isl, osl, SHAREGPT_SPREAD)
     return Workload.fixed(isl, osl)
 
 

@@ -3,7 +3,9 @@ times, the concurrency limit, and the metrics it reports.
 
 - Lengths: fixed, integer-uniform around a mean (`--random-range-ratio`, as
   benchmarks/datasets/utils.py get_sampling_params draws them for RandomDataset),
-  lognormal from a mean and a spread, or (input, output) pairs from a JSON-lines file.
+  lognormal from a mean and a spread (optionally kept within the bounds `vllm bench serve`
+  keeps ShareGPT pairs within, `Workload.sharegpt`), or (input, output) pairs from a
+  JSON-lines file.
 - Send times of an open loop: benchmarks/serve.py get_request (burstiness 1, a Poisson
   process): cumulative exponential gaps, rescaled so the last request is sent at
   exactly num_prompts / rate.
@@ -40,6 +42,11 @@ class Workload:
     range_ratio: float = 0.0
     spread: float = 0.0
     pairs: tuple[tuple[int, int], ...] = ()
+    # Lognormal only: the pairs a benchmark keeps (0: no bound), as datasets.py
+    # is_valid_sequence keeps ShareGPT pairs; the means are those of the kept pairs.
+    min_len: int = 0
+    max_input: int = 0
+    max_total: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -67,6 +74,26 @@ class Workload:
         return cls("lognormal", input_mean, output_mean, spread=spread)
 
     @classmethod
+    def sharegpt(cls, input_mean: int, output_mean: int, spread: float) -> Workload:
+        """ShareGPT as `vllm bench serve --dataset-name sharegpt` samples it (vLLM 0.10.2, 0.11.0
+        and 0.13.0 alike: vllm/benchmarks/datasets.py ShareGPTDataset.sample): each conversation's
+        first turn is the prompt and its reply's token count the request's max_tokens, and a pair
+        is skipped unless is_valid_sequence(prompt_len, output_len) holds: prompt and output at
+        least 4 tokens (min_len), the prompt at most 1024 (max_prompt_len), both together at most
+        2048 (max_total_len). Lognormal around the kept pairs' means, within those bounds."""
+        return cls("lognormal", input_mean, output_mean, spread=spread, min_len=SHAREGPT_MIN_LEN,
+                   max_input=SHAREGPT_MAX_PROMPT, max_total=SHAREGPT_MAX_TOTAL)  # fmt: skip
+
+    @property
+    def bounded(self) -> bool:
+        return bool(self.min_len or self.max_input or self.max_total)
+
+    def keeps(self, prompt: int, output: int) -> bool:
+        """datasets.py is_valid_sequence with this workload's bounds (0: none)."""
+        return (prompt >= self.min_len and output >= self.min_len and not (self.max_input and prompt > self.max_input)
+                and not (self.max_total and prompt + output > self.max_total))  # fmt: skip
+
+    @classmethod
     def from_jsonl(cls, path: str) -> Workload:
         return cls("pairs", pairs=read_pairs(path))
 
@@ -79,12 +106,61 @@ class Workload:
             ins, outs = _uniform_bounds(self.input_len, self.range_ratio), _uniform_bounds(self.output_len, self.range_ratio)
             # get_sampling_params draws all inputs, then all outputs; we draw pairwise (same law).
             return [(rng.randint(*ins), max(1, rng.randint(*outs))) for _ in range(n)]
+        if self.kind == "lognormal" and self.bounded:
+            return self._bounded_lognormal(rng, n)
         if self.kind == "lognormal":
             return [(_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread)) for _ in range(n)]
         # A custom dataset is taken in file order; when it is shorter than n,
         # datasets.py maybe_oversample_requests adds random.choices of it.
         pairs = list(self.pairs[:n])
         return pairs + rng.choices(self.pairs, k=n - len(pairs)) if len(pairs) < n else pairs
+
+    def _bounded_lognormal(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
+        """n pairs drawn as ShareGPTDataset.sample takes them: in turn, skipping those the bounds
+        reject. Each length's lognormal is centred so that the mean of the draws kept within its
+        own bounds is the given mean (the bound on the sum, rarely reached, is left to skipping)."""
+        sigma = math.sqrt(math.log1p(self.spread * self.spread))
+        hi_in = self.max_input or math.inf
+        hi_out = (self.max_total - self.min_len) if self.max_total else math.inf
+        mu_in = _truncated_mu(self.input_len, sigma, self.min_len, hi_in)
+        mu_out = _truncated_mu(self.output_len, sigma, self.min_len, hi_out)
+        out: list[tuple[int, int]] = []
+        while len(out) < n:
+            pair = (max(1, round(rng.lognormvariate(mu_in, sigma))), max(1, round(rng.lognormvariate(mu_out, sigma))))
+            if self.keeps(*pair):
+                out.append(pair)
+        return out
+
+
+# vllm/benchmarks/datasets.py is_valid_sequence defaults (the same in 0.10.2, 0.11.0, 0.13.0).
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+
+def _truncated_mu(mean: float, sigma: float, low: float, high: float) -> float:
+    """mu of a lognormal(mu, sigma) whose draws within [low, high] have the given mean
+    (bisection on the closed form of the truncated lognormal's mean)."""
+    if sigma == 0:
+        return math.log(mean)
+
+    def phi(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+    def kept_mean(mu: float) -> float:
+        a = (math.log(max(low, 1e-9)) - mu) / sigma
+        b = (math.log(high) - mu) / sigma if math.isfinite(high) else math.inf
+        mass = phi(b) - phi(a)
+        if mass <= 1e-12:
+            return low if a > 0 else high
+        return math.exp(mu + sigma * sigma / 2) * (phi(b - sigma) - phi(a - sigma)) / mass
+
+    lo, hi = math.log(mean) - 10 * sigma - 10, math.log(mean) + 10 * sigma + 10
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if kept_mean(mid) < mean:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def _uniform_bounds(mean: int, ratio: float) -> tuple[int, int]:
