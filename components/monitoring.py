@@ -46,9 +46,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
+from components.pod_identity import PodIdentityNames, pod_identity
 from components.protection import encrypted_log_group, kms_key
 from infra.aws import amp as amp_data
-from infra.aws.iam import assume_role_policy, key_policy
+from infra.aws.iam import key_policy
 from infra.k8s import monitoring as mon, network_policies
 from infra.k8s.helm_values import KUBE_PROMETHEUS_STACK
 from infra.k8s.monitoring_sizing import Sizing
@@ -63,7 +64,6 @@ NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "privileged"}
 # node (GPU nodes included); Prometheus and Alertmanager are the operator's StatefulSets, not Helm's, so a volume
 # that takes long to bind does not hold `pulumi up`.
 RELEASE_TIMEOUT_S = 600
-POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
 
 
 @dataclass(frozen=True)
@@ -313,20 +313,9 @@ class Monitoring(pulumi.ComponentResource):
                       tags: dict[str, str], child: pulumi.ResourceOptions) -> aws.eks.PodIdentityAssociation:  # fmt: skip
         """A role EKS Pod Identity gives `service_account` in the monitoring namespace, with `policy_of(workspace ARN)`."""
         assert self.workspace is not None
-        role = aws.iam.Role(
-            f"{name}-{who}-amp-role",
-            assume_role_policy=assume_role_policy(POD_IDENTITY_PRINCIPAL, tag_session=True),
+        return pod_identity(
+            PodIdentityNames(f"{name}-{who}-amp-role", f"{name}-{who}-amp-policy", f"{name}-{who}-amp-identity"),
+            cluster_name=amp.cluster_name, namespace=mon.NAMESPACE, service_account=service_account,
             description=f"{mon.NAMESPACE}/{service_account}: the stack's AMP workspace",
-            tags=tags,
-            opts=child,
-        )
-        inline = aws.iam.RolePolicy(f"{name}-{who}-amp-policy", role=role.id, policy=self.workspace.arn.apply(policy_of), opts=child)
-        return aws.eks.PodIdentityAssociation(
-            f"{name}-{who}-amp-identity",
-            cluster_name=amp.cluster_name,
-            namespace=mon.NAMESPACE,
-            service_account=service_account,
-            role_arn=role.arn,
-            tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[inline])),
-        )
+            policy=self.workspace.arn.apply(policy_of), tags=tags, opts=child,
+        )  # fmt: skip

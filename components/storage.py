@@ -123,61 +123,9 @@ claims themselves hold no data, so they are not protected: they can be
 replaced, as this change replaces them, without a `pulumi state unprotect`
 (the policy pack checks their `Retain` instead, policies/rules.py).
 
-A running stack (before the access points, one volume `<ns>-<pvc>` and one
-claim `<pvc>` on the bare file system, both protected in production, the volume
-retained on delete). Its next `pulumi up`:
-
-- on EFS, creates the two access points and the file system policy;
-- replaces the volume and the claim (Pulumi names `<name>-pv`, `<name>-pvc`,
-  unchanged) with the serving ones, under new Kubernetes names, created before
-  the old ones go, and creates the staging pair. Pulumi refuses to replace a
-  resource protected in both the state and the program, but allows it when the
-  program switches `protect` off in the same update (pulumi/pulumi
-  pkg/resource/deploy/step_generator.go: "we do allow unprotecting and
-  replacing to happen in a single update cycle"), which it now does. The synth
-  diff calls both out ("Replaces PersistentVolume", "Replaces
-  PersistentVolumeClaim", "Protection switched off"; infra/preview/diff.py
-  knows Kubernetes' immutable fields of both). The same on FSx, without the
-  access points and the policy;
-- the RayCluster's claim changes, so KubeRay recreates every serving pod
-  (`upgradeStrategy: Recreate`): serving is down for the plan's cold start,
-  the weights being on the file system already; and the staging Job gets a
-  new name (its claim is part of it) and finds every file complete;
-- at the end deletes the old claim, which Kubernetes holds until the old pods
-  are gone (pvc-protection), and "deletes" the old volume, which its state
-  says to retain: the PersistentVolume `<ns>-<pvc>` stays in the cluster,
-  Released and bound to no claim (on EFS the file system policy refuses it
-  anyway: no access point, no IAM); `kubectl delete pv <ns>-<pvc>`
-  removes it and never touches data (`Retain`). If the old pods take longer
-  to stop than Pulumi waits for the claim's deletion, run `pulumi up` again.
-  Between the policy's creation and the old pods' end, those pods keep the
-  mount they have (EFS authorizes a client when it connects); they hold the
-  weights in GPU memory and read nothing more.
-
-A running EFS stack whose staging access point was rooted at `/` with no POSIX
-user (its Job's root init container chowned `/<org>/<name>` to the staging
-user, recursively). Its next `pulumi up`:
-
-- replaces the staging access point (its root directory and POSIX user are
-  ForceNew: a new access point, created before the old one is deleted), updates
-  the file system policy in place (the new access point's ARN; ClientRootAccess
-  granted to no one), and replaces the staging volume and claim (new names:
-  `staging_claim_name`), created before the old ones go;
-- the new access point's root, `/<org>/<name>`, exists already, owned by the
-  staging user: EFS leaves its owner and mode alone, so the new staging Job (a
-  new name: its claim, destination and scripts changed) mounts it, finds every
-  file complete and writes the marker again. Nothing is fetched; the serving
-  access point, volume, claim and pods do not change (the synth diff: "Replaces
-  access point", "Replaces PersistentVolume", "Replaces PersistentVolumeClaim",
-  all three the staging ones; tests/test_storage.py);
-- the namespace's Pod Security level goes from `baseline` to `restricted`
-  (labels, updated in place; admission judges new pods only, and the new Job's
-  passes);
-- at the end deletes the old Job, then the old claim, volume (Retain: no data
-  is touched) and access point (deleting an access point deletes no file).
-
-An FSx stack changes only where the staging program does (its Job gets a new
-name and finds every file complete).
+What a running stack's next `pulumi up` does when it predates the access points, or
+the staging access point's root and POSIX user: docs/operating.md, "Upgrading the
+weights' volumes" (tests/test_storage.py checks both with the synth diff).
 """
 
 from __future__ import annotations
@@ -192,9 +140,10 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.pod_identity import PodIdentityNames, pod_identity
 from components.protection import kept
 from infra.aws.efs_access import ACCESS_POINT_ROOT, READER_UID, file_system_policy
-from infra.aws.iam import assume_role_policy, partition_of, s3_read_policy
+from infra.aws.iam import partition_of, s3_read_policy
 from infra.errors import UserError
 from infra.k8s import network_policies, script_files
 from infra.k8s.scheduling import system_node_selector
@@ -831,27 +780,9 @@ class ModelStorage(pulumi.ComponentResource):
 
     def _s3_access(self, name, args: ModelStorageArgs, service_account: str, tags, child) -> pulumi.Resource:
         partition = partition_of(args.region) if args.region else "aws"
-        role = aws.iam.Role(
-            f"{name}-staging-role",
-            assume_role_policy=assume_role_policy("pods.eks.amazonaws.com", tag_session=True),
+        return pod_identity(
+            PodIdentityNames(f"{name}-staging-role", f"{name}-staging-s3-read", f"{name}-staging-identity"),
+            cluster_name=args.cluster_name, namespace=args.namespace, service_account=service_account,
             description=f"Weight staging: read {args.checkpoint}",
-            tags=tags,
-            opts=child,
-        )
-        policy = aws.iam.RolePolicy(
-            f"{name}-staging-s3-read",
-            role=role.id,
-            policy=s3_read_policy(partition, *s3_bucket_and_prefix(args.checkpoint)),
-            opts=child,
-        )
-        # The association must exist before the pod starts: Pod Identity injects
-        # credentials only into pods created after it.
-        return aws.eks.PodIdentityAssociation(
-            f"{name}-staging-identity",
-            cluster_name=args.cluster_name,
-            namespace=args.namespace,
-            service_account=service_account,
-            role_arn=role.arn,
-            tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[policy])),
-        )
+            policy=s3_read_policy(partition, *s3_bucket_and_prefix(args.checkpoint)), tags=tags, opts=child,
+        )  # fmt: skip
