@@ -632,6 +632,8 @@ def test_a_running_stack_replaces_its_volume_and_claim_and_the_diff_says_so(prod
         assert "**Replaces PersistentVolume" in text and f"`{name}`" in text
         assert any("Protection switched off" in c.text and name in c.text for c in d.callouts)
     assert not any("Deletes protected" in c.text for c in d.callouts)
+    # The serving claim's callout says the serving pods go with it (the RayCluster mounts it).
+    assert any(pvc_name in c.text and "KubeRay recreates every serving pod" in c.text for c in d.callouts)
     assert {r["type"] for r in d.added} >= efs_only
     # What the README's table would say: the serving pods restart on the new claim (KubeRay recreates them), a new
     # staging Job (which finds every file complete), and nothing protected deleted, no new file system.
@@ -718,6 +720,8 @@ def test_day_two_the_staging_access_point_takes_over_the_chown_and_the_diff_says
     assert f"**Replaces PersistentVolume `{prefix}-staging-pv`**" in md
     assert f"**Replaces PersistentVolumeClaim `{prefix}-staging-pvc`**" in md
     assert "Replaces EFS file system" not in md and "Protection switched off" not in md and "Deletes protected" not in md
+    # The reviewer is told who mounts the replaced claim: the staging Job, not the serving pods.
+    assert f"Mounted by Job `{prefix}-staging`, not by the serving pods" in md and "recreates every serving pod" not in md
     assert effects(d, head) == (STAGES_AGAIN,)
     # The provider's ForceNew fields, as the Terraform schema pulumi-aws bridges has them, exist on the Pulumi resource.
     import inspect

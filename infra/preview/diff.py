@@ -38,7 +38,7 @@ from typing import Any
 
 from infra.errors import UserError
 from infra.preview.markers import parse_placeholder, placeholder
-from infra.preview.outage import is_gpu_group, serving_text
+from infra.preview.outage import RAYCLUSTER, is_gpu_group, serving_text
 from infra.preview.replacements import (  # noqa: F401 - the type names are part of this module's interface
     CLUSTER,
     CONSEQUENCE,
@@ -473,6 +473,20 @@ def _prediction_callout(d: Diff) -> Callout | None:
                    + "; ".join(parts) + ".")
 
 
+def _claim_mounters(head: dict, claim: dict) -> str:
+    """Who mounts a replaced claim in the head: a RayCluster means every serving pod is recreated (KubeRay's
+    `upgradeStrategy: Recreate`); a Job only means that Job's next pod."""
+    name = _lookup(claim.get("inputs") or {}, "metadata.name")
+    needle = json.dumps({"claimName": name})[1:-1]  # `"claimName": "<name>"` as it appears in a dumped pod spec
+    users = [r for r in head["resources"] if r is not claim and needle in json.dumps(r.get("inputs") or {})]
+    if any(r["type"] == RAYCLUSTER for r in users):
+        return "The RayCluster mounts it: its template changes and KubeRay recreates every serving pod."
+    if users:
+        names = ", ".join(f"{r['type'].rsplit(':', 1)[-1]} {_code(r.get('name', r['urn'].rsplit('::', 1)[-1]))}" for r in users)
+        return f"Mounted by {names}, not by the serving pods, which keep running."
+    return "No workload of the stack mounts it."
+
+
 def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
     out: list[Callout] = []
     prediction = _prediction_callout(d)
@@ -486,6 +500,8 @@ def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
             text = f"**Replaces {_what(c)}** {_type(c)}: {'; '.join(_reason_text(c, r) for r in c.replaced_by)} forces replacement; {CONSEQUENCE[c.type]}."
             if opts.get("delete_before_replace"):
                 text += " It is deleted **before** its replacement exists (`deleteBeforeReplace`)."
+            if c.type == PERSISTENT_VOLUME_CLAIM:
+                text += " " + _claim_mounters(head, head_by_urn[c.urn])
             if c.type == CLUSTER:
                 deps = _dependents(head, c.urn, (NODE_GROUP,))
                 if deps:

@@ -192,6 +192,6 @@ CONSEQUENCE = {
     PERSISTENT_VOLUME: "the new volume is created (under a new name, before this one goes) and this one deleted at the "
     "end of the update, or left in the cluster, Released, when retained on delete (its data stays: reclaim policy Retain)",
     PERSISTENT_VOLUME_CLAIM: "the new claim is created (under a new name, before this one goes); the pods that mount a "
-    "claim must move to it (a changed RayCluster template: KubeRay recreates every serving pod), and this one is deleted "
-    "at the end of the update, once no running pod mounts it (pvc-protection)",
+    "claim must move to it, and this one is deleted at the end of the update, once no running pod mounts it "
+    "(pvc-protection)",
 }
