@@ -424,8 +424,16 @@ def _serving_image(cfg: StackConfig, repository: aws.ecr.Repository, storage: pu
 
 def _staged_checkpoint(cfg: StackConfig, deployment: Deployment) -> str:
     """The Hugging Face checkpoint the staging Job downloads, at its pinned commit: the config's
-    (for the model's own checkpoint) or the catalog's; refused unpinned when serving runs its code."""
+    (for the model's own checkpoint) or the catalog's; refused unpinned when serving runs its code, or in production."""
     checkpoint = deployment.serve.checkpoint
     own = checkpoint.lower() == checkpoint_repo(cfg.model.name).lower()
     revision = (cfg.model.revision if own else None) or pinned_revision(checkpoint)
-    return staged_checkpoint(checkpoint, revision, "--trust-remote-code" in deployment.serve.vllm_args)
+    if not own and not revision and cfg.lifecycle.production:
+        # gpu-serving:model.revision names a commit of the model's own repository, not of a variant's.
+        raise UserError(
+            f"the plan stages {checkpoint}, a published variant of {cfg.model.name}'s checkpoint, and no commit of it is "
+            "pinned; a production stack stages only pinned commits: pin it in infra/catalog/models.py (the entry's "
+            "variants), or plan the model's own checkpoint (gpu-serving:model.weightFormat)"
+        )
+    return staged_checkpoint(checkpoint, revision, "--trust-remote-code" in deployment.serve.vllm_args,
+                             production=cfg.lifecycle.production)

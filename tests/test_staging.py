@@ -781,3 +781,34 @@ def test_the_staged_checkpoint_is_the_pinned_commit_and_remote_code_needs_one():
         staged_checkpoint("moonshotai/Kimi-K3", None, remote_code=True)
     # A reference that names its own revision is kept.
     assert staged_checkpoint("org/m@v1.0", None, remote_code=True) == "org/m@v1.0"
+    # Production stages nothing from `main`: refused without a commit, naming the key; a pinned one passes.
+    with pytest.raises(UserError, match=r"production stack stages only a pinned commit.*gpu-serving:model.revision"):
+        staged_checkpoint("meta-llama/Meta-Llama-3.1-405B", None, remote_code=False, production=True)
+    assert staged_checkpoint("Qwen/Qwen3-0.6B", "c" * 40, remote_code=False, production=True) == f"Qwen/Qwen3-0.6B@{'c' * 40}"
+
+
+def test_every_catalog_model_a_production_stack_may_stage_is_pinned():
+    """What a production stack would stage for each catalog model: the catalog's commit, or a refusal for the
+    unpinned (tests/test_models.py UNPINNED) until gpu-serving:model.revision names one."""
+    from infra.catalog.models import CATALOG
+    from tests.test_models import UNPINNED
+
+    refused = set()
+    for name, entry in CATALOG.items():
+        try:
+            assert staged_checkpoint(entry.hf_repo, entry.revision, remote_code=False, production=True) == f"{entry.hf_repo}@{entry.revision}"
+        except UserError:
+            refused.add(name)
+    assert refused == UNPINNED
+
+
+def test_a_production_stack_refuses_an_unpinned_variant_checkpoint(tmp_path):
+    """Prod planned on the FP8 variant of its model (another repository, no commit pinned for it): the program stops
+    with one message naming the variant and the way out, before any resource (gpu-serving:model.revision pins the
+    model's own repository, not the variant's)."""
+    from infra.preview.synth import synthesize
+    from tests.project_copy import edited_project
+
+    root = edited_project(tmp_path / "p", "prod", [("    weightFormat: null", "    weightFormat: fp8")])
+    with pytest.raises(UserError, match=r"stages sgl-project/DeepSeek-V4-Pro-FP8, a published variant.*production stack stages only pinned commits"):
+        synthesize("prod", root)

@@ -60,7 +60,8 @@ class ModelConfig(_Area):
         pattern=r"^[0-9a-f]{40}$",
         description="Hugging Face commit of the checkpoint the staging Job downloads (every file from that one commit); "
         "null = the catalog's pinned commit (`infra/catalog/models.py`), if it has one. A model whose serving runs the "
-        "checkpoint's own code (`--trust-remote-code`, e.g. Kimi K3's tokenizer) is refused without a pinned commit.",
+        "checkpoint's own code (`--trust-remote-code`, e.g. Kimi K3's tokenizer) is refused without a pinned commit, and so is "
+        "any checkpoint in production.",
         json_schema_extra={"allowed": "a 40-hex-digit commit, or null"},
     )
 

@@ -137,18 +137,25 @@ def split_checkpoint(checkpoint: str, source: str) -> tuple[str, Optional[str]]:
     raise ValueError(f"checkpoint source must be 'hf' or 's3', not {source!r}")
 
 
-def staged_checkpoint(repo: str, revision: Optional[str], remote_code: bool) -> str:
+def staged_checkpoint(repo: str, revision: Optional[str], remote_code: bool, production: bool = False) -> str:
     """The Hugging Face checkpoint the Job downloads: `org/name@<commit>` when a commit is pinned
     (`gpu-serving:model.revision`, or the catalog's), so every file comes from that one commit.
 
     Refused without one when the serving command runs the checkpoint's own code
     (`--trust-remote-code`): that code would be whatever the repository's `main` holds when the Job
-    runs. A reference that already names its revision is kept as it is.
+    runs; and in production whatever it runs: weights re-pushed to `main` would reach the next
+    staging Job unreviewed. A reference that already names its revision is kept as it is.
     """
     if "@" in repo:
         return repo
     if revision:
         return f"{repo}@{revision}"
+    if production and not remote_code:
+        raise UserError(
+            f"a production stack stages only a pinned commit, and no commit of {repo} is pinned (the catalog has none): "
+            "set gpu-serving:model.revision to the Hugging Face commit to stage "
+            f"(40 hex digits; the 'History' of huggingface.co/{repo} lists them)"
+        )
     if remote_code:
         raise UserError(
             f"{repo} is served with --trust-remote-code (its tokenizer or model code runs in the serving pods), and "
