@@ -91,6 +91,24 @@ def test_every_usable_version_pins_every_addon_the_cluster_installs(fixture_file
     assert "1.36" in ev.RELEASES and "1.36" not in ev.supported_versions()
 
 
+def test_every_assumed_pin_says_what_was_searched():
+    # The pins no record shows offered for their Kubernetes version: each says so and what was searched
+    # (ev._SEARCHED); a pin leaves this set only with a source, one joins it only on purpose.
+    assumed = {(v, name) for v, pins in ev.ADDON_VERSIONS.items() for name, pin in pins.items()
+               if pin.source.startswith("ASSUMPTION")}  # fmt: skip
+    assert assumed == {
+        *((v, a) for v in ("1.33", "1.34") for a in ("aws-efs-csi-driver", "aws-ebs-csi-driver", "eks-node-monitoring-agent")),
+        *((v, "aws-fsx-csi-driver") for v in ("1.33", "1.34", "1.35")),
+    }
+    for v, name in assumed:
+        source = ev.ADDON_VERSIONS[v][name].source
+        assert source.endswith(ev._SEARCHED) and "ASSUMPTION" not in source[len("ASSUMPTION"):], (v, name)
+    for v, pins in ev.ADDON_VERSIONS.items():
+        for name, pin in pins.items():
+            if (v, name) not in assumed:
+                assert "searched" not in pin.source and "ASSUMPTION" not in pin.source, (v, name)
+
+
 def test_addon_and_release_fields_are_the_eks_apis():
     eks = botocore.session.get_session().get_service_model("eks")
     assert {"addonName", "addonVersion"} <= set(eks.operation_model("CreateAddon").input_shape.members)

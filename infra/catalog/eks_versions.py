@@ -44,8 +44,15 @@ cluster's Kubernetes version. Each pin carries its source:
   and 1.34 have no such record and stay labelled ASSUMPTION;
 - aws-ebs-csi-driver: the same template's record for 1.35 (commit 03f3e08);
   the same build for 1.33 and 1.34 is labelled ASSUMPTION;
-- aws-fsx-csi-driver: no DescribeAddonVersions record was found; the pin is the
-  first add-on version the guide names, labelled ASSUMPTION.
+- aws-fsx-csi-driver: no DescribeAddonVersions record was found for any
+  Kubernetes version; the pin is the first add-on version the guide names
+  (its hybrid nodes add-on table), labelled ASSUMPTION.
+
+Each ASSUMPTION says what was searched for it (`_SEARCHED`, 2026-12): none of
+the places that publish EKS add-on versions shows these builds for these
+Kubernetes versions, and the FSx CSI add-on is known to be offered per
+Kubernetes version (it was refused on 1.33 in 2025, aws/containers-roadmap
+issue 2625), so none of them can be taken as offered everywhere.
 
 Pre-flight asks EKS DescribeAddonVersions whether each pinned version is
 offered for the cluster's Kubernetes version, which is what confirms an
@@ -147,9 +154,24 @@ _POD_IDENTITY_133 = _DESCRIBED.format(v="1.33", at="commit 51a556a, 2025-09-02")
 _POD_IDENTITY_134 = _DESCRIBED.format(v="1.34", at="commit d72b85e, 2026-04-10")
 _POD_IDENTITY_135 = _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 (2026)")
 _EFS_CSI_135 = _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 and eks-node-monitoring-agent (2026)")
+# What was searched, without finding the pinned build offered for the Kubernetes version, before a pin is
+# left labelled ASSUMPTION (2026-12, issue 18 item 7). Every ASSUMPTION source ends with it.
+_SEARCHED = (
+    "searched: the EKS User Guide's add-on pages (Amazon EBS, EFS and FSx CSI driver, node health, "
+    "'AWS add-ons', hybrid nodes add-ons), which give no add-on version per Kubernetes version; "
+    "kubernetes-sigs/aws-ebs-csi-driver, aws-efs-csi-driver and aws-fsx-csi-driver (CHANGELOGs, docs, "
+    "charts) and aws/eks-node-monitoring-agent, which name releases and image tags but no EKS add-on "
+    "compatibility; awslabs/cdk-eks-blueprints, aws-ia/terraform-aws-eks-blueprints-addons and "
+    "aws-samples/eks-workshop-v2, which pin other builds or take the newest at deploy time; and public "
+    "DescribeAddonVersions records (devopscoop/aws-eks-template at every stored commit: on 1.33 and 1.34 it had "
+    "not yet installed this add-on or this build; aws/aws-cli examples/eks/describe-addon-versions.rst: "
+    "vpc-cni on 1.26 only; botocore's EKS examples: none for add-ons)"
+)
 _EFS_CSI = (
     "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 (" + _EFS_CSI_135 + "); no record for this "
-    "version was found, and the driver's add-on builds are not tied to a Kubernetes version in the guide"
+    "version was found: the driver's add-on builds are not tied to a Kubernetes version in the guide, and its "
+    "compatibility matrix (kubernetes-sigs/aws-efs-csi-driver docs/compatibility.md) gives Kubernetes 1.17+ for "
+    "every release without naming EKS builds; " + _SEARCHED
 )
 _NODE_MONITORING_135 = (
     _DESCRIBED.format(v="1.35", at="the file's version with cluster_version 1.35 and eks-node-monitoring-agent (2026)")
@@ -157,18 +179,30 @@ _NODE_MONITORING_135 = (
 )
 _NODE_MONITORING = (
     "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 and the agent's chart v1.7.0 pins; no record for "
-    "this version was found, and the agent's builds are not tied to a Kubernetes version in the guide"
+    "this version was found: the agent's builds are not tied to a Kubernetes version in the guide (its hybrid "
+    "nodes table gives 'v1.2.0-eksbuild.1 and above' for any version), and the agent's repository records "
+    "the release (aws/eks-node-monitoring-agent CHANGELOG.md, chart 1.7.0, commit c399089, 2026-08-04) but "
+    "not the add-on offer; " + _SEARCHED
 )
 # The EBS CSI driver: the same public template's DescribeAddonVersions record (cluster/terraform.tfvars at
 # commit 03f3e08, cluster_version 1.35: eks_addon_version_aws-ebs-csi-driver).
 _EBS_CSI_135 = _DESCRIBED.format(v="1.35", at="commit 03f3e08 (2026)")
 _EBS_CSI = (
     "ASSUMPTION: the build DescribeAddonVersions offers for 1.35 (" + _EBS_CSI_135 + "); no record for this "
-    "version was found, and the driver's add-on builds are not tied to a Kubernetes version in the guide"
+    "version was found: the driver says it is compatible with every Kubernetes version EKS supports, extended "
+    "support included (kubernetes-sigs/aws-ebs-csi-driver README.md 'Compatibility', commit 429e202), which is "
+    "not an add-on offer; the one per-version record from AWS, awslabs/cdk-eks-blueprints "
+    "lib/addons/ebs-csi-driver/index.ts (commit 0b82904, 2026-04-08), names the then default v1.56.0-eksbuild.1 "
+    "for 1.31 to 1.34, an older build recorded before this one existed, not taken: it says nothing against this "
+    "build and would move a 1.33/1.34 stack's driver seven releases back; " + _SEARCHED
 )
 _FSX_CSI = (
-    "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver (hybrid nodes add-on "
-    "table, awsdocs/amazon-eks-user-guide pull request 1215, 2026-01)"
+    "ASSUMPTION: the first add-on version the EKS User Guide names for the FSx CSI driver ('Configure add-ons "
+    "for hybrid nodes', docs.amazonaws.cn/eks/latest/userguide/hybrid-nodes-add-ons.md: 'v1.7.0-eksbuild.1 and "
+    "above'; first proposed in awsdocs/amazon-eks-user-guide pull request 1215, 2026-01), which names no Kubernetes "
+    "version; the FSx CSI add-on is offered per Kubernetes version (CreateAddon refused it on 1.33 in 2025-06, "
+    "aws/containers-roadmap issue 2625), and newer drivers exist (v1.8.0 2025-12, v1.9.0 2026-04, "
+    "kubernetes-sigs/aws-fsx-csi-driver tags), so pre-flight's DescribeAddonVersions check decides; " + _SEARCHED
 )
 
 ADDON_VERSIONS: dict[str, dict[str, AddonPin]] = {
