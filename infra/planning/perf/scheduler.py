@@ -5,7 +5,7 @@ v1/engine/core.py step_with_batch_queue; the client follows `vllm bench serve`
 (benchmarks/serve.py, lib/endpoint_request_func.py). Simplified on purpose:
 no prefix caching, FCFS policy only, no long_prefill_token_threshold (default 0),
 no watermark (default 0), no encoder inputs or KV connectors. CPU time per step is
-the step model's (step.py adds it, or overlaps it with async scheduling).
+the step model's (step.py adds it, or overlaps the step's part with async scheduling).
 
 Async scheduling (v1/core/sched/async_scheduler.py): a decode is scheduled again
 before its previous output returns, with placeholder tokens (num_output_placeholders,

@@ -186,8 +186,8 @@ class StepModel:
         fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
         out = [base + sum(map(mul, vector, unit)) for base, vector in zip(fixed, self._vectors)]
         out[-1] += self._draft_seconds(decode_contexts)
-        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
-        out[0] = max(out[0], cpu) if self.async_scheduling else out[0] + cpu
+        cpu = eff.step_overhead_s
+        out[0] = (max(out[0], cpu) if self.async_scheduling else out[0] + cpu) + eff.seq_overhead_s * sampled
         return out
 
     def _batch_units(self, tokens: int, sampled: int) -> list[float]:
@@ -242,7 +242,7 @@ class StepModel:
         eff = self.eff
         per_kernel = eff.kernel_overhead_s
         eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
-        cpu = eff.step_overhead_s + eff.seq_overhead_s * sampled
+        cpu = eff.step_overhead_s
         out = []
         for i, stage in enumerate(self.stages):
             compute = memory = comm = fixed = 0.0
@@ -258,7 +258,7 @@ class StepModel:
                 gpu += self._draft_seconds(decode_contexts)
             total = gpu
             if i == 0:
-                total = max(gpu, cpu) if self.async_scheduling else gpu + cpu
+                total = (max(gpu, cpu) if self.async_scheduling else gpu + cpu) + eff.seq_overhead_s * sampled
                 overhead += total - gpu
             out.append(StepParts(compute, memory, comm, overhead, total))
         return out
