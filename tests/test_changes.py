@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.preview.changes import CHANGES, K8S_PROVIDER, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
+from infra.preview.changes import CHANGES, K8S_PROVIDER, RESTARTS_SERVING, SWAPS_GPU, ROLLS_GPU, effects, table_markdown
 from infra.preview.diff import LAUNCH_TEMPLATE, NODE_GROUP, diff, render_markdown
 from infra.preview.outage import RAYCLUSTER
 from infra.preview.synth import synthesize
@@ -52,6 +52,38 @@ def test_a_gpu_roll_names_the_outage_its_length_and_the_procedure(change, diffs)
     text = render_markdown(d)
     assert "**Serving goes down** for about" in text and f"cold start of {cold:,.0f} s" in text
     assert "gpu-serving:serving.suspended: true" in text and "PodEvictionFailure" in text
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
+def test_a_change_that_recreates_the_serving_pods_says_so_and_for_how_long(change, diffs):
+    """KubeRay's Recreate strategy deletes every serving pod when the RayCluster's spec hash changes: the
+    review comment says so, with the plan's cold start, exactly for the rows whose effects include it."""
+    d, _, head = diffs[change.name]
+    text = render_markdown(d)
+    recreates = [c for c in d.callouts if c.text.startswith("**Recreates every serving pod**")]
+    assert bool(recreates) == (RESTARTS_SERVING in change.expected)
+    if recreates:
+        cold = head["outputs"]["plan"]["startup"]["cold_start_s"]
+        assert f"**serving goes down** for about {round(cold / 60)} minutes (the plan's cold start of {cold:,.0f} s)" in text
+        assert "upgradeStrategy: Recreate" in text
+
+
+def test_scaling_a_worker_group_or_suspending_recreates_nothing(diffs):
+    """What KubeRay leaves out of its spec hash (replicas, minReplicas, maxReplicas, workersToDelete; utils/util.go
+    GenerateHashWithoutReplicasAndWorkersToDelete) and a suspend (the procedure itself) are not called out."""
+    import copy
+
+    from infra.preview.outage import recreates_serving
+
+    _, base, _ = diffs[CHANGES[0].name]
+    assert not recreates_serving(["inputs.spec.workerGroupSpecs[0].replicas", "inputs.spec.workerGroupSpecs[0].maxReplicas",
+                                  "inputs.spec.workerGroupSpecs[0].scaleStrategy.workersToDelete[0]", "inputs.spec.suspend"], base, base)  # fmt: skip
+    assert recreates_serving(["inputs.spec.workerGroupSpecs[0].template.spec.containers[0].image"], base, base)
+    suspended = copy.deepcopy(base)
+    for r in suspended["resources"]:
+        if r["type"] == RAYCLUSTER:
+            r["inputs"]["spec"]["suspend"] = True
+    assert not recreates_serving(["inputs.spec.headGroupSpec.template.spec.containers[0].args[3]"], base, suspended)
 
 
 def test_a_roll_with_serving_already_suspended_does_not_stall(tmp_path):

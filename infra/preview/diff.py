@@ -38,7 +38,7 @@ from typing import Any
 
 from infra.errors import UserError
 from infra.preview.markers import parse_placeholder, placeholder
-from infra.preview.outage import RAYCLUSTER, is_gpu_group, serving_text
+from infra.preview.outage import RAYCLUSTER, is_gpu_group, recreate_text, recreates_serving, serving_text
 from infra.preview.replacements import (  # noqa: F401 - the type names are part of this module's interface
     CLUSTER,
     CONSEQUENCE,
@@ -560,6 +560,12 @@ def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
                 text += serving
                 level = "CAUTION" if stalls else level
             out.append(Callout(level, text))
+    for c in d.changed:
+        if c.type == RAYCLUSTER and not c.replaced:
+            paths = [f.path for f in c.fields if not f.ignored]
+            if recreates_serving(paths, base, head):
+                moved = ", ".join(_code(p.removeprefix("inputs.")) for p in dict.fromkeys(paths) if p.startswith("inputs.spec."))
+                out.append(Callout("WARNING", f"**Recreates every serving pod** of {_what(c)} {_type(c)} ({moved}): " + recreate_text(head)))
     for c in d.changed:
         if c.type == CLUSTER and not c.replaced:
             fc = next((f for f in c.fields if f.path == "inputs.version" and not f.ignored), None)

@@ -9,6 +9,7 @@ functions of the synthesized documents (infra/preview/synth.py).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 
@@ -64,6 +65,32 @@ def outage_s(group: dict, doc: dict) -> float | None:
 
 def _minutes(seconds: float) -> str:
     return f"about {round(seconds / 60):,} minutes"
+
+
+# KubeRay's `upgradeStrategy: Recreate` deletes every pod and creates new ones when the hash of the
+# RayCluster's spec changes (ray-operator/controllers/ray/raycluster_controller.go
+# shouldRecreatePodsForUpgrade; utils/util.go GenerateHashWithoutReplicasAndWorkersToDelete, which
+# leaves out these fields, kept here as patterns of the synth document's paths). `spec.suspend` is
+# the procedure itself (suspending deletes the pods anyway), not a change to call out.
+NOT_RECREATING = (r"inputs\.spec\.workerGroupSpecs\[\d+\]\.(replicas|minReplicas|maxReplicas|scaleStrategy\.workersToDelete)\b",
+                  r"inputs\.spec\.upgradeStrategy\b", r"inputs\.spec\.suspend$")  # fmt: skip
+
+
+def recreates_serving(paths: list[str], base: dict, head: dict) -> bool:
+    """A change of these RayCluster fields recreates the serving pods of a running stack: serving is up
+    on both sides (a suspended side has no pod to recreate) and a field of the hashed spec moved."""
+    if serving_suspended(base) or serving_suspended(head):
+        return False
+    return any(p.startswith("inputs.spec.") and not any(re.match(x, p) for x in NOT_RECREATING) for p in paths)
+
+
+def recreate_text(head: dict) -> str:
+    """How long serving is down when KubeRay recreates every pod: the plan's cold start."""
+    cold = cold_start_s(head)
+    length = f" for {_minutes(cold)} (the plan's cold start of {cold:,.0f} s)" if cold else ""
+    return (f"KubeRay's `upgradeStrategy: Recreate` deletes every serving pod and starts new ones: **serving goes "
+            f"down**{length} while vLLM loads the weights again. To choose when, merge it in a quiet hour "
+            "(docs/operating.md, Changing a running stack).")  # fmt: skip
 
 
 def serving_text(group: dict, base: dict, head: dict) -> tuple[str, bool]:
