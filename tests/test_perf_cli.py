@@ -104,3 +104,21 @@ def test_lengths_drawn_from_a_distribution_keep_their_means_and_vary() -> None:
     assert result.exit_code == 2 and "not both" in result.output
     result = runner.invoke(app, ["perf", *base, "--random-range-ratio", "1.5"])
     assert result.exit_code == 2 and "range ratio" in result.output
+
+
+def test_the_aiconfigurator_table_of_docs_planning_holds_the_models_figures() -> None:
+    """docs/planning.md sets prod's layout beside AIConfigurator at concurrency 4, 16, 64 and 128 (typed prose):
+    this model's column is what `python -m infra perf` prints for it today (mean TTFT and TPOT, output tokens/s per GPU)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "planning.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| ([\d,]+) / ([\d.]+), ([\d.]+) \| not covered \|", text, flags=re.M)
+    assert [int(r[0]) for r in rows] == [4, 16, 64, 128]
+    out = _perf("--model", "deepseek-v4-pro", "--instance-type", "p5.48xlarge", "--nodes", "4", "--tp", "8", "--pp", "4",
+                "--isl", "1024", "--osl", "1024", "--concurrency", "4,16,64,128")  # fmt: skip
+    for (c, ttft, tpot, per_gpu), p in zip(rows, out["points"]):
+        assert p["concurrency"] == int(c)
+        assert round(p["ttft_ms"]["mean"]) == int(ttft.replace(",", "")), c
+        assert round(p["tpot_ms"]["mean"], 1) == float(tpot), c
+        assert round(p["output_tokens_per_s_per_gpu"], 1) == float(per_gpu), c

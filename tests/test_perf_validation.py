@@ -86,3 +86,33 @@ def test_async_scheduling_changes_a_bursts_tpot_as_measured(points, sync_id, asy
     measured = async_.measured["tpot_ms"] / sync.measured["tpot_ms"]
     predicted = async_.predicted["tpot_ms"] / sync.predicted["tpot_ms"]
     assert predicted == pytest.approx(measured, abs=0.10)
+
+
+def _doc_ratio(text: str) -> float:
+    return float(text.strip().lstrip("x"))
+
+
+def test_the_medians_docs_planning_prints_are_the_models(points) -> None:
+    """docs/planning.md's table of median errors (typed prose, not a generated region) is what
+    `python -m infra perf --validate` computes today: each median to the printed percent, each
+    worst ratio to its printed digits, and each group's row count."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "planning.md").read_text()
+    s = validate.summary(points, ROWS)
+    groups = {"fit": "fit", "validate, bounded load": "validate_bounded", "validate, burst": "validate_burst", "validate, all": "validate"}
+    seen = set()
+    for line in text.splitlines():
+        m = re.match(r"\| (fit|validate, [a-z ]+) \((\d+)[;:)]", line)
+        if not m:
+            continue
+        group = s[groups[m.group(1)]]
+        seen.add(m.group(1))
+        assert int(m.group(2)) == group["points"], line
+        cells = [c.strip() for c in line.strip("|").split("|")[1:]]
+        for metric, cell in zip(validate.METRICS, cells):
+            median, worst = re.fullmatch(r"(\d+)% \((x[\d.]+)\)", cell).groups()
+            assert int(median) == round(group["median_abs_error"][metric] * 100), (line, metric)
+            digits = len(worst.split(".")[1]) if "." in worst else 0
+            assert _doc_ratio(worst) == round(group["worst_ratio"][metric], digits), (line, metric)
+    assert seen == set(groups)
