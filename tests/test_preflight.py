@@ -873,6 +873,8 @@ def test_a_production_stack_on_a_local_state_file_is_warned(tmp_path):
                      backend_url=url, backend_source=source)  # fmt: skip
     check = pfst.check_state_backend(prod)
     assert check.ok is True and "local file" in check.warning and "s3://" in check.fix and "awskms://" in check.fix
+    # The project file sets backend.url, which Pulumi takes before a stored login: the fix names the variable.
+    assert "export PULUMI_BACKEND_URL=s3://" in check.fix and "pulumi login s3://" not in check.fix
     assert not pfst.check_state_backend(dataclasses.replace(prod, production=False)).warning
     # The environment wins over the project (pulumi/pulumi#5789), and an S3 backend needs no warning.
     url, source = pfst.state_backend(REPO_ROOT, {"PULUMI_BACKEND_URL": "s3://state-bucket"})

@@ -11,7 +11,8 @@ from infra.ops.preflight import Check, Target
 def state_backend(root, environ) -> tuple[Optional[str], str]:
     """(URL, where it is set) of the backend `pulumi` uses for this project: PULUMI_BACKEND_URL, which takes
     precedence over the project's choice (pulumi/pulumi#5789, "instead of deferring to the project or the
-    ~/.pulumi/credentials.json file"), else Pulumi.yaml's `backend.url`; None: the current `pulumi login`."""
+    ~/.pulumi/credentials.json file"), else Pulumi.yaml's `backend.url`; None: the current `pulumi login`, which
+    comes last (pulumi/pulumi GetCurrentCloudURLWithSource: environment, project, stored credentials)."""
     import yaml
 
     from infra.config import REPO_ROOT
@@ -45,7 +46,7 @@ def check_state_backend(t: Target) -> Check:
 
 
 STATE_FIX = (
-    "keep production state in S3 with versioning and a KMS secrets provider: `pulumi login s3://<bucket>` (or "
-    "PULUMI_BACKEND_URL) and `pulumi stack init prod --secrets-provider awskms://alias/<key>` (docs/deploying.md, \"Where "
-    "the state lives\")"
+    "keep production state in S3 with versioning and a KMS secrets provider: `export PULUMI_BACKEND_URL=s3://<bucket>` "
+    "(Pulumi.yaml's backend.url wins over a `pulumi login`) and `pulumi stack init prod --secrets-provider "
+    "'awskms://alias/<key>?region=<region>'` (docs/deploying.md, \"Where the state lives\")"
 )
