@@ -537,6 +537,8 @@ def test_a_change_within_a_block_replaces_its_group_deleting_the_old_one_first(b
     assert head["options"]["delete_before_replace"] is True
     (callout,) = [c for c in d.callouts if c.text.startswith(f"**Replaces EKS node group `{group.name}`")]
     assert "deleted **before** its replacement exists" in callout.text
+    # EC2 frees a block's capacity only after cleaning up the terminated instances (EC2 User Guide).
+    assert head["inputs"]["capacityType"] == "CAPACITY_BLOCK" and '"several minutes"' in callout.text
     assert not [c for c in d.callouts if c.text.startswith("**Rolls every node**") and group.name in c.text]
 
 

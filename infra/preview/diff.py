@@ -38,7 +38,7 @@ from typing import Any
 
 from infra.errors import UserError
 from infra.preview.markers import parse_placeholder, placeholder
-from infra.preview.outage import RAYCLUSTER, is_gpu_group, recreate_text, recreates_serving, serving_text
+from infra.preview.outage import RAYCLUSTER, block_cleanup_text, is_gpu_group, recreate_text, recreates_serving, serving_text
 from infra.preview.replacements import (  # noqa: F401 - the type names are part of this module's interface
     CLUSTER,
     CONSEQUENCE,
@@ -510,6 +510,8 @@ def _callouts(d: Diff, base: dict, head: dict) -> list[Callout]:
                 text += " It is protected: `pulumi up` refuses to replace it until `protect` is off."
             if c.type == NODE_GROUP and is_gpu_group(head_by_urn[c.urn]):
                 text += serving_text(head_by_urn[c.urn], base, head)[0]
+                if opts.get("delete_before_replace"):
+                    text += block_cleanup_text(head_by_urn[c.urn])
             out.append(Callout("CAUTION", text))
     swaps = node_group_swaps(d)
     for old, new in swaps:

@@ -93,6 +93,17 @@ def recreate_text(head: dict) -> str:
             "(docs/operating.md, Changing a running stack).")  # fmt: skip
 
 
+def block_cleanup_text(group: dict) -> str:
+    """What a delete-first replacement inside a Capacity Block adds to the outage: the new group's instances
+    launch only once EC2 has cleaned up the terminated ones ("it takes several minutes to clean up your
+    instance before you can launch another instance to replace it", EC2 User Guide, Launch instances using
+    Capacity Blocks). Not a figure AWS gives, so not in outage_s."""
+    if _at(group.get("inputs") or {}, "capacityType") != "CAPACITY_BLOCK":
+        return ""
+    return (" The new nodes launch only once EC2 has cleaned up the terminated instances, which takes "
+            "\"several minutes\" per the EC2 User Guide (Launch instances using Capacity Blocks): add them to the outage.")
+
+
 def serving_text(group: dict, base: dict, head: dict) -> tuple[str, bool]:
     """What a roll or replacement of a GPU node group does to serving, and whether it would stall.
 
