@@ -58,7 +58,10 @@ class Efficiency:
     # where it shows), added with or without async scheduling: the burst rows measured both
     # ways (gpt-oss-120b TP1 on H100 and on A100) differ by 3% and 5% in TPOT, where hiding
     # it would halve TPOT (tests/test_perf_validation.py). Which work it is (the sampler over
-    # the vocabulary, the output path to the API server) the rows do not separate.
+    # the vocabulary, the output path to the API server) the rows do not separate, and it is
+    # more than a step's own work: those bursts' ITL medians sit near the kernel model's
+    # decode step (gpt-oss-120b TP4: 21.8 ms measured, 14.7 ms at 1,000 sequences), so it
+    # also stands for the stalls the simulation does not produce (docs/planning.md).
     seq_overhead_s: float = 178e-6
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
