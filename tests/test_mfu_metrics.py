@@ -11,6 +11,7 @@ synthesized head's `vllm serve` command carries it or not as decided.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -124,3 +125,66 @@ def test_the_synthesized_head_carries_the_flag_as_decided(stack, flagged):
     gap = serving.mfu_metrics_gap(plan.model, speculative=bool(plan.speculative), dp=plan.evaluation.layout.dp)
     assert ("--enable-mfu-metrics" in argv) == flagged == (gap is None)
     assert reference.check_serve_argv(argv, VERSION) == []
+
+
+# ---- the method names vLLM loads a checkpoint as (serving.vllm_quant_method) ---------------------------------
+
+
+def _loaded_as(config_class: str) -> str:
+    """The name the pinned wheel's quantization config `config_class` (file:Class) loads checkpoints as."""
+    return WHEEL["quant_method_names"][config_class]
+
+
+def _with_formats(base: str, *formats: str):
+    """Catalog model `base` with its first layer's parameter groups stored in `formats`, without a scheme."""
+    arch = load_model(base)
+    first = arch.layers[0]
+    params = tuple(dataclasses.replace(g, fmt=f, scheme=None) for g, f in zip(first.params, formats)) + first.params[len(formats):]
+    return arch.with_(layers=(dataclasses.replace(first, params=params),) + arch.layers[1:])
+
+
+def test_deepseek_v4_loads_as_its_own_fp8_config():
+    """DeepSeek-V4-Pro's checkpoint (FP8 and MXFP4 weights) loads through vllm/models/deepseek_v4/quant_config.py, not
+    the generic Fp8Config: the method is that config's name, whatever mix of formats its groups hold."""
+    arch = load_model("deepseek-v4-pro")
+    stored = {g.fmt for layer in arch.layers for g in layer.params}
+    assert {"fp8", "mxfp4"} <= stored  # both a format the plan names and one it does not
+    assert serving.vllm_quant_method(arch) == _loaded_as("vllm/models/deepseek_v4/quant_config.py:DeepseekV4FP8Config")
+    assert serving.vllm_quant_method(arch) != _loaded_as("vllm/model_executor/layers/quantization/fp8.py:Fp8Config")
+
+
+def test_groups_of_two_methods_are_named_together_and_get_no_flag():
+    """A checkpoint mixing FP8 and NVFP4 groups is neither Fp8Config's nor ModelOptNvFp4Config's (the wheel loads
+    ModelOpt's mixed-precision checkpoints as modelopt_mixed, which the estimator does not take): the plan names both
+    methods and keeps the flag off although each alone would be accepted."""
+    fp8 = _loaded_as("vllm/model_executor/layers/quantization/fp8.py:Fp8Config")
+    fp4 = _loaded_as("vllm/model_executor/layers/quantization/modelopt.py:ModelOptNvFp4Config")
+    mixed = _loaded_as("vllm/model_executor/layers/quantization/modelopt.py:ModelOptMixedPrecisionConfig")
+    assert {fp8, fp4} <= set(WHEEL["quant_weight_byte_size"]) and mixed not in WHEEL["quant_weight_byte_size"]
+    arch = _with_formats("llama-3.1-70b", "nvfp4", "fp8")
+    assert serving.vllm_quant_method(arch) == f"{fp8}+{fp4}"  # sorted: "fp8" < "modelopt_fp4"
+    assert serving.vllm_quant_method(_with_formats("llama-3.1-70b", "fp8")) == fp8  # one method: its name alone
+    gap = serving.mfu_metrics_gap(arch, speculative=False, dp=1)
+    assert gap is not None and f"quantization method {fp8}+{fp4}," in gap
+
+
+def test_formats_the_plan_cannot_name_are_listed():
+    """Groups stored in formats without a scheme the plan recognises (MXFP4 and INT4 here) give "unknown (<formats>
+    weights)", every format named once, and the flag stays off: the method vLLM would use is not known to be one the
+    estimator takes."""
+    arch = _with_formats("llama-3.1-70b", "mxfp4", "int4", "mxfp4")
+    assert serving.vllm_quant_method(arch) == "unknown (int4+mxfp4 weights)"
+    assert "quantization method unknown (int4+mxfp4 weights)," in serving.mfu_metrics_gap(arch, speculative=False, dp=1)
+    assert serving.vllm_quant_method(load_model("llama-3.1-70b")) is None  # bf16 throughout: unquantised
+
+
+def test_the_gaps_name_what_the_estimator_lacks():
+    """An unread family names its model type; an unknown method cites the wheel's table (_QUANT_WEIGHT_BYTE_SIZE, the
+    extract's quant_weight_byte_size) and what is left: the LM head, whose parser chain has no quantization parser."""
+    assert "unembed" in {c["component_type"] for c in WHEEL["components"]} and WHEEL["quant_weight_byte_size"]
+    unread = load_model("llama-3.1-70b").with_(model_type="qwen2")
+    assert "qwen2" not in serving.MFU_FAMILIES | set(serving.MFU_FAMILY_GAPS)
+    assert "has not been read against qwen2 models here" in serving.mfu_metrics_gap(unread, speculative=False, dp=1)
+    gap = serving.mfu_metrics_gap(load_model("qwen3-32b-awq"), speculative=False, dp=1)
+    assert "does not know (v1/metrics/perf.py _QUANT_WEIGHT_BYTE_SIZE)" in gap
+    assert gap.endswith("and the counters would hold the LM head alone")

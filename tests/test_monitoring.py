@@ -9,6 +9,8 @@ Prometheus template (the default selectors), the GPU operator's values, the Kube
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -19,10 +21,12 @@ import yaml
 
 from components import monitoring as component
 from infra.config import load_stack_file
+from infra.config.monitoring import MonitoringConfig
 from infra.errors import UserError
 from infra.k8s import monitoring as mon
 from infra.k8s.helm_values import GPU_OPERATOR, KUBE_PROMETHEUS_STACK, gpu_operator_values
-from infra.k8s.monitoring_sizing import Shape, sizing
+from infra.k8s.monitoring_sizing import Shape, series, sizing
+from infra.planning import monitoring_pods as mp, system_nodes as sn
 from infra.preview.diff import LAUNCH_TEMPLATE, NODE_GROUP, diff
 from infra.preview.synth import synthesize
 from policies import network_policy as NP
@@ -198,6 +202,139 @@ def test_prods_prometheus_is_sized_from_its_series():
     longer = sizing(Shape(4, 8, 192, 2, 1, 4), 90)
     assert longer.storage_gib > s.storage_gib and longer.memory_mib == s.memory_mib
     assert longer.storage_gib * 2**30 > longer.samples_per_second * 86_400 * 90 * 2  # the docs' formula, 2 B a sample
+
+
+SIZING_BASE = Shape(gpu_nodes=4, gpus_per_node=8, vcpus_per_gpu_node=192, system_nodes=2, engines=1, ray_pods=4)
+
+
+def _grown(**more) -> dict[str, int]:
+    """Each source's series with the base shape grown by `more`, less the base shape's."""
+    base, grown = series(SIZING_BASE), series(dataclasses.replace(SIZING_BASE, **{k: getattr(SIZING_BASE, k) + v for k, v in more.items()}))
+    assert grown.keys() == base.keys()
+    return {k: grown[k] - base[k] for k in base}
+
+
+def test_each_source_grows_with_what_it_counts():
+    """The module doc's rates, within 10% (they are estimates; the test holds their shape, not their last digit):
+    vLLM about 1,500 an engine, Ray about 1,500 a pod, DCGM about 40 a GPU, node exporter about 800 a node plus 10 a
+    vCPU (a p5.48xlarge about 2,700; a system node, an m7i.xlarge of 4 vCPUs by EC2's figures, about 840), the kubelet
+    about 1,500 a node plus 60 a container, kube-state-metrics 300 a node and 40 a pod; nothing else moves."""
+    assert set(series(SIZING_BASE)) == {"vllm", "ray", "dcgm", "node-exporter", "kubelet", "kube-state-metrics", "monitoring"}
+    near = lambda got, want: want * 0.9 <= got <= want * 1.1  # noqa: E731
+    engine = _grown(engines=1)
+    assert near(engine.pop("vllm"), 1500) and not any(engine.values())
+    gpu = _grown(gpus_per_node=1)  # one more GPU on each of the 4 GPU nodes
+    assert near(gpu.pop("dcgm"), 4 * 40) and not any(gpu.values())
+    vcpu = _grown(vcpus_per_gpu_node=1)
+    assert near(vcpu.pop("node-exporter"), 4 * 10) and not any(vcpu.values())
+    ray = _grown(ray_pods=1)
+    assert near(ray.pop("ray"), 1500) and near(ray.pop("kube-state-metrics"), 40)
+    assert ray.pop("kubelet") % 60 == 0 and not any(ray.values())  # cAdvisor: 60 a container of the new pod
+    gpu_node = _grown(gpu_nodes=1)
+    assert near(gpu_node.pop("dcgm"), 8 * 40) and near(gpu_node.pop("node-exporter"), 2700)
+    assert gpu_node.pop("kubelet") > 1500 and gpu_node.pop("kube-state-metrics") > 300 and not any(gpu_node.values())
+    assert sn.INSTANCE_TYPES["m7i.xlarge"][0] == 4
+    system = _grown(system_nodes=1)
+    assert near(system.pop("node-exporter") - 800, 10 * 4)  # its vCPUs' share, beyond the per-node 800
+    assert system.pop("kubelet") > 1500 and system.pop("kube-state-metrics") > 300 and not any(system.values())
+
+
+def test_the_total_is_the_sum_with_churn_and_prods_is_about_76k():
+    """x1.5 for churn (module doc); docs/operating.md: prod's estimate is about 76k series with churn."""
+    for shape in (SIZING_BASE, dataclasses.replace(SIZING_BASE, gpu_nodes=40, ray_pods=40, engines=5)):
+        assert sizing(shape, 15).series == math.ceil(1.5 * sum(series(shape).values()))
+    assert sizing(SIZING_BASE, 15).series == pytest.approx(76_000, rel=0.01)
+
+
+def test_memory_and_volume_cover_the_documented_estimates():
+    """Memory: 8 KiB a series plus 512 MiB, rounded up to whole 256 MiB. Volume (Prometheus docs, "Operational
+    aspects": retention seconds x samples per second x 2 bytes, the samples at the operator's default 30 s scrape
+    interval, PrometheusAgent CRD `scrapeInterval` default), times 1.5, rounded up to 10 GiB, at least 20 GiB;
+    retentionSize 85% of it, in whole GiB. A day is the shortest retention the config allows."""
+    crd = _yaml("crd-prometheusagents.yaml")
+    (version,) = crd["spec"]["versions"]
+    interval = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["scrapeInterval"]["default"]
+    assert interval == "30s"
+    assert next(m.ge for m in MonitoringConfig.model_fields["retention_days"].metadata if hasattr(m, "ge")) == 1
+    for gpu_nodes in range(1, 65, 3):
+        shape = dataclasses.replace(SIZING_BASE, gpu_nodes=gpu_nodes, ray_pods=gpu_nodes, engines=max(1, gpu_nodes // 4))
+        for days in (1, 15, 90, 365):
+            s = sizing(shape, days)
+            assert s.samples_per_second == s.series / 30
+            estimate_mib = 512 + s.series * 8 * 1024 / 2**20
+            assert s.memory_mib % 256 == 0 and estimate_mib <= s.memory_mib < estimate_mib + 256, (gpu_nodes, days)
+            needed_gib = days * 86_400 * (s.series / 30) * 2 * 1.5 / 2**30
+            assert s.storage_gib % 10 == 0, (gpu_nodes, days)
+            assert s.storage_gib == 20 if needed_gib <= 20 else needed_gib <= s.storage_gib < needed_gib + 10, (gpu_nodes, days)
+            assert s.retention_size_gib == int(s.storage_gib * 0.85)
+    with pytest.raises(ValueError):
+        sizing(SIZING_BASE, 0)
+
+
+def _commented_example(text: str, after: str) -> dict:
+    """The commented-out `resources` example right below the first `resources: {}` after the line `after` (values.yaml
+    keeps its examples as comments: `resources: {}` then `# limits: ...`)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line == after)
+    at = next(i for i in range(start, len(lines)) if lines[i].strip() == "resources: {}")
+    block = []
+    for line in lines[at + 1:]:
+        if not line.lstrip().startswith("#"):
+            break
+        block.append(line.split("#", 1)[1][1:])
+    return yaml.safe_load("\n".join(block))
+
+
+def _number(quantity: str) -> int:
+    """A CPU (`100m`) or memory (`100Mi`) quantity's number."""
+    return int(re.fullmatch(r"([0-9]+)(m|Mi)", quantity).group(1))
+
+
+def test_the_monitoring_pods_requests_are_their_sources():
+    """Each figure from where monitoring_pods.py says it is from: the pinned charts' commented examples (fixtures), the
+    prometheus-operator's reloader defaults (cmd/operator/main.go defaultReloaderCPU "10m", defaultReloaderMemory
+    "50Mi", requests and limits alike), kube-prometheus' components (alertmanager.libsonnet requests 4m/100Mi, limit
+    100Mi; node-exporter.libsonnet requests 102m/180Mi, memory limit 180Mi; grafana.libsonnet's 100m CPU), the
+    kube-state-metrics README (250MiB, 0.1 cores) and Grafana's minimum recommended memory (512 MB)."""
+    operator = _commented_example((UPSTREAM / "values.yaml").read_text(), "prometheusOperator:")
+    assert mp.OPERATOR.resources() == {"requests": operator["requests"], "limits": {"memory": operator["limits"]["memory"]}}
+    sidecar = _commented_example((UPSTREAM / "grafana-values.yaml").read_text(), "sidecar:")
+    # The sidecar: the example's CPU request, its memory limit as the request, the limit at twice that (module doc).
+    assert mp.GRAFANA_SIDECAR.cpu_m == _number(sidecar["requests"]["cpu"])
+    assert mp.GRAFANA_SIDECAR.memory_mib == _number(sidecar["limits"]["memory"]) and mp.GRAFANA_SIDECAR.limit_mib == 2 * mp.GRAFANA_SIDECAR.memory_mib
+    assert mp.CONFIG_RELOADER.resources() == {"requests": {"cpu": "10m", "memory": "50Mi"}, "limits": {"memory": "50Mi"}}
+    assert mp.ALERTMANAGER.resources() == {"requests": {"cpu": "4m", "memory": "100Mi"}, "limits": {"memory": "100Mi"}}
+    assert mp.NODE_EXPORTER.resources() == {"requests": {"cpu": "102m", "memory": "180Mi"}, "limits": {"memory": "180Mi"}}
+    assert (mp.KUBE_STATE_METRICS.cpu_m, mp.KUBE_STATE_METRICS.memory_mib) == (100, 250)
+    assert mp.GRAFANA.memory_mib * 2**20 >= 512 * 10**6 and mp.GRAFANA.memory_mib == 512
+    assert mp.GRAFANA.cpu_m == 100  # kube-prometheus grafana.libsonnet: requests cpu '100m'
+    # Kubernetes refuses a container whose memory request exceeds its limit.
+    for c in (mp.CONFIG_RELOADER, mp.OPERATOR, mp.ALERTMANAGER, mp.GRAFANA, mp.GRAFANA_SIDECAR, mp.KUBE_STATE_METRICS, mp.NODE_EXPORTER):
+        assert c.limit_mib >= c.memory_mib, c
+
+
+def test_the_monitoring_pods_sum_their_containers():
+    """Pod requests as the pinned charts render the containers (monitoring_pods.py module doc): Prometheus and
+    Alertmanager with the reloader, Grafana with its dashboards and datasources sidecars (the chart's values turn on
+    exactly those two), node exporter a DaemonSet; amp runs the agent and no Alertmanager."""
+    sidecars = [k for k in ("alerts", "dashboards", "datasources", "notifiers", "plugins") if chart_defaults()["grafana"]["sidecar"][k]["enabled"]]
+    assert sidecars == ["dashboards", "datasources"]
+    reloader = (10, 50)  # the operator's defaults (above)
+    want = {
+        "prometheus": (mp.PROMETHEUS_CPU_M + reloader[0], 1024 + reloader[1], False),
+        "alertmanager": (4 + reloader[0], 100 + reloader[1], False),
+        "prometheus-operator": (100, 100, False),
+        "grafana": (mp.GRAFANA.cpu_m + len(sidecars) * mp.GRAFANA_SIDECAR.cpu_m,
+                    mp.GRAFANA.memory_mib + len(sidecars) * mp.GRAFANA_SIDECAR.memory_mib, False),
+        "kube-state-metrics": (100, 250, False),
+        "node-exporter": (102, 180, True),
+    }  # fmt: skip
+    got = {p.name: (p.cpu_m, p.memory_mib, p.per_node) for p in mp.pods("in-cluster", 1024)}
+    assert got == want
+    amp = {p.name: (p.cpu_m, p.memory_mib, p.per_node) for p in mp.pods("amp", 1024)}
+    assert amp == {("prometheus-agent" if k == "prometheus" else k): v for k, v in want.items() if k != "alertmanager"}
+    with pytest.raises(ValueError, match="monitoring mode 'off' deploys no pods"):
+        mp.pods("off", 1024)
 
 
 # ---- the synthesized prod ------------------------------------------------------------------------------------

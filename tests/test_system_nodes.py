@@ -185,3 +185,131 @@ def test_prod_plan_states_the_fit(prod):
     assert (fit["instance_type"], fit["count"]) == (config.cluster.system_instance_type, config.cluster.system_node_count)
     assert fit["fits"] and fit["largest_pod"] == "prometheus"
     assert fit["requests_memory_mib"] <= fit["expected_memory_mib"] <= fit["count"] * fit["allocatable_memory_mib"]
+
+
+# ---- the fit's edges, its search and its messages (independent arithmetic; fit() as the oracle of the search) ----
+
+FAMILY_SIZES = sorted((t for t in sn.INSTANCE_TYPES if t.startswith("m7i.")), key=lambda t: sn.INSTANCE_TYPES[t][1])
+
+
+# Prometheus' pod less Prometheus itself: the operator's config-reloader sidecar (monitoring_pods.py).
+SIDECARS_MIB = next(p.memory_mib for p in mp.pods("in-cluster", 0) if p.name == "prometheus")
+
+
+def _daemonsets_mib(req: sn.SystemRequest) -> int:
+    """What one node's DaemonSets hold: each one's request or, where larger, its expected working set."""
+    return sum(max(p.memory_mib, p.usage_mib) for p in sn.system_pods(req) if p.per_node)
+
+
+def test_memtotal_is_what_a_node_reports():
+    """The module doc's observation: an m5.large's node reports about 7,750 MiB of MemTotal; allocatable is that less
+    nodeadm's kube-reserved (11 MiB x 29 pods + 255 MiB) and the 100 MiB eviction threshold."""
+    memtotal = sn.allocatable("m5.large")[1] + 11 * 29 + 255 + 100
+    assert memtotal == pytest.approx(7750, rel=0.01)
+
+
+def test_daemonsets_are_counted_on_every_node_and_deployments_by_replicas():
+    """Which pods are DaemonSets: the EKS add-ons aws-node, kube-proxy and the Pod Identity agent; the CSI drivers' node
+    plugins (their charts' `node` DaemonSets); NFD's worker; the node monitoring agent and node exporter (their
+    DaemonSet manifests among the fixtures). Deployments: CoreDNS at EKS's two replicas, the EBS and EFS controllers at
+    their charts' replicaCount 2, the rest single (gpu-operator values: nfd gc.replicaCount 1)."""
+    for name in ("eks-node-monitoring-agent-v1.7.0/daemonset.yaml", "metrics/efa/prometheus-node-exporter-4.56.1-daemonset.yaml"):
+        assert "kind: DaemonSet" in fixture_path(*name.split("/")).read_text()
+    gpu_op = yaml.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
+    assert gpu_op["node-feature-discovery"]["gc"]["replicaCount"] == 1
+    pods = sn.system_pods(sn.SystemRequest("m7i.xlarge", 3, 500, 1024))
+    assert {p.name for p in pods if p.per_node} == {"aws-node", "kube-proxy", "eks-pod-identity-agent", "ebs-csi-node", "efs-csi-node",
+                                                    "eks-node-monitoring-agent", "nfd-worker", "node-exporter"}  # fmt: skip
+    assert {p.name: p.replicas for p in pods if p.replicas != 1} == {"coredns": 2, "ebs-csi-controller": 2, "efs-csi-controller": 2}
+    # Three nodes against two: the requests grow by one of each DaemonSet, nothing else.
+    two, three = (sn.fit(sn.SystemRequest("m7i.xlarge", n, 500, 1024)) for n in (2, 3))
+    assert three.requests_cpu_m - two.requests_cpu_m == sum(p.cpu_m for p in pods if p.per_node)
+    assert three.requests_memory_mib - two.requests_memory_mib == sum(p.memory_mib for p in pods if p.per_node)
+
+
+def test_the_search_names_the_smallest_size_that_fits():
+    """For Prometheus memories from 1 to 60 GiB on one m7i.large: the size proposed is the first of the family, by
+    EC2 memory, whose fit holds; each larger size is the answer somewhere along the way."""
+    answers = set()
+    for gib in range(1, 61):
+        req = sn.SystemRequest("m7i.large", 1, 500, gib * 1024)
+        if sn.fit(req).fits:
+            continue
+        first = next((t for t in FAMILY_SIZES if sn.fit(dataclasses.replace(req, instance_type=t)).fits), None)
+        better = sn.smallest_fitting(req)
+        assert (better.instance_type if better else None) == first, gib
+        assert better is None or better.count == 1
+        answers.add(first)
+    assert answers == {"m7i.xlarge", "m7i.2xlarge", "m7i.4xlarge", None}
+
+
+def test_a_prometheus_no_node_of_the_family_holds_is_refused_without_a_size():
+    req = sn.SystemRequest("m7i.xlarge", 2, 500, sn.allocatable("m7i.4xlarge")[1] + 1)
+    assert sn.smallest_fitting(req) is None
+    with pytest.raises(UserError) as caught:
+        sn.check(req)
+    message = str(caught.value)
+    assert message.startswith("the system node group (2 x m7i.xlarge) is too small: prometheus requests ")
+    assert message.endswith("; shorten monitoring.retentionDays or use a larger family")
+    # The search's bound on the count is the config's.
+    config_bound = next(m.le for m in type(load_stack_file("prod").cluster).model_fields["system_node_count"].metadata if hasattr(m, "le"))
+    assert sn.MAX_NODES == config_bound
+
+
+def test_the_largest_pod_must_fit_one_node_beside_its_daemonsets():
+    """A pod runs on one node: Prometheus (with its reloader sidecar) fits when it and one node's DaemonSets are within
+    that node's allocatable (equal is enough: the scheduler refuses only a request above what is free), however many
+    nodes the group has."""
+    memory = sn.allocatable("m7i.large")[1]
+    daemonsets = _daemonsets_mib(sn.SystemRequest("m7i.large", 3, 500, 1024))
+    room = memory - daemonsets - SIDECARS_MIB  # for Prometheus itself
+    exact = sn.fit(sn.SystemRequest("m7i.large", 3, 500, room))
+    assert exact.fits and exact.largest_pod == "prometheus", exact.reason
+    over = sn.fit(sn.SystemRequest("m7i.large", 3, 500, room + 1))
+    assert not over.fits
+    assert over.reason == f"prometheus requests {memory - daemonsets + 1:,} MiB; a node offers {memory - daemonsets:,} MiB besides its DaemonSets"
+
+
+def test_the_groups_memory_fills_up_to_its_allocatable():
+    """The expected use may add up to the nodes' allocatable, not one MiB more; the refusal names the group's total
+    (node allocatable x count); on two nodes more than one node's worth fits, each pod on some node."""
+    memory = sn.allocatable("m7i.xlarge")[1]
+    others_mib = sn.fit(sn.SystemRequest("m7i.xlarge", 1, 500, 0)).expected_memory_mib
+    assert sn.fit(sn.SystemRequest("m7i.xlarge", 1, 500, memory - others_mib)).fits
+    over = sn.fit(sn.SystemRequest("m7i.xlarge", 1, 500, memory - others_mib + 1))
+    assert over.reason == f"the system pods need about {memory + 1:,} MiB of {memory:,} MiB"
+    daemonsets = _daemonsets_mib(sn.SystemRequest("m7i.xlarge", 2, 500, 1024))
+    two = sn.fit(sn.SystemRequest("m7i.xlarge", 2, 500, memory - daemonsets - SIDECARS_MIB))
+    assert memory < two.expected_memory_mib <= 2 * memory and two.fits, two.reason
+
+
+def test_one_small_node_is_short_of_cpu_and_every_reason_is_named():
+    """One m7i.large: 2 vCPUs less nodeadm's 70m hold less than the system pods' CPU requests (summed here over the
+    pods and their replicas); with a Prometheus twice the node's memory, all three reasons are named, in turn."""
+    cpu, memory = sn.allocatable("m7i.large")
+    assert cpu == 2000 - 70
+    req = sn.SystemRequest("m7i.large", 1, 500, 2 * memory)
+    wanted = sum(p.cpu_m * p.replicas for p in sn.system_pods(req))
+    assert wanted > cpu
+    daemonsets = _daemonsets_mib(req)
+    reason = sn.fit(req).reason
+    assert reason.startswith(f"prometheus requests {2 * memory + SIDECARS_MIB:,} MiB; a node offers {memory - daemonsets:,} MiB "
+                             f"besides its DaemonSets; the system pods request {wanted:,}m CPU of {cpu:,}m; "
+                             "the system pods need about ")  # fmt: skip
+    assert reason.endswith(f" MiB of {memory:,} MiB")
+
+
+def test_a_too_small_group_is_told_the_size_that_fits():
+    req = sn.SystemRequest("m7i.large", 1, 500, 8 * 1024)
+    with pytest.raises(UserError) as caught:
+        sn.check(req)
+    assert str(caught.value).startswith("the system node group (1 x m7i.large) is too small: ")
+    assert str(caught.value).endswith("; set cluster.systemInstanceType m7i.xlarge with systemNodeCount 1")
+
+
+def test_an_unknown_type_is_refused_naming_the_known_ones():
+    with pytest.raises(UserError) as caught:
+        sn.fit(sn.SystemRequest("t3.nano", 2))
+    known = re.fullmatch(r"cluster\.systemInstanceType 't3\.nano': the plan knows the system node sizes of (.*); pick one of them",
+                         str(caught.value))  # fmt: skip
+    assert known and known.group(1).split(", ") == list(sn.INSTANCE_TYPES)
