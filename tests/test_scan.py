@@ -39,7 +39,7 @@ from infra.preview.convert import kubernetes as k8s
 from infra.preview.convert import terraform as tf
 from infra.preview.recording import record
 from infra.preview.synth import document, synthesize
-from tests import checkov_runs
+from tests import checkov_runs, cli_in_process
 from tests import requirement_files as rf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -674,11 +674,20 @@ def fake_checkov(tmp_path: Path, failed: list[tuple[str, str, str]], exit_code: 
 
 
 def run(*args: str, expect: int) -> subprocess.CompletedProcess:
+    """`python -m infra ARGS` in a fresh process: the real entry point (exit status, no traceback)."""
     proc = subprocess.run([sys.executable, "-m", "infra", *args], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{output}"
     assert "Traceback" not in output, output
     return proc
+
+
+@pytest.fixture
+def invoke(monkeypatch):
+    """The CLI in-process (tests/cli_in_process.py), prod handed the module's cached synthesis; any other
+    stack is synthesised for real. Checks the exit status and that no traceback escaped."""
+    cli_in_process.serve_synthesis(monkeypatch, {("prod", None): lambda: synth("prod")})
+    return lambda *args, expect: cli_in_process.invoke(*args, expect=expect)
 
 
 def accepted_file(tmp_path: Path, entries: list[dict]) -> Path:
@@ -687,10 +696,10 @@ def accepted_file(tmp_path: Path, entries: list[dict]) -> Path:
     return path
 
 
-def test_cli_exits_1_on_a_finding_that_is_not_accepted_and_0_when_it_is(tmp_path):
+def test_cli_exits_1_on_a_finding_that_is_not_accepted_and_0_when_it_is(tmp_path, invoke):
     fake = fake_checkov(tmp_path, [("kubernetes", "CKV_K8S_23", "Pod.gpu-serving.vllm-head")])
     none = accepted_file(tmp_path, [])
-    proc = run("scan", "--stack", "prod", "--checkov", str(fake), "--accepted", str(none), "--json", expect=1)
+    proc = invoke("scan", "--stack", "prod", "--checkov", str(fake), "--accepted", str(none), "--json", expect=1)
     result = json.loads(proc.stdout)
     assert result["passed"] is False and result["counts"]["kubernetes"]["failed"] == 1
     assert [(f["check"], f["resource"]) for f in result["not_accepted"]] == [("CKV_K8S_23", "Pod.gpu-serving.vllm-head")]
@@ -699,20 +708,21 @@ def test_cli_exits_1_on_a_finding_that_is_not_accepted_and_0_when_it_is(tmp_path
     ok = accepted_file(tmp_path, [{"check": "CKV_K8S_23", "resource": "Pod.gpu-serving.vllm-*", "reason": "root for EFA"},
                                   {"check": "CKV_AWS_1", "resource": "*", "reason": "no longer found"}])  # fmt: skip
     md = tmp_path / "scan.md"
-    proc = run("scan", "--stack", "prod", "--checkov", str(fake), "--accepted", str(ok), "--markdown", str(md), expect=0)
+    proc = invoke("scan", "--stack", "prod", "--checkov", str(fake), "--accepted", str(ok), "--markdown", str(md), expect=0)
     assert "every finding is accepted" in proc.stdout and "stale" in proc.stdout and "root for EFA" in proc.stdout
     text = md.read_text()
     assert "No finding that is not accepted." in text and "root for EFA" in text and "CKV_AWS_1" in text and "Stale" in text
 
 
-def test_cli_errors_are_one_line(tmp_path):
+def test_cli_errors_are_one_line(tmp_path, invoke):
+    # The one fresh `python -m infra scan` process: the real entry point's exit status and one-line error.
     proc = run("scan", "--stack", "prod", "--checkov", str(tmp_path / "no-checkov"), expect=2)
     assert "error: no checkov at" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     fake = fake_checkov(tmp_path, [], exit_code=2)
-    proc = run("scan", "--stack", "prod", "--checkov", str(fake), expect=2)
+    proc = invoke("scan", "--stack", "prod", "--checkov", str(fake), expect=2)
     assert "checkov (terraform_plan) exited 2: checkov broke" in proc.stderr
     bad = accepted_file(tmp_path, [{"check": "CKV_K8S_23", "resource": "Pod.*"}])
-    proc = run("scan", "--stack", "prod", "--checkov", str(fake_checkov(tmp_path, [])), "--accepted", str(bad), expect=2)
+    proc = invoke("scan", "--stack", "prod", "--checkov", str(fake_checkov(tmp_path, [])), "--accepted", str(bad), expect=2)
     assert "no reason" in proc.stderr
-    proc = run("scan", "--stack", "nope", "--checkov", str(fake_checkov(tmp_path, [])), expect=2)
+    proc = invoke("scan", "--stack", "nope", "--checkov", str(fake_checkov(tmp_path, [])), expect=2)
     assert "Pulumi.nope.yaml" in proc.stderr
