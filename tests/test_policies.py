@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import importlib.metadata
 import json
 import os
@@ -36,6 +37,7 @@ from infra.preview.policy_check import check_document, document_context, gpus_pe
 from infra.k8s.exposure import INTERNAL_NLB_ANNOTATIONS
 from infra.preview.synth import synthesize
 from policies import rules as R
+from tests import cli_in_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
@@ -837,13 +839,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_cli_check_prod_passes():
-    proc = run_cli("check", "--stack", "prod")
+def test_cli_check_prod_passes(prod_doc, monkeypatch):
+    # In-process (tests/cli_in_process.py): the command checks the module's prod synthesis.
+    cli_in_process.serve_synthesis(monkeypatch, {("prod", None): lambda: prod_doc})
+    proc = cli_in_process.invoke("check", "--stack", "prod", expect=None)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "All 20 policy rules passed: stack prod" in proc.stdout
 
 
-def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
+def test_cli_check_json_and_a_failing_stack(tmp_path: Path, monkeypatch):
     root = tmp_path / "project"
     root.mkdir()
     for name in ("Pulumi.yaml", "__main__.py"):
@@ -854,12 +858,15 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
     stack["config"]["gpu-serving:cluster"].update(endpointAccess="public-restricted", deployerCidrs=["0.0.0.0/0"])
     (root / "Pulumi.prod.yaml").write_text(yaml.safe_dump(stack))
 
-    proc = run_cli("check", "--stack", "prod", "--root", str(root))
+    # In-process (tests/cli_in_process.py): the copy is synthesised for real once; the --json run, over the
+    # same unedited copy, checks that same document.
+    cli_in_process.serve_synthesis(monkeypatch, {("prod", root): functools.cache(lambda: synthesize("prod", root))})
+    proc = cli_in_process.invoke("check", "--stack", "prod", "--root", str(root), expect=None)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "eks-secrets-audit-private-endpoint" in proc.stdout
     assert "1 violation(s) of 1 of 20 rules" in proc.stdout
 
-    proc = run_cli("check", "--stack", "prod", "--root", str(root), "--json")
+    proc = cli_in_process.invoke("check", "--stack", "prod", "--root", str(root), "--json", expect=None)
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
     assert result["passed"] is False and len(result["rules"]) == 20
@@ -869,6 +876,7 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path):
 
 
 def test_cli_check_unknown_stack_is_a_user_error():
+    # The fresh `python -m infra check` process: the real entry point's exit status and error.
     proc = run_cli("check", "--stack", "no-such-stack")
     assert proc.returncode == 2
     assert "Pulumi.no-such-stack.yaml" in proc.stderr
