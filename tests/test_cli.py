@@ -1,6 +1,10 @@
-"""`python -m infra plan` as a user meets it: run as a subprocess, offline.
+"""`python -m infra plan` as a user meets it, offline.
 
 Exit status (docs/planning.md): 0 feasible plan, 1 infeasible plan, 2 usage or config error.
+
+Most tests call the app in-process (`run`, tests/cli_in_process.py: the same arguments and environment,
+stdout and stderr apart, a traceback re-raised); two run `python -m infra` in a fresh process (`run_fresh`):
+the real entry point's one JSON object on stdout (exit 0) and its usage text (exit 2).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 
 from infra.catalog.instances import INSTANCE_TYPES
 from infra.catalog.models import CATALOG
+from tests import cli_in_process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AD_HOC = ["--model", "deepseek-v4-pro", "--instance-type", "p5.48xlarge", "--nodes", "4"]
@@ -28,6 +33,12 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMP
 
 
 def run(*args: str, expect: int | None = 0) -> subprocess.CompletedProcess:
+    """The app in-process with `args`; checks the exit status (unless `expect` is None) and that no
+    traceback reached the user (an exception other than the exit is raised again)."""
+    return cli_in_process.invoke(*args, expect=expect)
+
+
+def run_fresh(*args: str, expect: int | None = 0) -> subprocess.CompletedProcess:
     """`python -m infra [args]` from the repository root; checks the exit status
     (unless `expect` is None) and that no traceback reached the user."""
     proc = subprocess.run(
@@ -88,7 +99,7 @@ def test_prod_json_keys_and_types(prod):
 
 
 def test_prod_json_is_one_object_and_vllm_args_match_layout():
-    out = run("plan", "--stack", "prod", "--json").stdout
+    out = run_fresh("plan", "--stack", "prod", "--json").stdout
     plan = json.loads(out)  # fails on anything printed before or after the object
     assert isinstance(plan, dict)
     args = plan["vllm_args"]
@@ -199,7 +210,7 @@ def test_unknown_instance_type_lists_known_types():
 
 @pytest.mark.parametrize("args, usage", [((), "Usage: python -m infra "), (("plan",), "Usage: python -m infra plan")])
 def test_no_arguments_prints_usage(args, usage):
-    proc = run(*args, expect=2)
+    proc = run_fresh(*args, expect=2)
     output = proc.stdout + proc.stderr
     assert usage in output
     assert ("plan" in output) if not args else ("--stack" in output and "--model" in output)
