@@ -346,6 +346,50 @@ def test_tpot_is_per_request_and_leaves_out_one_token_outputs():
     assert m["output_tokens_per_s"] == pytest.approx(5 / 4.0)
 
 
+def _intake(sends: list[float], frontend_s: float, probe: list[float]) -> list[tuple[float, int]]:
+    """When each request reaches the engine's waiting queue, the API server taking `frontend_s`
+    of its time per request: (first probe time it is there, request index)."""
+    from collections import deque
+
+    from infra.planning.perf.workload import Client
+
+    made = []
+    client = Client([(10, 10)] * len(sends), sends, len(sends), lambda p, o, sent: made.append(sent) or len(made) - 1,
+                    frontend_s=frontend_s)  # fmt: skip
+    waiting, seen = deque(), []
+    for t in probe:
+        client.send_due(t, waiting)
+        while waiting:
+            seen.append((t, waiting.popleft()))
+    return seen
+
+
+def test_the_api_server_hands_a_lone_request_over_after_its_intake():
+    seen = _intake([1.0], 0.010, [1.0, 1.009, 1.0101])
+    assert seen == [(1.0101, 0)]
+
+
+def test_the_api_server_shares_its_loop_so_a_burst_reaches_the_engine_together():
+    """Processor sharing, not first come first served: 100 requests sent at once all reach the
+    engine at 100 x 10 ms (one at a time, the first would be there at 10 ms)."""
+    seen = _intake([0.0] * 100, 0.010, [0.5, 0.999, 1.0 + 1e-9])
+    assert [t for t, _ in seen] == [1.0 + 1e-9] * 100 and [i for _, i in seen] == list(range(100))
+
+
+def test_a_request_sent_during_anothers_intake_halves_its_pace():
+    """A at 0 and B at 0.5, 1 s each: alone A does half its work by 0.5, then both share the
+    loop, so A finishes at 1.5 (not 1.0) and B, alone again, at 2.0."""
+    seen = _intake([0.0, 0.5], 1.0, [0.5, 1.4999, 1.5, 1.9999, 2.0])
+    assert seen == [(1.5, 0), (2.0, 1)]
+    from infra.planning.perf.workload import Client
+
+    client = Client([(10, 10)] * 2, [0.0, 0.5], 2, lambda p, o, sent: object(), frontend_s=1.0)
+    from collections import deque
+
+    client.send_due(0.6, deque())
+    assert client.next_send() == pytest.approx(1.5)  # the engine may sleep until then
+
+
 def test_send_times_end_at_num_prompts_over_rate():
     times = send_times(100, 10.0, seed=0)
     assert times == sorted(times) and times[-1] == pytest.approx(10.0)

@@ -245,6 +245,9 @@ def test_prod_turns_mtp_on_at_vllms_batch_defaults_and_says_what_that_rests_on()
     data = plan.to_json_dict()
     assert data["vllm"]["async_scheduling"] and data["vllm"]["max_num_batched_tokens"] == 8192
     assert data["vllm"]["speculative"] == {"method": "mtp", "num_speculative_tokens": 1}
+    # Expert parallel on and off serve within 1% in the model (it leaves out the all-to-all):
+    # a tie, which the memory ranking decides (off holds more sequences), not the last digits.
+    assert data["layout"]["expert_parallel"] is False
     args = plan.serving_args
     assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 1}
     note = next(n for n in data["vllm"]["notes"] if n.startswith("MTP speculative decoding on"))
@@ -344,18 +347,19 @@ def _counting_runs(monkeypatch) -> list:
 
 def test_an_expert_parallel_twin_takes_the_points_it_would_repeat(monkeypatch):
     # On A100s at TP 2 the model tells Qwen3-30B-A3B with and without expert parallel apart only
-    # in batches that make its MoE layers compute-bound, and this load forms none; the KV pools
-    # differ in size but the requests fill neither.
+    # in batches that make its MoE layers compute-bound, and this load forms none (from 8 at
+    # once, the prompts the API server hands over together already do: ~1,800 tokens, ~110 per
+    # expert); the KV pools differ in size but the requests fill neither.
     plain, ep = _ep_twins("p4d.24xlarge", 2)
     assert predict.run_key(plain) == predict.run_key(ep) and plain.pool.num_blocks != ep.pool.num_blocks
     runs = perf.shared_runs([plain, ep])
-    for c in (1, 8, 32):
+    for c in (1, 2, 4):
         perf.closed_loop(plain, SHAREGPT, SLA, c, runs=runs)
     simulated = _counting_runs(monkeypatch)
-    shared = [perf.closed_loop(ep, SHAREGPT, SLA, c, runs=runs) for c in (1, 8, 32)]
+    shared = [perf.closed_loop(ep, SHAREGPT, SLA, c, runs=runs) for c in (1, 2, 4)]
     assert simulated == []
     monkeypatch.undo()
-    assert shared == [perf.closed_loop(ep, SHAREGPT, SLA, c) for c in (1, 8, 32)]
+    assert shared == [perf.closed_loop(ep, SHAREGPT, SLA, c) for c in (1, 2, 4)]
 
 
 def test_a_twin_the_model_tells_apart_simulates_its_own(monkeypatch):

@@ -19,6 +19,10 @@ from infra.planning.request import PlanRequest
 SLA_CANDIDATES = 4
 MAX_SETTLE_ROUNDS = 4  # settle_max_num_seqs
 _CAPACITIES: dict = {}
+# Output tokens/s within the SLA closer than this share are a tie: the performance model
+# does not tell such layouts apart (e.g. expert parallel on or off: it leaves out the
+# all-to-all), so the memory ranking's order decides, not the simulation's last digits.
+TIE = 0.01
 _RATES: dict = {}
 
 
@@ -125,7 +129,7 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     for ev in pool:
         cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint, runs=runs)
         caps.append((ev, cap))
-        if cap.concurrency and not cap.outclassed and cap.output_tokens_per_s > top:
+        if cap.concurrency and not cap.outclassed and cap.output_tokens_per_s > top * (1 + TIE):
             top, lead = cap.output_tokens_per_s, ev
             hint = (cap.concurrency, cap.beyond.concurrency if cap.beyond else None)
     # MTP on/off: the leader with the model's MTP layers drafting one token, when the request
@@ -134,6 +138,13 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     if drafted is not None:
         caps.append((drafted, layout_capacity(req, arch, itype, drafted, with_rate=False, must_beat=top, hint=hint)))
     meeting = sorted((ec for ec in caps if ec[1].concurrency > 0), key=lambda ec: -_best_case(ec[1]))
+    if meeting:
+        # A tie goes to the first in the memory ranking's order (caps keeps it; MTP last).
+        best = _best_case(meeting[0][1])
+        first = next(ec for ec in caps if ec[1].concurrency > 0 and not ec[1].outclassed
+                     and ec[1].output_tokens_per_s >= best * (1 - TIE))  # fmt: skip
+        meeting.remove(first)
+        meeting.insert(0, first)
     if not meeting:
         ev, cap = min(caps, key=lambda ec: max(performance.sla_ratios(req.sla, ec[1].single)))
         raise UserError(
@@ -147,7 +158,7 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     runner_up = None
     if rest or len(caps) > 1:
         ev2, cap2 = rest[0] if rest else next(ec for ec in caps if ec[1].concurrency == 0)
-        tie = cap2.concurrency and not cap2.outclassed and abs(win.output_tokens_per_s - cap2.output_tokens_per_s) <= 0.01 * win.output_tokens_per_s
+        tie = cap2.concurrency and not cap2.outclassed and abs(win.output_tokens_per_s - cap2.output_tokens_per_s) <= TIE * win.output_tokens_per_s
         best2 = _best_case(cap2)
         why = (
             f"a tie within 1% ({win.output_tokens_per_s:,.0f} against {cap2.output_tokens_per_s:,.0f} output tokens/s "

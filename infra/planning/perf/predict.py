@@ -145,8 +145,9 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         seed: int = 0, prefix_cache_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
-    The API server takes requests in one at a time, `Efficiency.frontend_intake_s` each
-    (chat template, tokenizing; workload.Client): a burst queues there first. Its time
+    The API server takes requests in, `Efficiency.frontend_intake_s` of its time each
+    (chat template, tokenizing), sharing its one event loop among those it holds
+    (workload.Client): a burst reaches the engine together, after all of it is taken in. Its time
     that does not queue (`request_overhead_s`) is added to every TTFT. With DP each replica
     has its own: vLLM 0.34 starts one API server per replica by default
     (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB).

@@ -182,8 +182,8 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     1. the engine's CPU time per step and the request's own latency, on the fit rows with
        a bounded load (a --max-concurrency or a rate);
     2. with those held, the engine's CPU time per running sequence and the API server's
-       serial intake, on the burst fit rows (every prompt at once): only a large batch
-       shows the first, only a queue the second.
+       intake (shared among the requests it holds), on the burst fit rows (every prompt
+       at once): only a large batch shows the first, only a queue the second.
     Fitting the per-step CPU time to the bursts too would charge every small-batch step
     with what only a burst shows."""
     fit_rows = [r for r in rows if r.get("role") == "fit"]

@@ -226,28 +226,50 @@ class Client:
     """`vllm bench serve`: each request is sent at its time or, with --max-concurrency, when a
     slot frees (serve.py limited_request_func's semaphore); TTFT counts from the send.
 
-    Between the client and the engine sits the API server, which takes requests in one at a
-    time (one process: HTTP, chat template, tokenization): a request reaches the engine
-    `frontend_s` after the server is free of the ones before it, so a burst of requests
-    queues there before any of them is scheduled."""
+    Between the client and the engine sits the API server, one process whose event loop
+    takes each request in (HTTP, chat template, tokenization: `frontend_s` of its time) and
+    hands it to the engine. The loop interleaves the requests it is taking in: each await
+    (the request body, the tokenizer's executor, the engine client) puts the request back
+    at the tail of asyncio's ready queue, behind every other request in intake. So the
+    server's time is shared equally among them (processor sharing): a lone request reaches
+    the engine `frontend_s` after it is sent, and a burst of n requests reaches it together,
+    about n x `frontend_s` after the burst, not one every `frontend_s`."""
 
     def __init__(self, lengths: list[tuple[int, int]], times: list[float], slots: float, make_request,
                  frontend_s: float = 0.0):  # fmt: skip
         self.pending = deque(zip(times, lengths))
         self.make_request = make_request  # (prompt, output, sent) -> the engine's request
         self.slots, self.released_at = slots, 0.0
-        self.frontend_s, self.frontend_free = frontend_s, 0.0
-        self.intake: deque = deque()  # (time it reaches the engine, request), in order
+        self.frontend_s = frontend_s
+        # Processor sharing: each request in intake is done when the work every one of them
+        # has received (`shared`, growing at 1 / len(intake) per second) reaches its mark.
+        self.clock, self.shared = 0.0, 0.0
+        self.intake: deque = deque()  # (shared work at which it is done, request), in order
+
+    def _serve(self, until: float, waiting: deque | None) -> None:
+        """Run the API server to `until`, handing each request it finishes to `waiting`."""
+        intake = self.intake
+        while intake:
+            k = len(intake)
+            done_at = self.clock + (intake[0][0] - self.shared) * k
+            if done_at > until:
+                self.shared += (until - self.clock) / k
+                break
+            self.clock, self.shared = done_at, intake[0][0]
+            r = intake.popleft()[1]
+            if waiting is not None:
+                waiting.append(r)
+        if until > self.clock:
+            self.clock = until
 
     def send_due(self, now: float, waiting: deque) -> None:
         while self.slots > 0 and self.pending and self.pending[0][0] <= now:
             when, (prompt, out) = self.pending.popleft()
             self.slots -= 1
             sent = max(when, self.released_at)
-            self.frontend_free = max(sent, self.frontend_free) + self.frontend_s
-            self.intake.append((self.frontend_free, self.make_request(prompt, out, sent)))
-        while self.intake and self.intake[0][0] <= now:
-            waiting.append(self.intake.popleft()[1])
+            self._serve(sent, waiting)
+            self.intake.append((self.shared + self.frontend_s, self.make_request(prompt, out, sent)))
+        self._serve(now, waiting)
 
     def release(self, now: float) -> None:
         self.slots += 1
@@ -259,9 +281,8 @@ class Client:
         if self.slots > 0 and self.pending:
             times.append(self.pending[0][0])
         if self.intake:
-            times.append(self.intake[0][0])
+            times.append(self.clock + (self.intake[0][0] - self.shared) * len(self.intake))
         return min(times) if times else None
-
 
 
 @dataclass(frozen=True)
