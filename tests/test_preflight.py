@@ -21,6 +21,7 @@ default VPC counts), DescribeNatGateways, DescribeSubnets and DescribeAddresses.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -43,9 +44,36 @@ from infra.ops import preflight_stack as pfs
 from infra.ops import preflight_state as pfst
 from infra.catalog.instances import get_instance_type
 from infra.cli.app import app
+from tests import cli_in_process
 from tests.moto_server import REGION, GapError, Gaps, aws, moto_server, publish_parameter  # noqa: F401  (pytest fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plans_made_once():
+    """The stack's plan (`infra.planning.make_plan`, which `target_from_stack` calls: prod's performance
+    search takes seconds) is made once per request of a catalog model in this module; every caller gets a
+    deep copy. make_plan is a function of the request and the catalog (tests/test_planning*.py test it);
+    a request naming a config file or directory, or one the planner refuses, is made every time."""
+    import infra.planning
+    from infra.catalog.models import CATALOG
+
+    real, plans = infra.planning.make_plan, {}
+
+    def make_plan(req):
+        if req.model not in CATALOG:
+            return real(req)
+        key = repr(req)  # every field (the request is a frozen dataclass; some fields are not hashable)
+        if key not in plans:
+            plans[key] = real(req)
+        return copy.deepcopy(plans[key])
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(infra.planning, "make_plan", make_plan)
+        yield
+
+
 NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.timezone.utc)
 CR_GOOD, CR_SMALL, CR_ELSEWHERE, CR_BLOCK = "cr-0a1b2c3d4e5f60001", "cr-0a1b2c3d4e5f60002", "cr-0a1b2c3d4e5f60003", "cr-0a1b2c3d4e5f60004"
 
@@ -397,6 +425,13 @@ def run_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """The app in-process (tests/cli_in_process.py), as wide as `cli_env`; the `aws` fixture's moto server,
+    credentials and region are in os.environ, which the app's boto3 session reads as the subprocess did.
+    The exit status is left to the caller; a traceback fails (an exception other than the exit is raised)."""
+    return cli_in_process.invoke(*args, expect=None, env={"COLUMNS": "200"})
+
+
 def cli_env() -> dict:
     # The `aws` fixture put AWS_ENDPOINT_URL (the moto server), fake credentials and the region in os.environ.
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
@@ -405,7 +440,7 @@ def cli_env() -> dict:
 
 def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
     write_stack(tmp_path, "nogo", instance_type="p5en.48xlarge", nodes=2, gpu_zone="us-east-1b")
-    proc = run_cli("preflight", "--stack", "nogo", "--root", str(tmp_path), env=cli_env())
+    proc = run_in_process("preflight", "--stack", "nogo", "--root", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "Pre-flight: stack nogo, 2 x p5en.48xlarge in us-east-1b" in out
@@ -415,7 +450,7 @@ def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
     assert "gpuAvailabilityZone" in out  # the fix is in the table
     assert "NO-GO" in out
 
-    data = json.loads(run_cli("preflight", "--stack", "nogo", "--root", str(tmp_path), "--json", env=cli_env()).stdout)
+    data = json.loads(run_in_process("preflight", "--stack", "nogo", "--root", str(tmp_path), "--json").stdout)
     assert data["go"] is False
     statuses = {c["name"]: c["status"] for c in data["checks"]}
     assert statuses == {
@@ -439,8 +474,8 @@ def test_cli_prints_the_table_and_exits_1_on_a_no_go(aws, tmp_path):
 def test_cli_unknown_is_not_a_go_unless_allowed(aws, tmp_path):
     write_stack(tmp_path, "small", instance_type="g6e.xlarge", nodes=1)
     publish_stack_amis("1.33")
-    assert run_cli("preflight", "--stack", "small", "--root", str(tmp_path), env=cli_env()).returncode == 1
-    proc = run_cli("preflight", "--stack", "small", "--root", str(tmp_path), "--allow-unknown", env=cli_env())
+    assert run_in_process("preflight", "--stack", "small", "--root", str(tmp_path)).returncode == 1
+    proc = run_in_process("preflight", "--stack", "small", "--root", str(tmp_path), "--allow-unknown")
     assert proc.returncode == 0, proc.stdout
     # The GPU and the system vCPU quotas, the Elastic IPs (moto has no `ec2` quotas) and the add-on versions.
     assert "GO" in proc.stdout and "4 unknown, allowed" in proc.stdout
@@ -464,6 +499,7 @@ def test_cli_all_go_exits_0(aws, tmp_path, monkeypatch):
 
 
 def test_cli_config_errors_exit_2(aws, tmp_path):
+    # This and the next run `python -m infra preflight` in a fresh process: the real entry point's exit 2 and errors.
     proc = run_cli("preflight", "--stack", "nope", "--root", str(tmp_path), env=cli_env())
     assert proc.returncode == 2 and "no stack file Pulumi.nope.yaml" in proc.stderr
 
