@@ -8,6 +8,7 @@ secrets, integers.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pulumi.runtime import settings
 
 from infra.errors import UserError
 from infra.preview.synth import COMPUTED, SECRET, dump, synthesize
+from tests import cli_in_process
 
 PROJECT_YAML = "name: synth-demo\nruntime: python\n"
 
@@ -90,6 +92,17 @@ def demo(tmp_path: Path) -> Path:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _synthesized(stack: str, root: Path) -> str:
+    return dump(synthesize(stack, root))
+
+
+def synthesized(stack: str, root: Path) -> dict:
+    """The repository's `stack` as synthesised once in this process (a fresh copy each call): the tests that
+    only read the document share it; the determinism test compares it with a synthesis of its own."""
+    return json.loads(_synthesized(stack, root))
+
+
 def by_name(doc: dict, name: str) -> dict:
     (found,) = [r for r in doc["resources"] if r["name"] == name]
     return found
@@ -100,7 +113,7 @@ def by_name(doc: dict, name: str) -> dict:
 
 @pytest.mark.parametrize("stack", ["prod", "test"])
 def test_stack_synthesises_deterministically(stack: str, repo_root: Path) -> None:
-    first = dump(synthesize(stack, repo_root))
+    first = dump(synthesized(stack, repo_root))  # an earlier run in this process (shared with the tests that read it)
     second = dump(synthesize(stack, repo_root))
     assert first == second
     doc = json.loads(first)
@@ -144,11 +157,11 @@ def test_same_bytes_across_processes_and_hash_seeds(repo_root: Path) -> None:
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         outputs.add(done.stdout)
-    assert outputs == {dump(synthesize("prod", repo_root))}
+    assert outputs == {dump(synthesized("prod", repo_root))}
 
 
 def test_prod_node_groups_and_cluster_are_in_the_document(repo_root: Path) -> None:
-    doc = synthesize("prod", repo_root)
+    doc = synthesized("prod", repo_root)
     types = {r["type"] for r in doc["resources"]}
     if "aws:eks/nodeGroup:NodeGroup" not in types:
         pytest.skip("the program declares no node group yet")
@@ -169,7 +182,7 @@ def _computed_paths(value, path: str = "") -> list[str]:
 @pytest.mark.parametrize("stack", ["prod", "test"])
 def test_no_input_refers_to_an_output_the_engine_dropped(stack: str, repo_root: Path) -> None:
     # Declared outputs nothing computes are answered as unknown, so an input built from one would be <computed>.
-    doc = synthesize(stack, repo_root)
+    doc = synthesized(stack, repo_root)
     unknown = [f"{r['name']}{p}" for r in doc["resources"] for p in _computed_paths(r["inputs"])]
     assert unknown == [], unknown
     assert _computed_paths(doc["outputs"]) == []
@@ -352,12 +365,14 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_writes_the_document(demo: Path, repo_root: Path, tmp_path: Path) -> None:
+    # In-process (tests/cli_in_process.py); the fresh `python -m infra synth` processes are the hash-seed
+    # test's (exit 0, the document on stdout) and the config error's (exit 2, one line).
     out = tmp_path / "dev.json"
-    done = run_cli("synth", "--stack", "dev", "--root", str(demo), "--out", str(out), cwd=repo_root)
+    done = cli_in_process.invoke("synth", "--stack", "dev", "--root", str(demo), "--out", str(out), expect=None)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
     assert out.read_text() == dump(synthesize("dev", demo))
-    to_stdout = run_cli("synth", "--stack", "dev", "--root", str(demo), cwd=repo_root)
+    to_stdout = cli_in_process.invoke("synth", "--stack", "dev", "--root", str(demo), expect=None)
     assert to_stdout.returncode == 0, to_stdout.stderr
     assert to_stdout.stdout == out.read_text()
 
@@ -387,6 +402,6 @@ def test_cli_multi_line_program_message_is_one_line(tmp_path: Path, repo_root: P
     raise pulumi.RunError("no feasible plan:\\n  - too little memory\\n  - too few nodes")
     '''
     root = write_project(tmp_path / "multi", program, {"dev": "config: {}\n"})
-    done = run_cli("synth", "--stack", "dev", "--root", str(root), cwd=repo_root)
+    done = cli_in_process.invoke("synth", "--stack", "dev", "--root", str(root), expect=None)  # in-process, as above
     assert done.returncode == 2
     assert done.stderr.strip() == "error: no feasible plan: too little memory; too few nodes"
