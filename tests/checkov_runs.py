@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import json
 import shutil
 import tempfile
 import textwrap
@@ -147,3 +148,63 @@ def stack_reports(checkov: Path, doc: dict) -> dict[str, list[dict[str, Any]]]:
                 (directory / rel).write_text(text)
             out[fw] = runner(checkov, fw, directory, home)
     return out
+
+
+def _resources(framework: str, files: dict[str, str]) -> int:
+    """The resources of converted files: a Terraform plan's planned resources, or one per Kubernetes manifest."""
+    if framework == "terraform_plan":
+        return sum(len(json.loads(text)["planned_values"]["root_module"].get("resources", [])) for text in files.values())
+    return len(files)
+
+
+def scan_together(checkov: Path, docs: dict[str, dict], accepted=()) -> dict[str, scan.ScanResult]:
+    """`scan.scan_document(doc, accepted, checkov)` of each of several small documents, with one checkov run per
+    framework over all of them (each run costs seconds of start-up; the documents' results are what each alone gives).
+
+    Each document's converted files go to a directory of their own, `<framework>/<key>/`; the one run's reports
+    (through `runner`: the network guard) are split by that directory: the checks and parsing errors of a file
+    under `/<key>/` are that document's, with the file path checkov reports for it alone; its summary counts
+    are those lists' lengths (as checkov counts them), its resources those of its converted files (the Terraform
+    plan's planned resources; one per Kubernetes manifest). That the shares add up to the run's whole summary,
+    resources included, is asserted: a document whose resources checkov did not all count fails here. Then
+    `scan.scan_document` parses, matches and counts each document's share as it would its own run.
+    """
+    __tracebackhide__ = True
+    converted = {key: scan.convert(doc) for key, doc in docs.items()}
+    shares: dict[str, dict[str, list[dict[str, Any]]]] = {key: {} for key in docs}
+    with tempfile.TemporaryDirectory(prefix="gpu-serving-scan-together-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        for fw in scan.FRAMEWORKS:
+            keys = [key for key in docs if converted[key].files[fw]]
+            if not keys:
+                continue
+            directory = Path(tmp) / fw
+            for key in keys:
+                (directory / key).mkdir(parents=True)
+                for rel, text in converted[key].files[fw].items():
+                    (directory / key / rel).write_text(text)
+            reports = runner(checkov, fw, directory, home)
+            for key in keys:
+                shares[key][fw] = []
+            for report in reports:
+                results = report.get("results") or {}
+                split_resources = 0
+                for key in keys:
+                    prefix = f"/{key}/"
+                    part: dict[str, list] = {}
+                    for kind in ("passed_checks", "failed_checks", "skipped_checks"):
+                        part[kind] = [{**c, "file_path": "/" + str(c.get("file_path", "")).removeprefix(prefix)}
+                                      for c in results.get(kind) or [] if str(c.get("file_path", "")).startswith(prefix)]  # fmt: skip
+                    part["parsing_errors"] = [p for p in results.get("parsing_errors") or [] if prefix in "/" + str(p).lstrip("/")]
+                    resources = _resources(fw, converted[key].files[fw])
+                    split_resources += resources
+                    summary = {**(report.get("summary") or {}), "passed": len(part["passed_checks"]), "failed": len(part["failed_checks"]),
+                               "skipped": len(part["skipped_checks"]), "parsing_errors": len(part["parsing_errors"]), "resource_count": resources}  # fmt: skip
+                    shares[key][fw].append({**report, "results": part, "summary": summary})
+                total = report.get("summary") or {}
+                for field, kind in (("passed", "passed_checks"), ("failed", "failed_checks"), ("skipped", "skipped_checks")):
+                    assert int(total.get(field, 0)) == sum(len(s[fw][-1]["results"][kind]) for s in (shares[k] for k in keys)), (fw, field, total)
+                assert int(total.get("resource_count", 0)) == split_resources, f"checkov ({fw}) counted {total} resources, the documents hold {split_resources}"
+                assert int(total.get("parsing_errors", 0)) == sum(s[fw][-1]["summary"]["parsing_errors"] for s in (shares[k] for k in keys)), total
+    return {key: scan.scan_document(doc, accepted, checkov, runner=lambda c, fw, d, h, key=key: shares[key][fw]) for key, doc in docs.items()}

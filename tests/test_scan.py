@@ -496,27 +496,10 @@ def checks(result: scan.ScanResult) -> set[tuple[str, str]]:
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
 
-def test_a_log_group_without_a_kms_key_fails_ckv_aws_158_and_one_with_a_key_passes(checkov):
-    insecure = {"stack": "t", "resources": [PROVIDER, res(LOG_GROUP, "logs", {"name": "/x", "retentionInDays": 400})]}
-    result = scan.scan_document(insecure, [], checkov)
-    assert ("CKV_AWS_158", "aws_cloudwatch_log_group.logs") in checks(result)
-    assert result.counts["terraform_plan"].resources == 1 and result.counts["kubernetes"].resources == 0
-    # The key is a placeholder (only the cloud knows its ARN): the plan must carry it as a reference.
-    secure = {"stack": "t", "resources": [PROVIDER, res("aws:kms/key:Key", "key", {"enableKeyRotation": True}),
-                                          res(LOG_GROUP, "logs", {"name": "/x", "retentionInDays": 400, "kmsKeyId": "<arn:key>"})]}  # fmt: skip
-    result = scan.scan_document(secure, [], checkov)
-    assert not {c for c in checks(result) if c[1] == "aws_cloudwatch_log_group.logs"}, checks(result)
-    assert result.counts["terraform_plan"].passed > 0
-
-
-def test_a_graph_check_follows_a_placeholder_reference(checkov):
-    """CKV2_AWS_5 (a security group is attached to something) passes only through the reference."""
-    sg = res("aws:ec2/securityGroup:SecurityGroup", "sg", {"description": "d"})
-    alone = scan.scan_document({"stack": "t", "resources": [PROVIDER, sg]}, [], checkov)
-    assert ("CKV2_AWS_5", "aws_security_group.sg") in checks(alone)
-    mount = res("aws:efs/mountTarget:MountTarget", "mt", {"fileSystemId": "fs-1", "subnetId": "subnet-1", "securityGroups": ["<id:sg>"]})
-    attached = scan.scan_document({"stack": "t", "resources": [PROVIDER, sg, mount]}, [], checkov)
-    assert ("CKV2_AWS_5", "aws_security_group.sg") not in checks(attached)
+# The hand-made documents of the next three tests are scanned together: one checkov run per framework
+# (tests/checkov_runs.py scan_together), each document's results its own, as a run of its own gives them.
+SG = res("aws:ec2/securityGroup:SecurityGroup", "sg", {"description": "d"})
+MOUNT = res("aws:efs/mountTarget:MountTarget", "mt", {"fileSystemId": "fs-1", "subnetId": "subnet-1", "securityGroups": ["<id:sg>"]})
 
 
 def _pod_cluster(escalation: bool) -> dict:
@@ -526,11 +509,50 @@ def _pod_cluster(escalation: bool) -> dict:
     return {"stack": "t", "resources": [res("kubernetes:ray.io/v1:RayCluster", "rc", rc, provider="k8s")]}
 
 
+SMALL_DOCUMENTS = {
+    "log-group-insecure": {"stack": "t", "resources": [PROVIDER, res(LOG_GROUP, "logs", {"name": "/x", "retentionInDays": 400})]},
+    # The key is a placeholder (only the cloud knows its ARN): the plan must carry it as a reference.
+    "log-group-secure": {"stack": "t", "resources": [PROVIDER, res("aws:kms/key:Key", "key", {"enableKeyRotation": True}),
+                                                     res(LOG_GROUP, "logs", {"name": "/x", "retentionInDays": 400, "kmsKeyId": "<arn:key>"})]},  # fmt: skip
+    "sg-alone": {"stack": "t", "resources": [PROVIDER, SG]},
+    "sg-attached": {"stack": "t", "resources": [PROVIDER, SG, MOUNT]},
+    "pod-escalation": _pod_cluster(True),
+    "pod-no-escalation": _pod_cluster(False),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _small_scans(checkov: Path) -> dict[str, scan.ScanResult]:
+    return checkov_runs.scan_together(checkov, SMALL_DOCUMENTS)
+
+
+def small_scan(checkov: Path, key: str) -> scan.ScanResult:
+    """`scan.scan_document(SMALL_DOCUMENTS[key], [], checkov)`, from the shared run."""
+    return _small_scans(checkov)[key]
+
+
+def test_a_log_group_without_a_kms_key_fails_ckv_aws_158_and_one_with_a_key_passes(checkov):
+    result = small_scan(checkov, "log-group-insecure")
+    assert ("CKV_AWS_158", "aws_cloudwatch_log_group.logs") in checks(result)
+    assert result.counts["terraform_plan"].resources == 1 and result.counts["kubernetes"].resources == 0
+    result = small_scan(checkov, "log-group-secure")
+    assert not {c for c in checks(result) if c[1] == "aws_cloudwatch_log_group.logs"}, checks(result)
+    assert result.counts["terraform_plan"].passed > 0
+
+
+def test_a_graph_check_follows_a_placeholder_reference(checkov):
+    """CKV2_AWS_5 (a security group is attached to something) passes only through the reference."""
+    alone = small_scan(checkov, "sg-alone")
+    assert ("CKV2_AWS_5", "aws_security_group.sg") in checks(alone)
+    attached = small_scan(checkov, "sg-attached")
+    assert ("CKV2_AWS_5", "aws_security_group.sg") not in checks(attached)
+
+
 def test_a_pod_template_allowing_privilege_escalation_fails_ckv_k8s_20(checkov):
-    insecure = scan.scan_document(_pod_cluster(True), [], checkov)
+    insecure = small_scan(checkov, "pod-escalation")
     assert ("CKV_K8S_20", "Pod.serving.vllm-head") in checks(insecure)
     assert next(f for f in insecure.not_accepted if f.resource == "Pod.serving.vllm-head").source == "rc"
-    secure = scan.scan_document(_pod_cluster(False), [], checkov)
+    secure = small_scan(checkov, "pod-no-escalation")
     assert ("CKV_K8S_20", "Pod.serving.vllm-head") not in checks(secure)
     assert secure.counts["terraform_plan"].resources == 0
 
