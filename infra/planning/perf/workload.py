@@ -246,7 +246,7 @@ class Client:
         self.clock, self.shared = 0.0, 0.0
         self.intake: deque = deque()  # (shared work at which it is done, request), in order
 
-    def _serve(self, until: float, waiting: deque | None) -> None:
+    def _serve(self, until: float, waiting: deque) -> None:
         """Run the API server to `until`, handing each request it finishes to `waiting`."""
         intake = self.intake
         while intake:
@@ -256,9 +256,7 @@ class Client:
                 self.shared += (until - self.clock) / k
                 break
             self.clock, self.shared = done_at, intake[0][0]
-            r = intake.popleft()[1]
-            if waiting is not None:
-                waiting.append(r)
+            waiting.append(intake.popleft()[1])
         if until > self.clock:
             self.clock = until
 
