@@ -10,8 +10,17 @@
 #   single-threaded and partly waits on the network), each one's output in its own
 #   log, printed when it is done; a failed one's log goes to stderr under the name of
 #   the virtualenv, and ensure_venvs returns 1 if any failed (after waiting for all).
+# pip installs into ./venv without byte-compiling (--no-compile): compiling every module of
+# every package took half of a fresh set-up (pulumi_aws alone is 270 MB of Python, of which
+# the program imports a few dozen modules). Python compiles a module on its first import
+# instead and keeps the result in __pycache__/, which it may only do when
+# PYTHONDONTWRITEBYTECODE is unset: with it set, every process would compile again what
+# it imports (8 s more for each synthesis of prod on 2 cores). venv-scan/ is compiled at
+# install: checkov runs with PYTHONDONTWRITEBYTECODE=1 (infra/preview/scan.py OFFLINE_ENV).
+unset PYTHONDONTWRITEBYTECODE
 ensure_venv() {
-    local req="$1" dir="${2:-venv}" stamp sum
+    local req="$1" dir="${2:-venv}" stamp sum compile=--no-compile
+    [ "$dir" != venv-scan ] || compile=--compile
     stamp="$dir/.${req%.txt}.sha256"
     if [ ! -x "$dir/bin/python" ]; then
         python3 -m venv "$dir"
@@ -37,7 +46,7 @@ print(h.hexdigest())
 PY
 )
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$sum" ]; then
-        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$compile" -r "$req"
         echo "$sum" > "$stamp"
     fi
 }

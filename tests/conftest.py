@@ -45,6 +45,20 @@ def fixture_path(*parts: str) -> Path:
 PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_sla_capacities(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One SLA capacity cache for this run's workers and the programs its tests start
+    (infra/planning/capacity_cache.py): prod's search, seconds each time, runs once per run
+    instead of once per test file. Under pytest-xdist the workers' temporary directories share
+    a parent that is this run's alone; a test that must compute afresh unsets the variable."""
+    from infra.planning.capacity_cache import ENV
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    os.environ.setdefault(ENV, str(base / "sla-capacities"))
+
+
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     """promtool at .tools/bin/; missing, it fails the test under CI=true and skips it otherwise."""

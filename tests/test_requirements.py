@@ -226,7 +226,7 @@ _FAKE_PYTHON = textwrap.dedent(
     # Stands in for {venv}/bin/python: records pip (into which virtualenv) and the commands, computes like Python otherwise.
     case "$1 $2" in
       "-m pip") echo "pip {venv} $*" >> "$FAKE_LOG"; exit 0 ;;
-      "-m infra"|"-m pytest") echo "run $*" >> "$FAKE_LOG"; exit 0 ;;
+      "-m infra"|"-m pytest") echo "run $*${{PYTHONDONTWRITEBYTECODE:+ (with PYTHONDONTWRITEBYTECODE)}}" >> "$FAKE_LOG"; exit 0 ;;
     esac
     exec {python} "$@"
     """
@@ -248,7 +248,9 @@ def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -
 
 
 def _pip(venv: str, requirements: str) -> str:
-    return f"pip {venv} -m pip install --quiet --disable-pip-version-check -r {requirements}"
+    # ./venv compiles modules on first import; venv-scan/ at install (checkov runs with PYTHONDONTWRITEBYTECODE=1)
+    compile = "--compile" if venv == "venv-scan" else "--no-compile"
+    return f"pip {venv} -m pip install --quiet --disable-pip-version-check {compile} -r {requirements}"
 
 
 @pytest.mark.parametrize(("script", "installs", "runs"), [
@@ -257,7 +259,8 @@ def _pip(venv: str, requirements: str) -> str:
 ], ids=["bin/plan", "bin/test"])  # fmt: skip
 def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
     log = _repo_with_a_fake_venv(tmp_path, tuple(installs))
-    env = {**os.environ, "FAKE_LOG": str(log)}
+    # Set by the caller or not, the commands run without it (./venv is not byte-compiled at install: bin/venv.sh).
+    env = {**os.environ, "FAKE_LOG": str(log), "PYTHONDONTWRITEBYTECODE": "1"}
 
     def run() -> tuple[list[str], list[str]]:
         """(the pip lines, the commands run)"""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.errors import UserError
-from infra.planning import kv_cache, performance, serving
+from infra.planning import capacity_cache, kv_cache, performance, serving
 from infra.planning.layout import Evaluation, Knobs, evaluate
 from infra.planning.perf import predict
 from infra.planning.perf.hardware import hardware
@@ -43,20 +43,28 @@ def layout_capacity(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: 
                     runs: dict | None = None) -> performance.Capacity:  # fmt: skip
     """The SLA capacity of one evaluated layout at its knobs (infra/planning/performance.py),
     with the highest Poisson rate within the SLA when `with_rate`; memoised (a plan asks for
-    the same one more than once, and so do tests). An outclassed result stands for any
+    the same one more than once, and so do tests; across processes too when
+    GPU_SERVING_SLA_CACHE names a directory, infra/planning/capacity_cache.py). An outclassed result stands for any
     `must_beat` at least what its first miss served. `runs`: simulated points other layouts
     share (performance.closed_loop)."""
     key = (arch.name, arch.weight_format, arch.model_type, itype.name, ev.layout, ev.knobs, req.workload, req.sla)
-    cap = _CAPACITIES.get(key)
+    # On disk (capacity_cache, when GPU_SERVING_SLA_CACHE is set): the full model and instance figures too.
+    disk_key = (arch, itype, ev.layout, ev.knobs, req.workload, req.sla)
+    cap = _CAPACITIES.get(key) or capacity_cache.load("capacity", disk_key)
     setup = None
     if cap is None or (cap.outclassed and cap.beyond.output_tokens_per_s > must_beat):
         setup = perf_setup(arch, itype, ev)
         cap = performance.sla_capacity(setup, req.workload, req.sla, with_rate=False, must_beat=must_beat, hint=hint,
                                        runs=runs)  # fmt: skip
-        _CAPACITIES[key] = cap
+        capacity_cache.store("capacity", disk_key, cap)
+    _CAPACITIES[key] = cap
     if with_rate and cap.concurrency and not cap.outclassed:
         if key not in _RATES:
-            _RATES[key] = performance.rate_capacity(setup or perf_setup(arch, itype, ev), req.workload, req.sla, cap.at)
+            rate = capacity_cache.load("rate", disk_key)
+            if rate is None:
+                rate = performance.rate_capacity(setup or perf_setup(arch, itype, ev), req.workload, req.sla, cap.at)
+                capacity_cache.store("rate", disk_key, rate)
+            _RATES[key] = rate
         cap = cap.with_rate(_RATES[key])
     return cap
 
