@@ -7,7 +7,11 @@
 - `runner`: a drop-in for `scan.run_checkov` (`scan.scan_document(..., runner=runner)`) that
   runs checkov once per framework and input in a test session (per xdist worker), keyed
   by the content of the converted files, and hands every later caller the same reports:
-  the prod and test stacks are each scanned once, however many tests read the scan.
+  the prod and test stacks are each scanned once, however many tests read the scan. The
+  workers of a run share them too: a run's reports (and what the guard saw) are written to
+  the run's shared directory (GPU_SERVING_TEST_SHARED, set by tests/conftest.py), named by
+  the sha256 of checkov's path and pinned requirements, the guard, the framework and the
+  input, and a worker that misses in memory reads them there before running checkov.
   Each run goes through `scan.run_checkov` with `scan.checkov_env`'s environment plus a
   guard (`sitecustomize.py`) that records, and refuses, any network call of the checkov
   process: a run that tried one fails the test that asked for it, and `guard_logs()`
@@ -26,6 +30,7 @@ import atexit
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import textwrap
@@ -105,12 +110,47 @@ def _files(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): p.read_text() for p in directory.rglob("*") if p.is_file()}
 
 
+def _shared_path(checkov: Path, key: tuple[str, str, str]) -> Path | None:
+    """Where this run's processes share the run `key` (None outside a test run that set the directory)."""
+    where = os.environ.get("GPU_SERVING_TEST_SHARED")
+    if not where:
+        return None
+    stamp = checkov.parent.parent / scan.STAMP  # the pinned requirements' sha256, as venv-scan/ was set up from
+    pinned = stamp.read_text() if stamp.is_file() else ""
+    name = hashlib.sha256("\0".join((*key, pinned, GUARD)).encode()).hexdigest()
+    return Path(where) / "checkov-runs" / f"{name}.json"
+
+
+def _shared_run(checkov: Path, key: tuple[str, str, str]) -> tuple[list[dict[str, Any]], str] | None:
+    """The run `key` another process of this test run shared, or None (none yet, or unreadable)."""
+    path = _shared_path(checkov, key)
+    try:
+        data = json.loads(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    return (data["reports"], data["guard_log"]) if isinstance(data, dict) else None
+
+
+def _share_run(checkov: Path, key: tuple[str, str, str], run: tuple[list[dict[str, Any]], str]) -> None:
+    """Writes the run whole for the other processes (a temporary file renamed over it)."""
+    path = _shared_path(checkov, key)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"reports": run[0], "guard_log": run[1]}, f)
+    os.replace(tmp, path)
+
+
 def runner(checkov: Path, framework: str, directory: Path, home: Path) -> list[dict[str, Any]]:
     """`scan.run_checkov` under the network guard, once per (checkov, framework, files of `directory`).
 
     A run during which checkov tried the network fails the test that asked for it (every time it is asked)."""
     __tracebackhide__ = True
     key = (str(checkov), framework, _digest(_files(directory)))
+    if key not in _runs and (shared := _shared_run(checkov, key)) is not None:
+        _runs[key] = shared
     if key not in _runs:
         guard = _guard_dir()
         log = guard / f"net-{len(_runs)}.log"
@@ -119,6 +159,7 @@ def runner(checkov: Path, framework: str, directory: Path, home: Path) -> list[d
         with mock.patch.object(scan, "checkov_env", lambda h: {**real_env(h), **guard_env(guard, log)}):
             reports = scan.run_checkov(checkov, framework, directory, home, quiet=False)
         _runs[key] = (reports, log.read_text())
+        _share_run(checkov, key, _runs[key])
     reports, calls = _runs[key]
     if calls:
         pytest.fail(f"checkov ({framework}) tried the network: {calls}", pytrace=False)

@@ -45,18 +45,25 @@ def fixture_path(*parts: str) -> Path:
 PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 
 
+# Where this run's processes share what they computed (a directory of this run alone): the SLA
+# capacities (infra/planning/capacity_cache.py) and checkov's reports (tests/checkov_runs.py).
+SHARED_ENV = "GPU_SERVING_TEST_SHARED"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_sla_capacities(tmp_path_factory: pytest.TempPathFactory) -> None:
     """One SLA capacity cache for this run's workers and the programs its tests start
     (infra/planning/capacity_cache.py): prod's search, seconds each time, runs once per run
     instead of once per test file. Under pytest-xdist the workers' temporary directories share
-    a parent that is this run's alone; a test that must compute afresh unsets the variable."""
+    a parent that is this run's alone; a test that must compute afresh unsets the variable.
+    The same directory holds checkov's shared reports (tests/checkov_runs.py)."""
     from infra.planning.capacity_cache import ENV
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
-    os.environ.setdefault(ENV, str(base / "sla-capacities"))
+    os.environ.setdefault(SHARED_ENV, str(base))
+    os.environ.setdefault(ENV, str(Path(os.environ[SHARED_ENV]) / "sla-capacities"))
 
 
 @pytest.fixture(scope="session")

@@ -101,3 +101,38 @@ def test_the_kept_means_hold_at_a_wide_spread():
     assert all(is_valid_sequence(i, o) for i, o in pairs)
     assert statistics.fmean(i for i, _ in pairs) == pytest.approx(217, rel=0.03)
     assert statistics.fmean(o for _, o in pairs) == pytest.approx(201, rel=0.03)
+
+
+@pytest.mark.parametrize("load", [Workload.sharegpt(220, 202, 1.2), Workload.lognormal(300, 150, 0.8)], ids=["bounded", "unbounded"])
+def test_a_sample_is_the_same_whatever_was_drawn_before_it(load, monkeypatch):
+    """A process keeps the pairs a seed gave (workload.py _lognormal_prefix); what it returns for
+    (n, seed) is what a fresh process draws, whichever sizes and seeds were asked before."""
+    import random
+
+    from infra.planning.perf import workload
+
+    def fresh(n: int, seed: int) -> list[tuple[int, int]]:
+        # Straight from a new generator: the definition the kept pairs must agree with.
+        rng = random.Random(seed)
+        if load.bounded:
+            return load._bounded_lognormal(rng, n)
+        return [(workload._lognormal(rng, load.input_len, load.spread), workload._lognormal(rng, load.output_len, load.spread))
+                for _ in range(n)]  # fmt: skip
+
+    monkeypatch.setattr(workload, "_DRAWN", {})
+    for n, seed in [(40, 0), (700, 0), (5, 0), (700, 1), (1500, 0), (0, 0)]:
+        got = load.sample(n, seed)
+        assert got == fresh(n, seed), (n, seed)
+        got.clear()  # a caller's list is its own
+    assert load.sample(700, 0) == fresh(700, 0)
+
+
+def test_the_pairs_kept_per_process_are_bounded(monkeypatch):
+    from infra.planning.perf import workload
+
+    monkeypatch.setattr(workload, "_DRAWN", {})
+    loads = [Workload.lognormal(100 + i, 100, 0.5) for i in range(3 * workload._DRAWN_MAX)]
+    for load in loads:
+        load.sample(10, 0)
+    assert 0 < len(workload._DRAWN) <= workload._DRAWN_MAX
+    assert loads[0].sample(10, 0) == Workload.lognormal(100, 100, 0.5).sample(10, 0)

@@ -106,14 +106,29 @@ class Workload:
             ins, outs = _uniform_bounds(self.input_len, self.range_ratio), _uniform_bounds(self.output_len, self.range_ratio)
             # get_sampling_params draws all inputs, then all outputs; we draw pairwise (same law).
             return [(rng.randint(*ins), max(1, rng.randint(*outs))) for _ in range(n)]
-        if self.kind == "lognormal" and self.bounded:
-            return self._bounded_lognormal(rng, n)
         if self.kind == "lognormal":
-            return [(_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread)) for _ in range(n)]
+            return self._lognormal_prefix(n, seed)
         # A custom dataset is taken in file order; when it is shorter than n,
         # datasets.py maybe_oversample_requests adds random.choices of it.
         pairs = list(self.pairs[:n])
         return pairs + rng.choices(self.pairs, k=n - len(pairs)) if len(pairs) < n else pairs
+
+    def _lognormal_prefix(self, n: int, seed: int) -> list[tuple[int, int]]:
+        """The first n pairs of the seed's lognormal sequence. Pairs are drawn in turn from one
+        generator, so n of them are the start of any longer sample: each process keeps the pairs
+        drawn so far with their generator and draws only what a larger n adds (an SLA search
+        samples the same seed at a dozen growing sizes, up to tens of thousands of requests)."""
+        if len(_DRAWN) >= _DRAWN_MAX and (self, seed) not in _DRAWN:
+            _DRAWN.clear()
+        rng, drawn = _DRAWN.setdefault((self, seed), (random.Random(seed), []))
+        if len(drawn) < n:
+            more = n - len(drawn)
+            if self.bounded:
+                drawn.extend(self._bounded_lognormal(rng, more))
+            else:
+                drawn.extend((_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread))
+                             for _ in range(more))  # fmt: skip
+        return drawn[:n]
 
     def _bounded_lognormal(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
         """n pairs drawn as ShareGPTDataset.sample takes them: in turn, skipping those the bounds
@@ -131,6 +146,10 @@ class Workload:
                 out.append(pair)
         return out
 
+
+# Workload._lognormal_prefix: (workload, seed) -> (its generator, the pairs drawn so far), a few per process.
+_DRAWN: dict[tuple[Workload, int], tuple[random.Random, list[tuple[int, int]]]] = {}
+_DRAWN_MAX = 16
 
 # vllm/benchmarks/datasets.py is_valid_sequence defaults (the same in 0.10.2, 0.11.0, 0.13.0).
 SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
