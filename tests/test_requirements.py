@@ -255,7 +255,7 @@ def _pip(venv: str, requirements: str) -> str:
 
 @pytest.mark.parametrize(("script", "installs", "runs"), [
     ("bin/plan", {"venv": TOOLS}, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
-    ("bin/test", {"venv": DEV, "venv-scan": SCAN}, ["-m pytest -q -n auto --dist loadfile"]),
+    ("bin/test", {"venv": DEV, "venv-scan": SCAN}, ["-m pytest -q -n auto --dist loadfile --no-loadscope-reorder"]),
 ], ids=["bin/plan", "bin/test"])  # fmt: skip
 def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
     log = _repo_with_a_fake_venv(tmp_path, tuple(installs))
