@@ -125,6 +125,8 @@ def test_a_sample_is_the_same_whatever_was_drawn_before_it(load, monkeypatch):
         assert got == fresh(n, seed), (n, seed)
         got.clear()  # a caller's list is its own
     assert load.sample(700, 0) == fresh(700, 0)
+    # Each seed's pairs were drawn once, as many as its largest sample, and kept side by side.
+    assert {seed: len(pairs) for (_, seed), (_, pairs) in workload._DRAWN.items()} == {0: 1500, 1: 700}
 
 
 def test_the_pairs_kept_per_process_are_bounded(monkeypatch):
@@ -132,7 +134,9 @@ def test_the_pairs_kept_per_process_are_bounded(monkeypatch):
 
     monkeypatch.setattr(workload, "_DRAWN", {})
     loads = [Workload.lognormal(100 + i, 100, 0.5) for i in range(3 * workload._DRAWN_MAX)]
+    sizes = []
     for load in loads:
         load.sample(10, 0)
-    assert 0 < len(workload._DRAWN) <= workload._DRAWN_MAX
+        sizes.append(len(workload._DRAWN))
+    assert max(sizes) == workload._DRAWN_MAX and min(sizes[workload._DRAWN_MAX:]) >= 1
     assert loads[0].sample(10, 0) == Workload.lognormal(100, 100, 0.5).sample(10, 0)
