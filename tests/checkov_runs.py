@@ -41,6 +41,7 @@ from unittest import mock
 import pytest
 
 from infra.errors import UserError
+from infra.planning.capacity_cache import write_whole
 from infra.preview import scan
 
 SETUP = "bin/test (or `source bin/venv.sh && ensure_venv requirements-scan.txt venv-scan`)"
@@ -132,15 +133,10 @@ def _shared_run(checkov: Path, key: tuple[str, str, str]) -> tuple[list[dict[str
 
 
 def _share_run(checkov: Path, key: tuple[str, str, str], run: tuple[list[dict[str, Any]], str]) -> None:
-    """Writes the run whole for the other processes (a temporary file renamed over it)."""
+    """Writes the run for the other processes (whole: capacity_cache.write_whole)."""
     path = _shared_path(checkov, key)
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"reports": run[0], "guard_log": run[1]}, f)
-    os.replace(tmp, path)
+    if path is not None:
+        write_whole(path, json.dumps({"reports": run[0], "guard_log": run[1]}).encode())
 
 
 def runner(checkov: Path, framework: str, directory: Path, home: Path) -> list[dict[str, Any]]:

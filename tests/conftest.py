@@ -51,12 +51,12 @@ SHARED_ENV = "GPU_SERVING_TEST_SHARED"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_sla_capacities(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """One SLA capacity cache for this run's workers and the programs its tests start
-    (infra/planning/capacity_cache.py): prod's search, seconds each time, runs once per run
-    instead of once per test file. Under pytest-xdist the workers' temporary directories share
-    a parent that is this run's alone; a test that must compute afresh unsets the variable.
-    The same directory holds checkov's shared reports (tests/checkov_runs.py)."""
+def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The directory this run's workers and the programs its tests start share (SHARED_ENV):
+    under pytest-xdist the workers' temporary directories have a parent that is this run's
+    alone. In it, one SLA capacity cache (infra/planning/capacity_cache.py: prod's search,
+    seconds each time, runs once per run instead of once per test file; a test that must
+    compute afresh unsets GPU_SERVING_SLA_CACHE) and checkov's reports (tests/checkov_runs.py)."""
     from infra.planning.capacity_cache import ENV
 
     base = tmp_path_factory.getbasetemp()

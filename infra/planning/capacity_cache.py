@@ -61,10 +61,16 @@ def store(kind: str, key: tuple, value) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as f:
-            f.write(pickle.dumps(value))
-        os.replace(tmp, path)
+        write_whole(path, pickle.dumps(value))
     except OSError:
         return
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file beside `path` and renames it over `path`: a process
+    reading `path` at the same time sees the old file, the whole new one, or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
