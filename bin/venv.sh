@@ -6,21 +6,41 @@
 #   those files: for a file that includes none (requirements-scan.txt into venv-scan/)
 #   that is the stamp `python -m infra scan` writes and reads too (infra/preview/tool_venv.py),
 #   so neither installs again what the other did.
-#   ensure_venvs FILE:DIR...: ensure_venv for each pair at the same time (pip is
-#   single-threaded and partly waits on the network), each one's output in its own
-#   log, printed when it is done; a failed one's log goes to stderr under the name of
-#   the virtualenv, and ensure_venvs returns 1 if any failed (after waiting for all).
-# pip installs into ./venv without byte-compiling (--no-compile): compiling every module of
-# every package took half of a fresh set-up (pulumi_aws alone is 270 MB of Python, of which
-# the program imports a few dozen modules). Python compiles a module on its first import
-# instead and keeps the result in __pycache__/, which it may only do when
-# PYTHONDONTWRITEBYTECODE is unset: with it set, every process would compile again what
-# it imports (8 s more for each synthesis of prod on 2 cores). venv-scan/ is compiled at
-# install: checkov runs with PYTHONDONTWRITEBYTECODE=1 (infra/preview/scan.py OFFLINE_ENV).
+#   ensure_venvs FILE:DIR...: ensure_venv for each pair at the same time (each install
+#   partly waits on the network), each one's output in its own log, printed when it is
+#   done; a failed one's log goes to stderr under the name of the virtualenv, and
+#   ensure_venvs returns 1 if any failed (after waiting for all).
+#   ensure_uv: the installer, uv, at .tools/uv/bin/uv (requirements-uv.txt, by hash; pip
+#   puts it there once, and again only when that file changed).
+# uv installs the requirement files, not pip: the same pinned files give the same packages,
+# in about 10 s for ./venv where pip took 75 s of CPU on 2 cores (it resolves, unpacks and
+# writes in one thread), and the set-up of a fresh clone is part of its test time.
+# ./venv is installed without byte-compiling (uv's default, as pip's --no-compile):
+# compiling every module of every package would take longer than the install (pulumi_aws
+# alone is 270 MB of Python, of which the program imports a few dozen modules). Python
+# compiles a module on its first import instead and keeps the result in __pycache__/,
+# which it may only do when PYTHONDONTWRITEBYTECODE is unset: with it set, every process
+# would compile again what it imports (8 s more for each synthesis of prod on 2 cores).
+# venv-scan/ is compiled at install (--compile-bytecode): checkov runs with
+# PYTHONDONTWRITEBYTECODE=1 (infra/preview/scan.py OFFLINE_ENV).
 unset PYTHONDONTWRITEBYTECODE
+UV=.tools/uv/bin/uv
+ensure_uv() {
+    local stamp=.tools/uv/.requirements-uv.sha256 sum
+    sum=$(python3 -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' requirements-uv.txt)
+    if [ -x "$UV" ] && [ "$(cat "$stamp" 2>/dev/null || true)" = "$sum" ]; then
+        return 0
+    fi
+    rm -rf .tools/uv
+    python3 -m venv .tools/uv
+    .tools/uv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements-uv.txt
+    echo "$sum" > "$stamp"
+}
+
 ensure_venv() {
-    local req="$1" dir="${2:-venv}" stamp sum compile=--no-compile
-    [ "$dir" != venv-scan ] || compile=--compile
+    local req="$1" dir="${2:-venv}" stamp sum compile=()
+    [ "$dir" != venv-scan ] || compile=(--compile-bytecode)
+    ensure_uv
     stamp="$dir/.${req%.txt}.sha256"
     if [ ! -x "$dir/bin/python" ]; then
         python3 -m venv "$dir"
@@ -46,13 +66,14 @@ print(h.hexdigest())
 PY
 )
     if [ "$(cat "$stamp" 2>/dev/null || true)" != "$sum" ]; then
-        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$compile" -r "$req"
+        "$UV" pip install --quiet --python "$dir/bin/python" ${compile[@]+"${compile[@]}"} -r "$req"
         echo "$sum" > "$stamp"
     fi
 }
 
 ensure_venvs() {
     local pair logs pids=() names=() i failed=0
+    ensure_uv  # once, before the installs that use it start at the same time
     logs=$(mktemp -d)
     for pair in "$@"; do
         names+=("$pair")

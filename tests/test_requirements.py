@@ -13,9 +13,11 @@ they install.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,10 +25,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests import requirement_files as rf
 from tests.requirement_files import DEV, POLICY_PACK, PROGRAM, REPO_ROOT, TOOLS
+from tests import yaml_text
 
 PROJECT_PACKAGES = {"infra", "components", "policies", "tests", "benchmarks"}
 TOOL_MODULES = {"typer", "rich", "matplotlib", "boto3", "botocore"}
@@ -213,7 +215,7 @@ def test_every_import_comes_from_the_file_that_installs_what_it_runs_with():
 
 
 def test_pulumi_yaml_installs_requirements_txt_into_the_venv_of_the_program():
-    doc = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    doc = yaml_text.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
     runtime = doc["runtime"]
     # The Python runtime's pip toolchain installs the project's requirements.txt into `virtualenv`.
     assert runtime["name"] == "python" and runtime["options"] == {"toolchain": "pip", "virtualenv": "venv"}
@@ -225,20 +227,33 @@ _FAKE_PYTHON = textwrap.dedent(
     #!/bin/sh
     # Stands in for {venv}/bin/python: records pip (into which virtualenv) and the commands, computes like Python otherwise.
     case "$1 $2" in
-      "-m pip") echo "pip {venv} $*" >> "$FAKE_LOG"; exit 0 ;;
+      "-m pip") echo "install {venv} $*" >> "$FAKE_LOG"; exit 0 ;;
       "-m infra"|"-m pytest") echo "run $*${{PYTHONDONTWRITEBYTECODE:+ (with PYTHONDONTWRITEBYTECODE)}}" >> "$FAKE_LOG"; exit 0 ;;
     esac
     exec {python} "$@"
     """
 )
 SCAN = "requirements-scan.txt"  # the security scanner's, into venv-scan/ (infra/preview/scan.py)
+UV = "requirements-uv.txt"  # the installer bin/venv.sh uses, into .tools/uv/
+# Stands in for .tools/uv/bin/uv: records what it was asked to install.
+_FAKE_UV = '#!/bin/sh\necho "install uv $*" >> "$FAKE_LOG"\n'
+
+
+def _place_fake_uv(root: Path) -> None:
+    """A fake uv where bin/venv.sh keeps the installer, with the stamp of the requirements-uv.txt at `root`."""
+    fake = root / ".tools" / "uv" / "bin" / "uv"
+    fake.parent.mkdir(parents=True, exist_ok=True)
+    fake.write_text(_FAKE_UV)
+    fake.chmod(0o755)
+    (root / ".tools" / "uv" / ".requirements-uv.sha256").write_text(hashlib.sha256((root / UV).read_bytes()).hexdigest() + "\n")
 
 
 def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -> Path:
     """bin/ and the requirement files copied to `tmp_path`, with a fake python in each of `venvs`; the log they write to."""
     shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
-    for name in (PROGRAM, TOOLS, DEV, SCAN):
+    for name in (PROGRAM, TOOLS, DEV, SCAN, UV):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
+    _place_fake_uv(tmp_path)
     for venv in venvs:
         fake = tmp_path / venv / "bin" / "python"
         fake.parent.mkdir(parents=True)
@@ -248,9 +263,10 @@ def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -
 
 
 def _pip(venv: str, requirements: str) -> str:
-    # ./venv compiles modules on first import; venv-scan/ at install (checkov runs with PYTHONDONTWRITEBYTECODE=1)
-    compile = "--compile" if venv == "venv-scan" else "--no-compile"
-    return f"pip {venv} -m pip install --quiet --disable-pip-version-check {compile} -r {requirements}"
+    """The install line of `requirements` into `venv`: by uv, into that virtualenv's python. ./venv compiles
+    modules on first import; venv-scan/ at install (checkov runs with PYTHONDONTWRITEBYTECODE=1)."""
+    compile = " --compile-bytecode" if venv == "venv-scan" else ""
+    return f"install uv pip install --quiet --python {venv}/bin/python{compile} -r {requirements}"
 
 
 @pytest.mark.parametrize(("script", "installs", "runs"), [
@@ -268,9 +284,9 @@ def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_chan
         proc = subprocess.run([str(tmp_path / script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         lines = log.read_text().splitlines()
-        assert lines == [line for line in lines if line.startswith("pip ")] + [line for line in lines if line.startswith("run ")]
+        assert lines == [line for line in lines if line.startswith("install ")] + [line for line in lines if line.startswith("run ")]
         # bin/test installs the two virtualenvs at the same time: their pip lines come in either order.
-        return sorted(line for line in lines if line.startswith("pip ")), [line.removeprefix("run ") for line in lines if line.startswith("run ")]
+        return sorted(line for line in lines if line.startswith("install ")), [line.removeprefix("run ") for line in lines if line.startswith("run ")]
 
     assert run() == (sorted(_pip(venv, req) for venv, req in installs.items()), runs)  # first use: each virtualenv, then the commands
     assert run() == ([], runs)  # nothing changed: no install
@@ -306,7 +322,65 @@ def test_bin_test_and_the_scan_share_the_scanners_venv(tmp_path):
     log.write_text("")
     proc = subprocess.run([str(tmp_path / "bin/test")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert not [line for line in log.read_text().splitlines() if line.startswith("pip ")]
+    assert not [line for line in log.read_text().splitlines() if line.startswith("install ")]
+
+
+_FAKE_PYTHON3 = textwrap.dedent(
+    """\
+    #!/bin/sh
+    # Stands in for python3 on PATH: `-m venv DIR` makes DIR/bin/python a pip that records what it installs and,
+    # for requirements-uv.txt, leaves a fake uv beside itself; anything else runs in Python.
+    if [ "$1 $2" = "-m venv" ]; then
+        mkdir -p "$3/bin"
+        printf '#!/bin/sh\\ncase "$1 $2" in\\n  "-m pip") echo "bootstrap $*" >> "$FAKE_LOG"; cp "$FAKE_UV" "$(dirname "$0")/uv"; exit 0 ;;\\nesac\\nexec {python} "$@"\\n' > "$3/bin/python"
+        chmod 755 "$3/bin/python"
+        exit 0
+    fi
+    exec {python} "$@"
+    """
+)
+
+
+@pytest.mark.parametrize("script", ["bin/test", "bin/plan"])
+def test_the_installer_is_put_in_place_once_by_hash_and_again_when_its_pin_changes(tmp_path, script):
+    """bin/venv.sh installs with uv: pip puts the pinned uv (requirements-uv.txt, hash-checked) into .tools/uv/
+    before the first install, not on every run, and again when that file changes, without installing the
+    virtualenvs again (their requirement files did not change)."""
+    log = _repo_with_a_fake_venv(tmp_path, ("venv", "venv-scan"))
+    shutil.rmtree(tmp_path / ".tools")
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "python3").write_text(_FAKE_PYTHON3.format(python=sys.executable))
+    (shims / "python3").chmod(0o755)
+    (tmp_path / "fake-uv").write_text(_FAKE_UV)
+    (tmp_path / "fake-uv").chmod(0o755)
+    env = {**os.environ, "FAKE_LOG": str(log), "FAKE_UV": str(tmp_path / "fake-uv"), "PATH": f"{shims}:{os.environ['PATH']}"}
+    bootstrap = f"bootstrap -m pip install --quiet --disable-pip-version-check --require-hashes -r {UV}"
+
+    def run() -> list[str]:
+        log.write_text("")
+        proc = subprocess.run([str(tmp_path / script), *(["--help"] if script == "bin/plan" else [])], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in log.read_text().splitlines() if not line.startswith("run ")]
+
+    first = run()
+    assert first[0] == bootstrap and first.count(bootstrap) == 1
+    assert sorted(first[1:]) == sorted([_pip("venv", DEV), _pip("venv-scan", SCAN)] if script == "bin/test" else [_pip("venv", TOOLS)])
+    assert run() == []
+    with open(tmp_path / UV, "a") as fh:
+        fh.write("# changed\n")
+    assert run() == [bootstrap]
+    assert run() == []
+
+
+def test_the_installer_is_pinned_by_version_and_hash():
+    lines = [line.strip().rstrip("\\").strip() for line in (REPO_ROOT / UV).read_text().splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    assert re.fullmatch(r"uv==\d+\.\d+\.\d+", lines[0]), lines[0]
+    hashes = lines[1:]
+    assert hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), hashes
+    assert len(set(hashes)) == len(hashes)
 
 
 def test_bin_plan_with_arguments_plans_only(tmp_path):
