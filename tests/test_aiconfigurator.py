@@ -20,11 +20,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.catalog.gpus import GPUS
 from infra.cli import aiconfigurator as aic
 from infra.errors import UserError
+from tests import yaml_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -37,7 +37,7 @@ def shipped(fixture_file) -> dict:
 
 @pytest.fixture(scope="module")
 def query_versions(fixture_file) -> dict:
-    return yaml.safe_load(fixture_file("aiconfigurator", "query_versions.yaml").read_text())
+    return yaml_text.safe_load(fixture_file("aiconfigurator", "query_versions.yaml").read_text())
 
 
 def current_version(query_versions: dict, system: str, backend: str) -> str:

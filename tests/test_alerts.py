@@ -27,6 +27,7 @@ from infra.monitoring.alerts import AlertSpec, prometheus_rule_groups, rule_file
 from infra.planning.plan import make_plan
 from tests.conftest import REPO_ROOT
 from tests.metric_names import known_metrics, metric_names
+from tests import yaml_text
 
 NS, MODEL, JOB = "gpu-serving", "deepseek-ai/DeepSeek-V4-Pro", "gpu-serving/vllm"
 VLLM = f'namespace="{NS}", model_name="{MODEL}", engine="0"'
@@ -240,7 +241,7 @@ def test_the_rules_hold_the_stack_files_sla(prod: AlertSpec) -> None:
 
 
 def _stack_with_sla(tmp_path: Path, ttft_ms: int, tpot_ms: int):
-    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
     doc["config"]["gpu-serving:serving"]["sla"] = {"ttftP99Ms": ttft_ms, "tpotP99Ms": tpot_ms}
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
     shutil.copy(REPO_ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
@@ -327,7 +328,7 @@ def test_the_engine_down_alert_selects_the_pod_monitors_vllm_endpoint():
 
 
 def _stack_with_alerts(tmp_path: Path, **alerts: str):
-    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
     doc["config"]["gpu-serving:monitoring"] = {"alerts": alerts}
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))

@@ -18,7 +18,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-import yaml
 
 from infra.catalog.gpus import GPU
 from infra.catalog.instances import get_instance_type
@@ -28,10 +27,11 @@ from infra.planning.layout import Knobs, Layout, evaluate, kv_layout, stage_figu
 from infra.planning.memory import NON_TORCH_BASE_BYTES, GiB, kv_element_bytes
 from infra.planning.serving import default_batched_tokens, default_max_num_seqs
 from infra.planning.vllm_release import release
+from tests import yaml_text
 
 DATA = Path(__file__).parent / "data"
 CONFIGS = DATA / "model_configs"
-LOGS = yaml.safe_load((DATA / "vllm_memory_logs.yaml").read_text())
+LOGS = yaml_text.safe_load((DATA / "vllm_memory_logs.yaml").read_text())
 
 # Models of the logs, as the planner loads them. Llama-3.3-70B has the
 # architecture of Llama-3.1-70B (same config.json shapes); FP8 checkpoints are

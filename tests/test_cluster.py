@@ -15,7 +15,6 @@ import botocore.session
 import pulumi
 import pulumi_aws as aws
 import pytest
-import yaml
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 
 from components.cluster import (
@@ -38,6 +37,7 @@ from infra.catalog.eks_versions import ADDON_VERSIONS, addon_versions
 from infra.aws.iam import assume_role_policy, managed_policy_arn, node_policies
 from infra.errors import UserError
 from infra.preview.recording import placeholder, record
+from tests import yaml_text
 
 CLUSTER = "aws:eks/cluster:Cluster"
 ADDON = "aws:eks/addon:Addon"
@@ -239,12 +239,12 @@ def test_protect_only_when_asked(private_cluster, public_cluster):
 
 
 def _known_addon_names(fixture_file) -> set[str]:
-    doc = yaml.safe_load(fixture_file("eks_addons.yaml").read_text())
+    doc = yaml_text.safe_load(fixture_file("eks_addons.yaml").read_text())
     names = {addon["name"] for addon in doc["addons"]}
     assert "vpc-cni" in names and len(names) >= 6, names
     # Not in the reference notes' list: the node monitoring agent, an EKS add-on (EKS User Guide, "Detect node
     # health issues and enable automatic node repair") named as its chart (the fixture's Chart.yaml).
-    agent = yaml.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"]
+    agent = yaml_text.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"]
     return names | {agent}
 
 

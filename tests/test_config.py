@@ -25,6 +25,7 @@ from infra.errors import UserError
 from infra.planning.performance import Sla, WorkloadSpec
 from infra.planning.system_nodes import SystemNodes
 from infra.planning.request import PlanRequest, TcoInputs
+from tests import yaml_text
 
 # --------------------------------------------------------------------------- the real stack files
 
@@ -79,7 +80,7 @@ def test_test_stack_file_makes_a_small_request(repo_root: Path) -> None:
 
 
 def test_project_file(repo_root: Path) -> None:
-    project = yaml.safe_load((repo_root / "Pulumi.yaml").read_text())
+    project = yaml_text.safe_load((repo_root / "Pulumi.yaml").read_text())
     assert project["name"] == config_mod.PROJECT == "gpu-serving"
     assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip", "virtualenv": "venv"}}
     assert project["backend"]["url"].startswith("file://")
@@ -199,7 +200,7 @@ def test_docs_carry_the_config_reference(repo_root: Path) -> None:
 
 
 def _prod_copy(repo_root: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], None], stack: str = "prod") -> Path:
-    doc = yaml.safe_load((repo_root / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((repo_root / "Pulumi.prod.yaml").read_text())
     edit(doc["config"])
     (tmp_path / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return tmp_path

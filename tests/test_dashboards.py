@@ -41,6 +41,7 @@ from infra.monitoring.dashboards import NVLINK_ERRORS, DashboardSpec, dashboard_
 from infra.planning.plan import make_plan
 from tests.conftest import REPO_ROOT, fixture_path
 from tests.metric_names import known_metrics, metric_names
+from tests import yaml_text
 
 FILES = ("serving.json", "plan-vs-reality.json", "gpus.json", "cluster.json")
 PANEL_KINDS = ("timeseries", "stat", "text")
@@ -375,7 +376,7 @@ def _sla_lines(board: dict) -> dict[str, list[float]]:
 
 def test_the_sla_lines_are_the_prod_stack_configs(prod, spec: DashboardSpec) -> None:
     config, _plan = prod
-    sla = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:serving"]["sla"]
+    sla = yaml_text.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())["config"]["gpu-serving:serving"]["sla"]
     assert (sla["ttftP99Ms"], sla["tpotP99Ms"]) == (config.serving.sla.ttft_p99_ms, config.serving.sla.tpot_p99_ms)
     lines = _sla_lines(dashboards(spec)["serving.json"])
     assert lines == {"time_to_first_token_seconds": [sla["ttftP99Ms"] / 1000],
@@ -386,7 +387,7 @@ def test_the_sla_lines_are_the_prod_stack_configs(prod, spec: DashboardSpec) -> 
 
 
 def _stack_with_sla(tmp_path: Path, sla: dict):
-    doc = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
     doc["config"]["gpu-serving:serving"]["sla"] = sla
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
     shutil.copy(REPO_ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
@@ -517,8 +518,8 @@ def test_node_exporter_reads_the_efa_devices_on_the_gpu_nodes() -> None:
     assert re.search(r"- name: sys\n\s+mountPath: /host/sys\n", daemonset)
     assert re.search(r"- name: sys\n\s+hostPath:\n\s+path: /sys\n", daemonset)
     ours = mon.kube_prometheus_stack_values(Sizing(100_000, 1024, 20, 17), 15, "grafana-admin").get("prometheus-node-exporter", {})
-    stack = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "values.yaml").read_text())["prometheus-node-exporter"]
-    chart = yaml.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "prometheus-node-exporter-values.yaml").read_text())
+    stack = yaml_text.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "values.yaml").read_text())["prometheus-node-exporter"]
+    chart = yaml_text.safe_load(fixture_path("upstream", "kube-prometheus-stack-88.5.3", "prometheus-node-exporter-values.yaml").read_text())
     args = ours.get("extraArgs", stack.get("extraArgs", chart["extraArgs"]))
     assert not [a for a in args if "infiniband" in a], args
     tolerations = ours.get("tolerations", stack.get("tolerations", chart["tolerations"]))

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from infra.docs import REGION, pages, regenerate, region_names, render_region
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -65,7 +66,7 @@ def test_regions_are_replaced_whole_and_the_prose_kept() -> None:
 
 
 def _edited_prod(tmp_path: Path, area: str, key: str, value: object) -> Path:
-    doc = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((REPO / "Pulumi.prod.yaml").read_text())
     doc["config"][f"gpu-serving:{area}"][key] = value
     (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return tmp_path
@@ -74,7 +75,7 @@ def _edited_prod(tmp_path: Path, area: str, key: str, value: object) -> Path:
 def test_changing_the_prod_config_changes_the_generated_headline(tmp_path: Path) -> None:
     """The headline is the plan's, not typed: a cheaper API price moves the break-even it reports."""
     before = render_region("headline: prod")
-    doc = yaml.safe_load((REPO / "Pulumi.prod.yaml").read_text())
+    doc = yaml_text.safe_load((REPO / "Pulumi.prod.yaml").read_text())
     price = doc["config"]["gpu-serving:cost"]["apiPriceUsdPerMillionTokens"]
     after = render_region("headline: prod", _edited_prod(tmp_path, "cost", "apiPriceUsdPerMillionTokens", price * 10))
     assert before != after

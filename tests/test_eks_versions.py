@@ -16,13 +16,13 @@ import re
 
 import botocore.session
 import pytest
-import yaml
 
 from components.cluster import addon_names, parse_addon_version
 from infra.catalog import eks_versions as ev
 from infra.config import from_mapping, load_stack_file, read_stack_file
 from infra.errors import UserError
 from infra.preview.synth import synthesize
+from tests import yaml_text
 
 FROZEN = dt.date(2026, 12, 3)
 ADDON = "aws:eks/addon:Addon"
@@ -70,8 +70,8 @@ def test_default_version_is_a_function_of_the_day(day, expected):
 
 
 def test_every_usable_version_pins_every_addon_the_cluster_installs(fixture_file):
-    known = {a["name"] for a in yaml.safe_load(fixture_file("eks_addons.yaml").read_text())["addons"]}
-    known.add(yaml.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"])  # test_cluster
+    known = {a["name"] for a in yaml_text.safe_load(fixture_file("eks_addons.yaml").read_text())["addons"]}
+    known.add(yaml_text.safe_load(fixture_file("eks-node-monitoring-agent-v1.7.0", "Chart.yaml").read_text())["name"])  # test_cluster
     installed = set(addon_names(enable_fsx_csi=True))
     assert installed == set(ev.PINNED_ADDONS) and installed <= known
     assert ev.supported_versions() == ("1.33", "1.34", "1.35")

@@ -44,6 +44,7 @@ from infra.ops.ephemeral import (
 )
 from infra.errors import UserError
 from infra.aws.tags import EXPIRES_TAG, LIFECYCLE_TAG, OWNER_TAG, STACK_TAG, default_tags
+from tests import yaml_text
 
 NOW = dt.datetime(2026, 12, 2, 9, 30, 15, 123456, tzinfo=dt.timezone.utc)
 DEPLOYER = ("198.51.100.7/32",)  # the runner's egress address, as the workflow reads it
@@ -442,7 +443,7 @@ def test_ttl_is_hours_and_bounded():
 
 
 def _template(root: Path, name: str, **changes) -> None:
-    doc = yaml.safe_load((REPO_ROOT / "Pulumi.test.yaml").read_text())
+    doc = yaml_text.safe_load((REPO_ROOT / "Pulumi.test.yaml").read_text())
     for key, value in changes.items():
         doc["config"][key] = value
     (root / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump(doc))

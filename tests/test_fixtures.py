@@ -23,6 +23,7 @@ import yaml
 from infra.catalog.models import CATALOG
 from infra.k8s.helm_values import CHARTS
 from tests.fixtures import refresh
+from tests import yaml_text
 
 FIXTURES = Path(refresh.__file__).resolve().parent
 MANAGED = refresh.copied_files() + refresh.rendered_files()
@@ -33,7 +34,7 @@ def test_every_managed_fixture_is_present(rel, fixture_file):
     path = fixture_file(*rel.split("/"))
     assert path.is_file() and path.stat().st_size > 0, path
     if rel.endswith((".yaml", ".json")):
-        assert yaml.safe_load(path.read_text()), rel  # JSON is YAML
+        assert yaml_text.safe_load(path.read_text()), rel  # JSON is YAML
 
 
 def test_nothing_unmanaged_in_the_copied_areas():
@@ -52,7 +53,7 @@ def test_the_fixture_models_are_the_catalogs():
 
 
 def test_the_chart_table_matches_the_upstream_copies(fixture_file):
-    entries = yaml.safe_load(fixture_file("charts.yaml").read_text())["charts"]
+    entries = yaml_text.safe_load(fixture_file("charts.yaml").read_text())["charts"]
     assert {e["chart"]: e["upstream_folder"] for e in entries} == {c.chart: f"upstream/{c.upstream_folder}" for c in CHARTS}
     assert set(refresh.UPSTREAM) == {c.upstream_folder for c in CHARTS}
     for entry in entries:
@@ -60,14 +61,14 @@ def test_the_chart_table_matches_the_upstream_copies(fixture_file):
         assert entry["upstream"].startswith(f"https://github.com/{refresh.UPSTREAM[folder].project}/"), entry
         assert entry["source"]
         if "Chart.yaml" in refresh.UPSTREAM[folder].files:
-            meta = yaml.safe_load(fixture_file("upstream", folder, "Chart.yaml").read_text())
+            meta = yaml_text.safe_load(fixture_file("upstream", folder, "Chart.yaml").read_text())
             assert (meta["name"], str(meta["version"])) == (entry["chart"], entry["version"])
             assert str(meta.get("appVersion")) == entry.get("app_version", str(meta.get("appVersion")))
     assert [e["app_version"] for e in entries if "app_version" in e] == ["v0.5.20"]
 
 
 def test_the_addon_table_names_its_source(fixture_file):
-    doc = yaml.safe_load(fixture_file("eks_addons.yaml").read_text())
+    doc = yaml_text.safe_load(fixture_file("eks_addons.yaml").read_text())
     assert doc["source"].startswith("FACTS.md") and doc["upstream"].startswith("https://docs.aws.amazon.com/eks/")
     names = [a["name"] for a in doc["addons"]]
     assert len(names) == len(set(names)) and {"vpc-cni", "coredns", "kube-proxy"} <= set(names)
@@ -129,8 +130,8 @@ def reference(tmp_path, fixture_file) -> Path:
     for rel in refresh.copied_files():
         (ref / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(fixture_file(*rel.split("/")), ref / rel)
-    charts = yaml.safe_load(fixture_file(refresh.CHARTS_FILE).read_text())["charts"]
-    addons = yaml.safe_load(fixture_file(refresh.ADDONS_FILE).read_text())["addons"]
+    charts = yaml_text.safe_load(fixture_file(refresh.CHARTS_FILE).read_text())["charts"]
+    addons = yaml_text.safe_load(fixture_file(refresh.ADDONS_FILE).read_text())["addons"]
     (ref / "FACTS.md").write_text(_facts_excerpt(charts, addons))
     (ref / "upstream" / "kuberay-operator-1.7.0" / "ray.io_rayservices.yaml").write_text("not read by the tests\n")
     return ref

@@ -16,11 +16,11 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 
 from infra.catalog.eks_versions import today
 from infra.config import load_stack_file
 from infra.preview.synth import synthesize
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERAY_CRD = ("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml")
@@ -66,7 +66,7 @@ def _k8s_version(stack: str) -> str:
 
 @lru_cache(maxsize=None)
 def _raycluster_schema(path: Path) -> dict:
-    crd = yaml.safe_load(path.read_text())
+    crd = yaml_text.safe_load(path.read_text())
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return served["schema"]["openAPIV3Schema"]
 

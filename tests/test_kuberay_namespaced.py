@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import components.operators as operators_module
 from infra.config import load_stack_file
@@ -36,6 +35,7 @@ from infra.k8s.scheduling import system_node_selector
 from infra.preview.diff import diff
 from infra.preview.synth import synthesize
 from tests.helm_subset import Context, Failed, Unsupported, evaluate, render
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "tests/fixtures/kuberay-operator-1.7.0-templates"
@@ -58,7 +58,7 @@ def merged(ours: dict) -> dict:
             return out
         return copy.deepcopy(over)
 
-    return merge(yaml.safe_load(DEFAULTS.read_text()), ours)
+    return merge(yaml_text.safe_load(DEFAULTS.read_text()), ours)
 
 
 def rendered(ours: dict) -> tuple[list[dict], list[str]]:
@@ -68,7 +68,7 @@ def rendered(ours: dict) -> tuple[list[dict], list[str]]:
     for path in sorted(TEMPLATES.glob("*.yaml")):
         ctx = Context(merged(ours), release_namespace=KUBERAY_OPERATOR.namespace, release_name=KUBERAY_OPERATOR.release)
         text = render(path.read_text(), ctx)
-        objects += [{**d, "_template": path.name} for d in yaml.safe_load_all(text) if d]
+        objects += [{**d, "_template": path.name} for d in yaml_text.safe_load_all(text) if d]
         if path.name == "deployment.yaml":
             args = [a for a in ctx.variables["$argList"] if a]
     return objects, args

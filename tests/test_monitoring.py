@@ -33,6 +33,7 @@ from policies import network_policy as NP
 from tests.project_copy import edited_project
 from tests.test_operators import unknown_paths
 from tests.test_rayspec import crd_errors
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parent.parent
 UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / KUBE_PROMETHEUS_STACK.upstream_folder
@@ -44,7 +45,7 @@ OFF = ("  gpu-serving:lifecycle:\n", '  gpu-serving:monitoring:\n    mode: "off"
 
 @lru_cache(maxsize=None)
 def _yaml(name: str):
-    return yaml.safe_load((UPSTREAM / name).read_text())
+    return yaml_text.safe_load((UPSTREAM / name).read_text())
 
 
 def _merged(base: dict, over: dict) -> dict:
@@ -189,7 +190,7 @@ def test_monitors_and_rules_carry_the_label_the_charts_prometheus_selects():
 
 def test_the_dcgm_service_monitor_carries_the_label():
     values = gpu_operator_values(dcgm_service_monitor=True, monitor_labels=mon.MONITOR_LABELS)
-    defaults = yaml.safe_load((REPO / "tests/fixtures/upstream" / GPU_OPERATOR.upstream_folder / "values.yaml").read_text())
+    defaults = yaml_text.safe_load((REPO / "tests/fixtures/upstream" / GPU_OPERATOR.upstream_folder / "values.yaml").read_text())
     assert defaults["dcgmExporter"]["serviceMonitor"]["additionalLabels"] == {}
     assert values["dcgmExporter"]["serviceMonitor"] == {"enabled": True, "additionalLabels": mon.MONITOR_LABELS}
 
@@ -282,7 +283,7 @@ def _commented_example(text: str, after: str) -> dict:
         if not line.lstrip().startswith("#"):
             break
         block.append(line.split("#", 1)[1][1:])
-    return yaml.safe_load("\n".join(block))
+    return yaml_text.safe_load("\n".join(block))
 
 
 def _number(quantity: str) -> int:
@@ -400,7 +401,7 @@ def test_prods_dashboards_are_config_maps_the_sidecar_finds(prod):
         assert r["inputs"]["metadata"]["labels"] == {mon.DASHBOARD_LABEL: mon.DASHBOARD_LABEL_VALUE}
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", **r["inputs"]}, version, strict=True)
         (body,) = r["inputs"]["data"].values()
-        assert yaml.safe_load(body)["title"]
+        assert yaml_text.safe_load(body)["title"]
 
 
 def test_prods_outputs_reach_grafana_and_prometheus(prod):

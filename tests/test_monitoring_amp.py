@@ -15,7 +15,6 @@ from pathlib import Path
 
 import botocore.session
 import pytest
-import yaml
 
 from components import monitoring as component
 from infra.aws import amp as amp_data
@@ -32,6 +31,7 @@ from tests.project_copy import edited_project
 from tests.test_monitoring import FREE, PROD_SIZING, UPSTREAM, chart_defaults
 from tests.test_operators import unknown_paths
 from tests.test_rayspec import crd_errors
+from tests import yaml_text
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 AMP_SNS = ("  gpu-serving:lifecycle:\n", "  gpu-serving:monitoring: {mode: amp, alerts: {receiver: sns}}\n  gpu-serving:lifecycle:\n")
@@ -93,7 +93,7 @@ def test_prometheus_is_an_agent_writing_to_the_workspace_with_no_volume(amp):
     agent = {"apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "PrometheusAgent", "metadata": {"name": "x"},
              "spec": {**prometheus["prometheusSpec"], "serviceAccountName": prometheus["serviceAccount"]["name"]}}  # fmt: skip
     agent["spec"]["remoteWrite"] = [{**rw, "url": "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write"}]
-    (version,) = [v for v in yaml.safe_load((UPSTREAM / "crd-prometheusagents.yaml").read_text())["spec"]["versions"] if v["name"] == "v1alpha1"]
+    (version,) = [v for v in yaml_text.safe_load((UPSTREAM / "crd-prometheusagents.yaml").read_text())["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = version["schema"]["openAPIV3Schema"]
     assert crd_errors(schema, agent) == []
     assert crd_errors(schema, {**agent, "spec": {**agent["spec"], "remoteWrite": [{"url": "https://x", "sigv4": {"regoin": "x"}}]}})
@@ -196,7 +196,7 @@ def test_the_workspace_evaluates_the_same_rules_and_promtool_accepts_them(amp, p
     assert ns["inputs"]["workspaceId"] == f"<id:{_workspace(amp)['name']}>"
     config = load_stack_file("prod")
     expected = prometheus_rule_groups(AlertSpec.from_stack(config, make_plan(config.plan_request()).deployment(), raycluster="vllm"))
-    assert yaml.safe_load(ns["inputs"]["data"]) == {"groups": expected}
+    assert yaml_text.safe_load(ns["inputs"]["data"]) == {"groups": expected}
     (tmp_path / "rules.yaml").write_text(ns["inputs"]["data"])
     out = subprocess.run([str(promtool), "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -212,7 +212,7 @@ def test_sns_alerts_go_to_an_encrypted_topic_only_this_workspace_publishes_to(am
     assert statement["Principal"] == {"Service": "aps.amazonaws.com"} and statement["Resource"] == f"<arn:{topic['name']}>"
     assert statement["Condition"]["ArnEquals"] == {"aws:SourceArn": f"<arn:{ws['name']}>"}
     (am,) = _of(amp, "aws:amp/alertManagerDefinition:AlertManagerDefinition")
-    config = yaml.safe_load(yaml.safe_load(am["inputs"]["definition"])["alertmanager_config"])
+    config = yaml_text.safe_load(yaml_text.safe_load(am["inputs"]["definition"])["alertmanager_config"])
     (receiver,) = config["receivers"]
     assert config["route"]["receiver"] == receiver["name"]
     (sns,) = receiver["sns_configs"]

@@ -25,6 +25,7 @@ from infra.preview.synth import synthesize
 from policies import network_policy as NP
 from infra.config import load_stack_file
 from tests.test_rayspec import make_spec, stack_plan
+from tests import yaml_text
 
 NS = "gpu-serving"
 RAY_PORTS = (serving_spec.GCS_PORT, serving_spec.DASHBOARD_PORT, serving_spec.CLIENT_PORT)
@@ -441,11 +442,11 @@ def test_operator_metrics_open_to_the_configured_clients_only():
 def test_the_metrics_targets_are_the_pinned_charts():
     """What the vendored chart values say: KubeRay's metrics Service port, and that no gpu-operator operand runs in the
     host's network (a NetworkPolicy would not apply to it)."""
-    kuberay = yaml.safe_load((UPSTREAM / KUBERAY_OPERATOR.upstream_folder / "values.yaml").read_text())
+    kuberay = yaml_text.safe_load((UPSTREAM / KUBERAY_OPERATOR.upstream_folder / "values.yaml").read_text())
     (target,) = operators.METRICS_TARGETS[KUBERAY_OPERATOR.namespace]
     assert target.ports == (kuberay["service"]["port"],) and kuberay["metrics"]["enabled"] is True
     assert kuberay["nameOverride"] == target.selector["app.kubernetes.io/name"]
-    gpu = yaml.safe_load((UPSTREAM / GPU_OPERATOR.upstream_folder / "values.yaml").read_text())
+    gpu = yaml_text.safe_load((UPSTREAM / GPU_OPERATOR.upstream_folder / "values.yaml").read_text())
     host_network = {k: v["hostNetwork"] for k, v in gpu.items() if isinstance(v, dict) and "hostNetwork" in v}
     assert host_network and not any(host_network.values()), host_network
     assert gpu["nodeStatusExporter"]["enabled"] is False and gpu["dcgm"]["enabled"] is False  # ports 8000, 5555: not served

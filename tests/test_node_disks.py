@@ -25,7 +25,6 @@ from typing import Any
 import botocore.session
 import jsonschema
 import pytest
-import yaml
 from moto.utilities.utils import load_resource
 
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
@@ -33,6 +32,7 @@ from infra.aws import gpu_nodes as g
 from infra.catalog.instances import INSTANCE_TYPES, get_instance_type
 from infra.preview.recording import record
 from tests.test_rayspec import _strict
+from tests import yaml_text
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -67,7 +67,7 @@ def _parts(user_data: str) -> list[email.message.Message]:
 def _node_config(text: str) -> dict:
     (part,) = _parts(text)
     assert part.get_content_type() == g.NODEADM_CONTENT_TYPE
-    return yaml.safe_load(part.get_payload())
+    return yaml_text.safe_load(part.get_payload())
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCE_TYPES))
@@ -123,7 +123,7 @@ def test_the_merge_model_reproduces_nodeadms_own_case(fixture_file):
     """The merge above, on nodeadm's e2e case (tests/e2e/cases/containerd-base-runtime-spec): its
     expected file is what nodeadm wrote, so the model replaces arrays as nodeadm does."""
     default = json.loads(fixture_file("amazon-eks-ami-nodeadm", "base-runtime-spec.json").read_text())
-    case = yaml.safe_load(fixture_file("amazon-eks-ami-nodeadm", "e2e-containerd-base-runtime-spec-config.yaml").read_text())
+    case = yaml_text.safe_load(fixture_file("amazon-eks-ami-nodeadm", "e2e-containerd-base-runtime-spec-config.yaml").read_text())
     expected = json.loads(fixture_file("amazon-eks-ami-nodeadm", "e2e-containerd-base-runtime-spec-expected.json").read_text())
     assert _nodeadm_merge(_as_go_float64(default), _as_go_float64(case["spec"]["containerd"]["baseRuntimeSpec"])) == expected
 
@@ -155,7 +155,7 @@ def test_unlimited_would_not_survive_nodeadms_merge():
 
 
 def test_the_node_config_validates_against_nodeadms_crd(fixture_file):
-    crd = yaml.safe_load(fixture_file("amazon-eks-ami-nodeadm", "node.eks.aws_nodeconfigs.yaml").read_text())
+    crd = yaml_text.safe_load(fixture_file("amazon-eks-ami-nodeadm", "node.eks.aws_nodeconfigs.yaml").read_text())
     (served,) = [v for v in crd["spec"]["versions"] if v["served"] and v["name"] == g.NODEADM_API_VERSION.split("/")[1]]
     assert crd["spec"]["group"] == g.NODEADM_API_VERSION.split("/")[0] and crd["spec"]["names"]["kind"] == "NodeConfig"
     schema = _strict(served["schema"]["openAPIV3Schema"])

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
 
 from infra.catalog.eks import ADDONS_AFTER_NODES, NODE_MONITORING_ADDON
 from infra.catalog.eks_versions import ADDON_VERSIONS, supported_versions
 from infra.k8s.helm_values import gpu_operator_values
 from infra.preview.synth import synthesize
+from tests import yaml_text
 
 AGENT = Path(__file__).parent / "fixtures" / "eks-node-monitoring-agent-v1.7.0"
 ADDON = "aws:eks/addon:Addon"
@@ -56,7 +56,7 @@ def instance_types(doc: dict, group: dict) -> set[str]:
 
 
 def chart_values() -> dict:
-    return yaml.safe_load((AGENT / "values.yaml").read_text())
+    return yaml_text.safe_load((AGENT / "values.yaml").read_text())
 
 
 def tolerates(tolerations: list[dict], taint: dict) -> bool:
@@ -113,7 +113,7 @@ def test_no_second_host_engine_asks_for_the_same_host_port():
 
 
 def test_the_addon_is_pinned_for_every_version_and_waits_for_nodes():
-    chart = yaml.safe_load((AGENT / "Chart.yaml").read_text())
+    chart = yaml_text.safe_load((AGENT / "Chart.yaml").read_text())
     assert chart["name"] == NODE_MONITORING_ADDON  # the add-on carries its chart's name
     assert NODE_MONITORING_ADDON in ADDONS_AFTER_NODES
     for version in supported_versions():

@@ -32,7 +32,6 @@ import kubernetes_validate
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
-import yaml
 
 from components.operators import (
     NAMESPACE_LABELS,
@@ -64,6 +63,7 @@ from infra.k8s.helm_values import (
     kuberay_watch_namespaces,
 )
 from infra.preview.recording import Recording, record
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -106,7 +106,7 @@ def commented_default(text: str, key: str) -> Any:
         if not re.match(r"#\s{2,}\S", line):
             break
         block.append(line[1:].removeprefix(" "))
-    return yaml.safe_load("\n".join(block))[key]
+    return yaml_text.safe_load("\n".join(block))[key]
 
 
 def commented_nested_default(text: str, parent: str, key: str) -> Any:
@@ -123,7 +123,7 @@ def commented_nested_default(text: str, parent: str, key: str) -> Any:
                 if not re.match(rf"{indent}\s+#", line):
                     break
                 block.append(re.sub(r"# ?", "", line, count=1))
-            return yaml.safe_load("\n".join(block))[key]
+            return yaml_text.safe_load("\n".join(block))[key]
     raise AssertionError(f"values.yaml has no commented-out {parent}.{key}")
 
 
@@ -180,7 +180,7 @@ def unknown_paths(ours: dict, defaults: dict, free_form: set[tuple[str, ...]], p
 
 @lru_cache(maxsize=None)
 def _upstream_values(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return yaml_text.safe_load(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -410,7 +410,7 @@ def test_instance_without_efa_needs_no_plugin():
 
 def _known_charts(fixture_file) -> dict[str, tuple[str, str]]:
     """chart -> (repository, version) from tests/fixtures/charts.yaml (each entry with its source)."""
-    doc = yaml.safe_load(fixture_file("charts.yaml").read_text())
+    doc = yaml_text.safe_load(fixture_file("charts.yaml").read_text())
     return {c["chart"]: (c["repository"], c["version"]) for c in doc["charts"]}
 
 
@@ -422,7 +422,7 @@ def test_charts_match_facts_and_upstream(fixture_file):
         assert folder.is_dir(), f"no upstream copy for {chart.chart} {chart.version}: {folder}"
         chart_yaml = folder / "Chart.yaml"
         if chart_yaml.exists():  # the gpu-operator copy has values.yaml only: its folder name is the version
-            meta = yaml.safe_load(chart_yaml.read_text())
+            meta = yaml_text.safe_load(chart_yaml.read_text())
             assert (meta["name"], str(meta["version"])) == (chart.chart, chart.version)
     assert len({c.release for c in CHARTS}) == len(CHARTS)
 

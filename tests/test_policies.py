@@ -38,6 +38,7 @@ from infra.k8s.exposure import INTERNAL_NLB_ANNOTATIONS
 from infra.preview.synth import synthesize
 from policies import rules as R
 from tests import cli_in_process
+from tests import yaml_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
@@ -852,7 +853,7 @@ def test_cli_check_json_and_a_failing_stack(tmp_path: Path, monkeypatch):
     root.mkdir()
     for name in ("Pulumi.yaml", "__main__.py"):
         (root / name).write_text((REPO_ROOT / name).read_text())
-    stack = yaml.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    stack = yaml_text.safe_load((REPO_ROOT / "Pulumi.prod.yaml").read_text())
     # The config refuses 0.0.0.0/0 in production; a non-production copy passes the config, not the policy.
     stack["config"]["gpu-serving:lifecycle"] = {"production": False, "owner": "ci", "expiresAt": "2026-12-31T23:00:00Z"}
     stack["config"]["gpu-serving:cluster"].update(endpointAccess="public-restricted", deployerCidrs=["0.0.0.0/0"])
@@ -886,7 +887,7 @@ def test_cli_check_unknown_stack_is_a_user_error():
 
 
 def test_pack_files():
-    meta = yaml.safe_load((REPO_ROOT / "policies" / "PulumiPolicy.yaml").read_text())
+    meta = yaml_text.safe_load((REPO_ROOT / "policies" / "PulumiPolicy.yaml").read_text())
     assert meta["runtime"]["name"] == "python" and meta["version"]
     reqs = [l.split("#")[0].strip() for l in (REPO_ROOT / "policies" / "requirements.txt").read_text().splitlines()]
     pins = dict(l.split("==") for l in reqs if l)

@@ -39,6 +39,7 @@ from infra.config import load_stack_file, read_stack_file
 from infra.errors import UserError
 from infra.planning.plan import make_plan
 from infra.k8s.serving_spec import Clients, ServingSpec
+from tests import yaml_text
 
 # What the head adds to the plan's arguments: the API key guard (infra/k8s/scripts/api_guard.py).
 API_GUARD = ["--middleware", serving_spec.API_GUARD_MIDDLEWARE]
@@ -177,7 +178,7 @@ StrictCRDValidator = jsonschema.validators.extend(jsonschema.Draft7Validator, {"
 
 @pytest.fixture(scope="module")
 def crd(fixture_file) -> dict:
-    doc = yaml.safe_load(fixture_file("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml").read_text())
+    doc = yaml_text.safe_load(fixture_file("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml").read_text())
     (served,) = [v for v in doc["spec"]["versions"] if v["name"] == "v1" and v["served"]]
     return served["schema"]["openAPIV3Schema"]
 

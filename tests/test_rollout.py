@@ -37,7 +37,6 @@ from typing import Any, Optional
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from infra.catalog.eks_versions import today
@@ -48,6 +47,7 @@ from infra.k8s import script_files
 from infra.k8s.scripts import stage_weights
 from infra.ops.kubeapi import KubeApi, load_kubeconfig
 from infra.preview.synth import synthesize
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "k8s-aws-v1.test-token"
@@ -87,7 +87,7 @@ def k8s_version() -> str:
 
 @lru_cache(maxsize=None)
 def raycluster_schema() -> dict:
-    crd = yaml.safe_load((REPO / "tests/fixtures/upstream/kuberay-operator-1.7.0/ray.io_rayclusters.yaml").read_text())
+    crd = yaml_text.safe_load((REPO / "tests/fixtures/upstream/kuberay-operator-1.7.0/ray.io_rayclusters.yaml").read_text())
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return served["schema"]["openAPIV3Schema"]
 

@@ -64,6 +64,7 @@ from infra.k8s import script_files
 from infra.k8s.scripts.stage_weights import EXIT_SOURCE, MARKER_NAME
 from infra.k8s.staging import STAGING_UID, staging_deadline_s
 from infra.preview.synth import plain
+from tests import yaml_text
 
 K8S_VERSION = "1.33.0"
 TOKEN = "hf_NeverInPlainText0123456789"
@@ -1108,7 +1109,7 @@ def test_the_stack_names_the_job_by_its_staging_run(tmp_path):
     root.mkdir()
     for name in ("__main__.py", "Pulumi.yaml"):
         (root / name).symlink_to(repo / name)
-    cfg = yaml.safe_load((repo / "Pulumi.test.yaml").read_text())
+    cfg = yaml_text.safe_load((repo / "Pulumi.test.yaml").read_text())
 
     def job_name(run):
         cfg["config"]["gpu-serving:storage"] = {"stagingRun": run}

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import moto
 import pytest
-import yaml
 
 from infra.config import load_stack_file
 from infra.errors import UserError
@@ -29,6 +28,7 @@ from infra.preview.synth import synthesize
 from tests.conftest import fixture_path
 from tests.project_copy import edited_project
 from tests.test_monitoring import _merged, chart_defaults
+from tests import yaml_text
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,12 +58,12 @@ def test_the_kubelet_reservations_follow_nodeadm():
 
 def test_chart_figures_are_the_pinned_charts_defaults():
     pods = {p.name: p for p in sn.system_pods(sn.SystemRequest("m7i.xlarge", 2, 500, 1024))}
-    gpu_op = yaml.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
+    gpu_op = yaml_text.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
     assert gpu_op["operator"]["resources"]["requests"] == {"cpu": f"{pods['gpu-operator'].cpu_m}m", "memory": f"{pods['gpu-operator'].memory_mib}Mi"}
-    kuberay = yaml.safe_load(fixture_path("upstream", "kuberay-operator-1.7.0", "values.yaml").read_text())["resources"]
+    kuberay = yaml_text.safe_load(fixture_path("upstream", "kuberay-operator-1.7.0", "values.yaml").read_text())["resources"]
     assert "requests" not in kuberay  # limits only: Kubernetes copies them into the requests
     assert kuberay["limits"] == {"cpu": f"{pods['kuberay-operator'].cpu_m}m", "memory": f"{pods['kuberay-operator'].memory_mib}Mi"}
-    nma = yaml.safe_load(fixture_path("eks-node-monitoring-agent-v1.7.0", "values.yaml").read_text())["nodeAgent"]["resources"]["requests"]
+    nma = yaml_text.safe_load(fixture_path("eks-node-monitoring-agent-v1.7.0", "values.yaml").read_text())["nodeAgent"]["resources"]["requests"]
     assert nma == {"cpu": f"{pods['eks-node-monitoring-agent'].cpu_m}m", "memory": f"{pods['eks-node-monitoring-agent'].memory_mib}Mi"}
     # kube-prometheus-stack's own pods: the chart sets no requests (tests/test_monitoring.py: `resources: {}` at every
     # key); the stack's values set them and the plan sums the same (test_the_plan_sums_what_the_release_requests).
@@ -215,7 +215,7 @@ def test_daemonsets_are_counted_on_every_node_and_deployments_by_replicas():
     their charts' replicaCount 2, the rest single (gpu-operator values: nfd gc.replicaCount 1)."""
     for name in ("eks-node-monitoring-agent-v1.7.0/daemonset.yaml", "metrics/efa/prometheus-node-exporter-4.56.1-daemonset.yaml"):
         assert "kind: DaemonSet" in fixture_path(*name.split("/")).read_text()
-    gpu_op = yaml.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
+    gpu_op = yaml_text.safe_load(fixture_path("upstream", "gpu-operator-v26.7.0", "values.yaml").read_text())
     assert gpu_op["node-feature-discovery"]["gc"]["replicaCount"] == 1
     pods = sn.system_pods(sn.SystemRequest("m7i.xlarge", 3, 500, 1024))
     assert {p.name for p in pods if p.per_node} == {"aws-node", "kube-proxy", "eks-pod-identity-agent", "ebs-csi-node", "efs-csi-node",

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 import typer
-import yaml
 
 from infra.cli.app import app
 from tests.requirement_files import DEV, PROGRAM, TOOLS, included
+from tests import yaml_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
@@ -57,7 +57,7 @@ ROLES_DIR = REPO_ROOT / "ci" / "roles"
 def load(name: str) -> dict:
     path = WORKFLOWS / name
     assert path.is_file(), f"missing workflow {path}"
-    doc = yaml.safe_load(path.read_text())
+    doc = yaml_text.safe_load(path.read_text())
     assert isinstance(doc, dict), name
     return doc
 
@@ -126,7 +126,7 @@ def _collect() -> list[tuple[str, str, tuple[str, ...]]]:
         path = WORKFLOWS / name
         if not path.is_file():
             continue
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml_text.safe_load(path.read_text()) or {}
         for job_id, job in (doc.get("jobs") or {}).items():
             for step in steps(job):
                 for call in infra_calls(str(step.get("run", ""))):
@@ -385,7 +385,7 @@ def pin_problems(text: str) -> list[str]:
         elif not RELEASE_COMMENT.match(rest):
             problems.append(f"line {n}: {ref} has no trailing `# vX.Y.Z` naming the release of that commit")
     # Whatever YAML reads as a `uses:` must be one the line scan saw (a flow mapping would hide one).
-    doc = yaml.safe_load(text) or {}
+    doc = yaml_text.safe_load(text) or {}
     seen = {m["ref"] for line in text.splitlines() if (m := _USES_LINE.match(line))}
     for job_id, job in (doc.get("jobs") or {}).items():
         for ref in [job.get("uses")] + [s.get("uses") for s in steps(job)]:
@@ -546,10 +546,10 @@ def test_the_pin_check_catches_what_is_not_pinned_by_commit():
 
 
 def test_the_hardening_check_catches_each_way_to_hand_out_too_much():
-    assert hardening_problems(yaml.safe_load(GOOD)) == []
+    assert hardening_problems(yaml_text.safe_load(GOOD)) == []
 
     def spoiled(change) -> dict:
-        doc = yaml.safe_load(GOOD)
+        doc = yaml_text.safe_load(GOOD)
         change(doc)
         return doc
 
@@ -600,7 +600,7 @@ def test_the_hardening_check_catches_each_way_to_hand_out_too_much():
         assert any(message in p for p in problems), f"not caught: {what}: {problems}"
     # YAML 1.1 reads a bare `on:` as True: a text snippet is caught as well as a parsed mapping.
     text = GOOD.replace("on: pull_request", "on:\n  pull_request_target:\n    branches: [main]")
-    assert any("pull_request_target" in p for p in hardening_problems(yaml.safe_load(text)))
+    assert any("pull_request_target" in p for p in hardening_problems(yaml_text.safe_load(text)))
 
 
 # --------------------------------------------------------------------------- pull-request.yml
