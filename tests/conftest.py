@@ -46,7 +46,8 @@ PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 
 
 # Where this run's processes share what they computed (a directory of this run alone): the SLA
-# capacities (infra/planning/capacity_cache.py) and checkov's reports (tests/checkov_runs.py).
+# capacities (infra/planning/capacity_cache.py), checkov's reports (tests/checkov_runs.py) and the
+# repository's stacks synthesized (tests/synthesized.py).
 SHARED_ENV = "GPU_SERVING_TEST_SHARED"
 
 
@@ -56,7 +57,8 @@ def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
     under pytest-xdist the workers' temporary directories have a parent that is this run's
     alone. In it, one SLA capacity cache (infra/planning/capacity_cache.py: prod's search,
     seconds each time, runs once per run instead of once per test file; a test that must
-    compute afresh unsets GPU_SERVING_SLA_CACHE) and checkov's reports (tests/checkov_runs.py)."""
+    compute afresh unsets GPU_SERVING_SLA_CACHE), checkov's reports (tests/checkov_runs.py) and
+    the synthesis of the repository's prod and test stacks (tests/synthesized.py)."""
     from infra.planning.capacity_cache import ENV
 
     base = tmp_path_factory.getbasetemp()

@@ -28,6 +28,7 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from infra.aws import access
 from infra.config import engine_config
 from infra.preview.recording import STACK_TYPE, Recording, placeholder, record
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "aws:eks/cluster:Cluster"
@@ -268,9 +269,7 @@ def test_production_never_opens_the_endpoint_to_the_internet():
 
 def test_the_deploying_pages_two_step_first_up_excludes_the_real_provider():
     # The first step skips the Kubernetes provider by its URN: the one the engine gives it in the prod stack.
-    from infra.preview.synth import synthesize
-
-    (provider,) = [r for r in synthesize("prod", REPO)["resources"] if r["type"] == K8S_PROVIDER]
+    (provider,) = [r for r in repo_stack("prod")["resources"] if r["type"] == K8S_PROVIDER]
     readme = (REPO / "docs" / "deploying.md").read_text()
     assert f"--exclude '{provider['urn']}'" in readme.replace("\\\n  ", "")
     assert "--exclude-dependents" in readme and access.TUNNEL_DOCUMENT in readme

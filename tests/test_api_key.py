@@ -18,8 +18,8 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from components.serving import API_KEY_LENGTH
 from infra.catalog.vllm import load_reference
 from infra.k8s import checks, raycluster, script_files, serving_spec
-from infra.preview.synth import synthesize
 from tests.test_serving import JOB, RC, SECRET, run, spec
+from tests.synthesized import repo_stack
 
 KEY = "k" * 48
 
@@ -163,7 +163,7 @@ def test_the_head_hands_the_files_key_to_vllm_and_the_benchmark_to_its_client(tm
 
 
 def test_the_key_is_random_long_and_a_secret_output():
-    doc = synthesize("prod")
+    doc = repo_stack("prod")
     (password,) = [r for r in doc["resources"] if r["type"] == "random:index/randomPassword:RandomPassword" and r["name"].endswith("-api-key")]
     assert password["inputs"]["length"] == API_KEY_LENGTH >= 32 and password["inputs"]["special"] is False
     assert 62 ** API_KEY_LENGTH > 2**256  # letters and digits: more than 256 bits

@@ -17,6 +17,7 @@ import botocore.session
 import pytest
 
 from infra.preview.synth import synthesize
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,7 @@ def _capacity_block_repo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory) -> dict[str, dict]:
-    docs = {stack: synthesize(stack, REPO) for stack in ("prod", "test")}
+    docs = {stack: repo_stack(stack) for stack in ("prod", "test")}
     docs["prod-capacity-block"] = synthesize("prod", _capacity_block_repo(tmp_path_factory))
     return docs
 

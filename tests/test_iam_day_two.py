@@ -24,6 +24,7 @@ from infra.preview.diff import CLUSTER, FORCE_NEW, LAUNCH_TEMPLATE, NODE_GROUP, 
 from infra.preview.recording import placeholder, record
 from infra.preview.synth import document, synthesize
 from tests.project_copy import edited_project
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 K8S_PROVIDER = "pulumi:providers:kubernetes"
@@ -35,7 +36,7 @@ BOOTSTRAP = "accessConfig.bootstrapClusterCreatorAdminPermissions"
 
 @pytest.fixture(scope="module")
 def prod() -> dict:
-    return synthesize("prod", REPO)
+    return repo_stack("prod")
 
 
 @pytest.fixture(scope="module")

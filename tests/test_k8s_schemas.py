@@ -19,8 +19,8 @@ import pytest
 
 from infra.catalog.eks_versions import today
 from infra.config import load_stack_file
-from infra.preview.synth import synthesize
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERAY_CRD = ("upstream", "kuberay-operator-1.7.0", "ray.io_rayclusters.yaml")
@@ -55,7 +55,7 @@ def _manifest(resource: dict) -> dict:
 
 @lru_cache(maxsize=None)
 def _objects(stack: str) -> list[dict]:
-    doc = synthesize(stack, REPO)
+    doc = repo_stack(stack)
     return [r for r in doc["resources"] if r["type"].startswith("kubernetes:") and not r["type"].startswith(NOT_OBJECTS)]
 
 

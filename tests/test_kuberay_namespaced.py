@@ -36,6 +36,7 @@ from infra.preview.diff import diff
 from infra.preview.synth import synthesize
 from tests.helm_subset import Context, Failed, Unsupported, evaluate, render
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "tests/fixtures/kuberay-operator-1.7.0-templates"
@@ -163,7 +164,7 @@ def test_the_renderer_fails_loudly_on_what_it_does_not_know():
 
 @pytest.fixture(scope="module")
 def prod() -> dict:
-    return synthesize("prod", REPO)
+    return repo_stack("prod")
 
 
 def _kuberay_release(doc: dict) -> dict:

@@ -34,6 +34,7 @@ from tests.project_copy import edited_project
 from tests.test_operators import unknown_paths
 from tests.test_rayspec import crd_errors
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 UPSTREAM = REPO / "tests" / "fixtures" / "upstream" / KUBE_PROMETHEUS_STACK.upstream_folder
@@ -343,7 +344,7 @@ def test_the_monitoring_pods_sum_their_containers():
 
 @pytest.fixture(scope="module")
 def prod() -> dict:
-    return synthesize("prod", REPO)
+    return repo_stack("prod")
 
 
 @pytest.fixture(scope="module")

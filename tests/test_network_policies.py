@@ -21,11 +21,11 @@ import pytest
 
 from infra.k8s import checks, exposure, network_policies as builders, raycluster, serving_spec
 from infra.k8s.serving_spec import Clients
-from infra.preview.synth import synthesize
 from policies import network_policy as NP
 from infra.config import load_stack_file
 from tests.test_rayspec import make_spec, stack_plan
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 NS = "gpu-serving"
 RAY_PORTS = (serving_spec.GCS_PORT, serving_spec.DASHBOARD_PORT, serving_spec.CLIENT_PORT)
@@ -328,7 +328,7 @@ def test_the_templates_carry_the_labels_the_policies_select():
 
 def test_the_prod_synthesis_refuses_outsiders_and_admits_the_raycluster():
     """The objects the prod program really declares, not the builders: default deny, DNS, Ray, staging."""
-    doc = synthesize("prod")
+    doc = repo_stack("prod")
     nps = [
         {"metadata": {"namespace": r["inputs"]["metadata"]["namespace"], "name": r["inputs"]["metadata"]["name"]}, "spec": r["inputs"]["spec"]}
         for r in doc["resources"]
@@ -456,7 +456,7 @@ def test_the_metrics_targets_are_the_pinned_charts():
 
 
 def test_the_prod_synthesis_puts_them_in_place_before_the_releases():
-    doc = synthesize("prod")
+    doc = repo_stack("prod")
     nps = [r for r in doc["resources"] if r["type"] == "kubernetes:networking.k8s.io/v1:NetworkPolicy"]
     by_ns: dict[str, set] = {}
     for r in nps:

@@ -18,8 +18,8 @@ import pytest
 from infra.catalog.eks import ADDONS_AFTER_NODES, NODE_MONITORING_ADDON
 from infra.catalog.eks_versions import ADDON_VERSIONS, supported_versions
 from infra.k8s.helm_values import gpu_operator_values
-from infra.preview.synth import synthesize
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 AGENT = Path(__file__).parent / "fixtures" / "eks-node-monitoring-agent-v1.7.0"
 ADDON = "aws:eks/addon:Addon"
@@ -30,7 +30,7 @@ EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SC
 
 @functools.lru_cache(maxsize=None)
 def synth(stack: str) -> dict:
-    return synthesize(stack)
+    return repo_stack(stack)
 
 
 def resources(doc: dict, token: str) -> list[dict]:

@@ -39,6 +39,7 @@ from infra.preview.synth import synthesize
 from policies import rules as R
 from tests import cli_in_process
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
@@ -503,12 +504,12 @@ def test_rules_import_only_the_standard_library(path):
 
 @pytest.fixture(scope="module")
 def prod_doc() -> dict:
-    return synthesize("prod")
+    return repo_stack("prod")
 
 
 @pytest.fixture(scope="module")
 def test_doc() -> dict:
-    return synthesize("test")
+    return repo_stack("test")
 
 
 def test_prod_and_test_stacks_pass_every_rule(prod_doc, test_doc):

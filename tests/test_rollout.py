@@ -46,8 +46,8 @@ from infra.config import load_stack_file
 from infra.k8s import script_files
 from infra.k8s.scripts import stage_weights
 from infra.ops.kubeapi import KubeApi, load_kubeconfig
-from infra.preview.synth import synthesize
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "k8s-aws-v1.test-token"
@@ -67,7 +67,7 @@ def ts(minutes: float) -> str:
 def synthesized() -> dict[str, dict]:
     """kind -> the prod program's manifest of the staging Job, the RayCluster and the API Service."""
     out = {}
-    for r in synthesize("prod", REPO)["resources"]:
+    for r in repo_stack("prod")["resources"]:
         kind = {"kubernetes:batch/v1:Job": "Job", "kubernetes:ray.io/v1:RayCluster": "RayCluster"}.get(r["type"])
         if r["type"] == "kubernetes:core/v1:Service" and r["inputs"]["metadata"]["name"].endswith("-api"):
             kind = "Service"

@@ -41,6 +41,7 @@ from infra.preview.recording import record
 from infra.preview.synth import document, synthesize
 from tests import checkov_runs, cli_in_process
 from tests import requirement_files as rf
+from tests.synthesized import repo_stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
@@ -48,7 +49,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMP
 
 @functools.lru_cache(maxsize=None)
 def synth(stack: str) -> dict:
-    return synthesize(stack)
+    return repo_stack(stack)
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import pytest
 
-from infra.preview.synth import synthesize
+from tests.synthesized import repo_stack
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 # EKS node group taint effects -> the node's taint as Kubernetes shows it (EKS User
@@ -25,7 +25,7 @@ EKS_TO_K8S_EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PR
 
 @lru_cache(maxsize=None)
 def _doc(stack: str) -> dict:
-    return synthesize(stack)
+    return repo_stack(stack)
 
 
 def _node_groups(doc: dict) -> dict[str, dict]:

@@ -65,6 +65,7 @@ from infra.k8s.scripts.stage_weights import EXIT_SOURCE, MARKER_NAME
 from infra.k8s.staging import STAGING_UID, staging_deadline_s
 from infra.preview.synth import plain
 from tests import yaml_text
+from tests.synthesized import repo_stack
 
 K8S_VERSION = "1.33.0"
 TOKEN = "hf_NeverInPlainText0123456789"
@@ -181,9 +182,7 @@ def s3_ephemeral(prod_storage):
 @pytest.fixture(scope="module")
 def prod_doc():
     """The prod stack's synthesis (the real program, its config)."""
-    from infra.preview.synth import synthesize
-
-    return synthesize("prod")
+    return repo_stack("prod")
 
 
 @pytest.fixture(scope="module")
