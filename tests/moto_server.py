@@ -14,7 +14,10 @@ Import the fixtures into a test module:
   instance metadata service is switched off), resets the server's state, and
   refuses, for the duration of the test, any socket connection from this process
   to an address other than 127.0.0.1. A subprocess started with `os.environ`
-  inherits the same settings. Yields the URL.
+  inherits the same settings. Yields the URL. The sessions the tools make
+  (infra/ops/aws.py new_session) read one shared copy of botocore's service
+  models (`new_session` here); `client(service)` is a client of the server made
+  once per process.
 
 Nothing here ever talks to AWS: every client the code under test builds goes to
 `AWS_ENDPOINT_URL`, and the guard turns a slip into a test failure instead of a
@@ -37,9 +40,11 @@ parameters it ships; PutParameter refuses names under `/aws`, as AWS does.
 
 from __future__ import annotations
 
+import functools
+import os
 import socket
 import urllib.request
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -107,12 +112,50 @@ def _guard_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
 
 
+@functools.cache
+def _service_models():
+    """One botocore loader of service models for the sessions the tests make: a new session reads and
+    parses the models again (EC2's is megabytes of JSON), and the pre-flight tests alone make 50 sessions
+    of six clients each (0.42 s per session with a loader of its own, 0.18 s with this one)."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
+
+
+def new_session(region: Optional[str] = None):
+    """`boto3.session.Session(region_name=region)`, as infra/ops/aws.py new_session makes it (the
+    standard configuration: here the `aws` fixture's environment), reading the shared service models."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.get_session()
+    loader = _service_models()
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core, region_name=region)
+    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))  # boto3 appends its data path each time
+    return session
+
+
+@functools.cache
+def _client(service: str, region: str, endpoint: str):
+    return new_session(region).client(service, region_name=region)
+
+
+def client(service: str, region: str = REGION):
+    """A boto3 client of the moto server (the `aws` fixture's), made once per process: an EC2 client
+    takes tens of milliseconds to make, and the tests that seed the server need a dozen per stack."""
+    return _client(service, region, os.environ["AWS_ENDPOINT_URL"])
+
+
 @pytest.fixture
 def aws(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from infra.ops import aws as ops_aws
+
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in aws_environment(moto_server).items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(ops_aws, "new_session", new_session)
     reset(moto_server)
     _guard_connections(monkeypatch)
     yield moto_server
@@ -160,9 +203,7 @@ class Gaps:
         return self
 
     def session(self, region: str = REGION):
-        import boto3
-
-        session = boto3.session.Session(region_name=region)
+        session = new_session(region)
         self.install(session)
         return session
 

@@ -37,14 +37,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import boto3
 import pytest
 from typer.testing import CliRunner
 
 from infra.ops import aws as ops_aws
 from infra.ops import sweep as sw
 from infra.cli.app import app
-from tests.moto_server import REGION, GapError, Gaps, aws, moto_server  # noqa: F401  (pytest fixtures)
+from tests.moto_server import REGION, GapError, Gaps, aws, client, moto_server  # noqa: F401  (pytest fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -125,8 +124,8 @@ class Seeded:
 def seed_stack(s: Seeded, owner: str, n: int, *, full: bool) -> None:
     """One stack's leftovers. `full`: every kind the sweeper knows (else the network core and a few)."""
     t = tags_for(owner)
-    ec2, efs, elb, eks = (boto3.client(x, region_name=REGION) for x in ("ec2", "efs", "elbv2", "eks"))
-    ecr, kms, logs, iam = (boto3.client(x, region_name=REGION) for x in ("ecr", "kms", "logs", "iam"))
+    ec2, efs, elb, eks = (client(x) for x in ("ec2", "efs", "elbv2", "eks"))
+    ecr, kms, logs, iam = (client(x) for x in ("ecr", "kms", "logs", "iam"))
     vpc = s.add(owner, "ec2:vpc", ec2.create_vpc(CidrBlock=f"10.{n}.0.0/16", TagSpecifications=spec("vpc", t))["Vpc"]["VpcId"])
     sub_a = s.add(owner, "ec2:subnet", ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.{n}.1.0/24", AvailabilityZone="us-east-1a",
                                                          TagSpecifications=spec("subnet", t))["Subnet"]["SubnetId"])  # fmt: skip
@@ -202,7 +201,7 @@ def seed_stack(s: Seeded, owner: str, n: int, *, full: bool) -> None:
 
 def seed_eks_leftovers(s: Seeded, owner: str, cluster: str, subnet: str, t: dict[str, str]) -> None:
     """What EKS and the VPC CNI create in a cluster's name without the stack's tags."""
-    ec2, logs, asg = (boto3.client(x, region_name=REGION) for x in ("ec2", "logs", "autoscaling"))
+    ec2, logs, asg = (client(x) for x in ("ec2", "logs", "autoscaling"))
     found: set[tuple[str, str]] = set()
     cni = ec2.create_network_interface(SubnetId=subnet, Description="aws-K8S-i-0123456789abcdef0",
                                        TagSpecifications=spec("network-interface", {"cluster.k8s.amazonaws.com/name": cluster}))
@@ -232,7 +231,7 @@ def seed() -> Seeded:
     seed_stack(s, "prod", 2, full=True)
     seed_stack(s, "later", 3, full=True)
     seed_stack(s, "untagged", 4, full=True)
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = client("ec2")
     odd = {
         "tomorrow": {"project": "gpu-serving", "lifecycle": "ephemeral", "expires-at": "tomorrow"},
         "naive": {"project": "gpu-serving", "lifecycle": "ephemeral", "expires-at": "2020-01-01T00:00:00"},
@@ -258,8 +257,8 @@ def keys(entries: list[sw.Entry]) -> set[tuple[str, str]]:
 
 def still_there(s: Seeded) -> set[tuple[str, str]]:
     """Every seeded (kind, id) that the AWS APIs still show."""
-    ec2, efs, elb, eks = (boto3.client(x, region_name=REGION) for x in ("ec2", "efs", "elbv2", "eks"))
-    ecr, kms, logs, iam = (boto3.client(x, region_name=REGION) for x in ("ecr", "kms", "logs", "iam"))
+    ec2, efs, elb, eks = (client(x) for x in ("ec2", "efs", "elbv2", "eks"))
+    ecr, kms, logs, iam = (client(x) for x in ("ecr", "kms", "logs", "iam"))
     live: set[tuple[str, str]] = set()
     for res in ec2.describe_instances()["Reservations"]:
         live |= {("ec2:instance", i["InstanceId"]) for i in res["Instances"] if i["State"]["Name"] != "terminated"}
@@ -288,7 +287,7 @@ def still_there(s: Seeded) -> set[tuple[str, str]]:
     live |= {("logs:log-group", g["logGroupName"]) for g in logs.describe_log_groups()["logGroups"]}
     live |= {("iam:role", r["RoleName"]) for r in iam.list_roles()["Roles"]}
     live |= {("iam:instance-profile", p["InstanceProfileName"]) for p in iam.list_instance_profiles()["InstanceProfiles"]}
-    asg = boto3.client("autoscaling", region_name=REGION)
+    asg = client("autoscaling")
     live |= {("autoscaling:group", g["AutoScalingGroupName"]) for g in asg.describe_auto_scaling_groups()["AutoScalingGroups"]}
     return live
 
@@ -352,7 +351,7 @@ def test_order_covers_every_kind_once():
 
 def test_the_shared_aws_helpers_read_real_errors(aws):
     """infra/ops/aws.py, on the errors the moto server and botocore actually raise."""
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = client("ec2")
     with pytest.raises(Exception) as missing:
         ec2.describe_vpcs(VpcIds=["vpc-00000000"])
     assert ops_aws.error_code(missing.value) == "InvalidVpcID.NotFound"
@@ -441,7 +440,7 @@ def test_yes_deletes_exactly_the_expired_in_dependency_order(seeded, session):
     # The KMS key is scheduled for deletion (7 days), its alias gone; the role's policies were detached first.
     kms_entry = next(e for e in report.deleted if e.resource.kind == "kms:key")
     assert "deletion scheduled for" in kms_entry.detail
-    assert "alias/eks-expired-1" not in {a["AliasName"] for a in boto3.client("kms", region_name=REGION).list_aliases()["Aliases"]}
+    assert "alias/eks-expired-1" not in {a["AliasName"] for a in client("kms").list_aliases()["Aliases"]}
     sg_entries = [e for e in report.deleted if e.resource.kind == "ec2:security-group"]
     assert any("after revoking" in e.detail for e in sg_entries)
 
@@ -475,7 +474,7 @@ def test_yes_deletes_exactly_the_expired_in_dependency_order(seeded, session):
 
 def test_failures_are_reported_and_production_is_left_alone(aws):
     # An expired VPC that holds a production subnet: the VPC cannot go, and the subnet must not.
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16", TagSpecifications=spec("vpc", tags_for("expired")))["Vpc"]["VpcId"]
     sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.50.1.0/24", TagSpecifications=spec("subnet", tags_for("prod")))["Subnet"]["SubnetId"]
     report = sw.sweep([REGION], yes=True, now=NOW, wait=0, poll=0.01)
@@ -488,7 +487,7 @@ def test_failures_are_reported_and_production_is_left_alone(aws):
 
 def test_expired_parts_of_a_production_instance_are_left_attached(aws):
     # An expired volume and interface attached to a production instance: never detached, reported at once.
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.70.0.0/16")["Vpc"]["VpcId"]
     sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.70.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
     inst = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="t3.micro", SubnetId=sub,
@@ -507,7 +506,7 @@ def test_expired_parts_of_a_production_instance_are_left_attached(aws):
 
 def test_listing_failures_are_reported_not_fatal(aws):
     # Without Gaps, moto answers the placement-group listing with HTTP 500: the sweep says so and goes on.
-    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2 = client("ec2")
     vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16", TagSpecifications=spec("vpc", tags_for("expired")))["Vpc"]["VpcId"]
     report = sw.sweep([REGION], yes=True, now=NOW, wait=0, poll=0.01)
     assert keys(report.deleted) == {("ec2:vpc", vpc)}
@@ -576,9 +575,9 @@ def test_cli_without_region_exits_2(aws):
 def test_a_log_group_eks_recreated_for_a_gone_ephemeral_cluster_goes_once_no_stack_can_be_alive(aws):
     # A teardown that succeeded leaves nothing tagged to link it to: EKS re-created the log group, untagged, after
     # the stack deleted it. Its ephemeral cluster's name, the cluster's absence and its age are what the sweep reads.
-    logs = boto3.client("logs", region_name=REGION)
-    eks = boto3.client("eks", region_name=REGION)
-    iam = boto3.client("iam", region_name=REGION)
+    logs = client("logs")
+    eks = client("eks")
+    iam = client("iam")
     role = iam.create_role(RoleName="r", AssumeRolePolicyDocument=ROLE_DOC)["Role"]["Arn"]
     for name in ("gpu-serving-eph-1a2b3c4d", "gpu-serving-eph-live", "gpu-serving-prod", "someone-elses"):
         logs.create_log_group(logGroupName=f"/aws/eks/{name}/cluster")
