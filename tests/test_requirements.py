@@ -239,6 +239,18 @@ UV = "requirements-uv.txt"  # the installer bin/venv.sh uses, into .tools/uv/
 _FAKE_UV = '#!/bin/sh\necho "install uv $*" >> "$FAKE_LOG"\n'
 
 
+def _place_installed_promtool(root: Path) -> None:
+    """A promtool stand-in with the stamp bin/install-promtool leaves (the pinned package's sha256 for this
+    machine's architecture): bin/test's call of it then finds promtool installed and fetches nothing."""
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    pins = dict(re.findall(r'\[(\w+)\]="([0-9a-f]{64})"', (REPO_ROOT / "bin" / "install-promtool").read_text()))
+    promtool = root / ".tools" / "bin" / "promtool"
+    promtool.parent.mkdir(parents=True, exist_ok=True)
+    promtool.write_text("#!/bin/sh\n")
+    promtool.chmod(0o755)
+    (promtool.parent / ".promtool.sha256").write_text(pins[arch] + "\n")
+
+
 def _place_fake_uv(root: Path) -> None:
     """A fake uv where bin/venv.sh keeps the installer, with the stamp of the requirements-uv.txt at `root`."""
     fake = root / ".tools" / "uv" / "bin" / "uv"
@@ -254,6 +266,7 @@ def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -
     for name in (PROGRAM, TOOLS, DEV, SCAN, UV):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     _place_fake_uv(tmp_path)
+    _place_installed_promtool(tmp_path)
     for venv in venvs:
         fake = tmp_path / venv / "bin" / "python"
         fake.parent.mkdir(parents=True)
