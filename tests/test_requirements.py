@@ -341,12 +341,12 @@ def test_bin_test_and_the_scan_share_the_scanners_venv(tmp_path):
 _FAKE_PYTHON3 = textwrap.dedent(
     """\
     #!/bin/sh
-    # Stands in for python3 on PATH: `-m venv DIR` makes DIR/bin/python a pip that records what it installs and,
-    # for requirements-uv.txt, leaves a fake uv beside itself; anything else runs in Python.
-    if [ "$1 $2" = "-m venv" ]; then
-        mkdir -p "$3/bin"
-        printf '#!/bin/sh\\ncase "$1 $2" in\\n  "-m pip") echo "bootstrap $*" >> "$FAKE_LOG"; cp "$FAKE_UV" "$(dirname "$0")/uv"; exit 0 ;;\\nesac\\nexec {python} "$@"\\n' > "$3/bin/python"
-        chmod 755 "$3/bin/python"
+    # Stands in for python3 on PATH: `-m pip install ... --target DIR ...` records what it installs and leaves
+    # a fake uv at DIR/bin/uv; anything else runs in Python.
+    if [ "$1 $2" = "-m pip" ]; then
+        echo "bootstrap $*" >> "$FAKE_LOG"
+        while [ "$#" -gt 0 ] && [ "$1" != "--target" ]; do shift; done
+        mkdir -p "$2/bin" && cp "$FAKE_UV" "$2/bin/uv"
         exit 0
     fi
     exec {python} "$@"
@@ -368,7 +368,7 @@ def test_the_installer_is_put_in_place_once_by_hash_and_again_when_its_pin_chang
     (tmp_path / "fake-uv").write_text(_FAKE_UV)
     (tmp_path / "fake-uv").chmod(0o755)
     env = {**os.environ, "FAKE_LOG": str(log), "FAKE_UV": str(tmp_path / "fake-uv"), "PATH": f"{shims}:{os.environ['PATH']}"}
-    bootstrap = f"bootstrap -m pip install --quiet --disable-pip-version-check --require-hashes -r {UV}"
+    bootstrap = f"bootstrap -m pip install --quiet --disable-pip-version-check --require-hashes --target .tools/uv -r {UV}"
 
     def run() -> list[str]:
         log.write_text("")
