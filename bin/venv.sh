@@ -33,7 +33,7 @@ ensure_uv() {
     fi
     rm -rf .tools/uv
     # Into a directory of its own (uv is one program), not a virtualenv: making one costs 6 s.
-    python3 -m pip install --quiet --disable-pip-version-check --require-hashes --target .tools/uv -r requirements-uv.txt
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --require-hashes --target .tools/uv -r requirements-uv.txt
     echo "$sum" > "$stamp"
 }
 

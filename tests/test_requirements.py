@@ -368,7 +368,7 @@ def test_the_installer_is_put_in_place_once_by_hash_and_again_when_its_pin_chang
     (tmp_path / "fake-uv").write_text(_FAKE_UV)
     (tmp_path / "fake-uv").chmod(0o755)
     env = {**os.environ, "FAKE_LOG": str(log), "FAKE_UV": str(tmp_path / "fake-uv"), "PATH": f"{shims}:{os.environ['PATH']}"}
-    bootstrap = f"bootstrap -m pip install --quiet --disable-pip-version-check --require-hashes --target .tools/uv -r {UV}"
+    bootstrap = f"bootstrap -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --require-hashes --target .tools/uv -r {UV}"
 
     def run() -> list[str]:
         log.write_text("")
