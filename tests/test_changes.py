@@ -16,6 +16,7 @@ from infra.preview.diff import LAUNCH_TEMPLATE, NODE_GROUP, diff, render_markdow
 from infra.preview.outage import RAYCLUSTER
 from infra.preview.synth import synthesize
 from tests.project_copy import edited_project
+from tests.synthesized import repo_stack
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,7 +30,7 @@ def diffs(tmp_path_factory) -> dict:
         def synth(edits, side):
             key = (c.stack, edits)
             if key not in docs:
-                docs[key] = synthesize(c.stack, edited_project(root / side, c.stack, edits) if edits else REPO)
+                docs[key] = synthesize(c.stack, edited_project(root / side, c.stack, edits)) if edits else repo_stack(c.stack)
             return docs[key]
 
         base = synth(c.base, "base")

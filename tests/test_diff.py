@@ -24,6 +24,7 @@ from infra.preview.synth import dump, synthesize
 PROGRAM = '''
 import pulumi
 import pulumi_aws as aws
+from tests.synthesized import repo_stack
 
 cfg = pulumi.Config()
 vpc = aws.ec2.Vpc(
@@ -290,7 +291,7 @@ def test_cluster_replacement_is_called_out_with_its_node_groups(synth) -> None:
 
 def test_a_new_key_on_the_weights_file_system_is_called_out_as_its_replacement(repo_root: Path) -> None:
     """EFS takes its KMS key at creation only: a stack made before the key was set replaces its weights."""
-    head = synthesize("prod", repo_root)
+    head = repo_stack("prod")
     base = copy.deepcopy(head)
     efs = resource(base, "gpu-serving-prod-weights-efs")
     del efs["inputs"]["kmsKeyId"]
