@@ -20,11 +20,11 @@ import pytest
 
 from infra.preview.diff import CLUSTER, EFS, FORCE_NEW, FSX_LUSTRE, LAUNCH_TEMPLATE, MISSING, NODE_GROUP, _short, diff, render_markdown
 from infra.preview.synth import dump, synthesize
+from tests.synthesized import repo_stack
 
 PROGRAM = '''
 import pulumi
 import pulumi_aws as aws
-from tests.synthesized import repo_stack
 
 cfg = pulumi.Config()
 vpc = aws.ec2.Vpc(
