@@ -30,7 +30,6 @@ import atexit
 import functools
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import textwrap
@@ -43,6 +42,7 @@ import pytest
 from infra.errors import UserError
 from infra.planning.capacity_cache import write_whole
 from infra.preview import scan
+from tests.conftest import shared_path
 
 SETUP = "bin/test (or `source bin/venv.sh && ensure_venv requirements-scan.txt venv-scan`)"
 
@@ -113,13 +113,10 @@ def _files(directory: Path) -> dict[str, str]:
 
 def _shared_path(checkov: Path, key: tuple[str, str, str]) -> Path | None:
     """Where this run's processes share the run `key` (None outside a test run that set the directory)."""
-    where = os.environ.get("GPU_SERVING_TEST_SHARED")
-    if not where:
-        return None
     stamp = checkov.parent.parent / scan.STAMP  # the pinned requirements' sha256, as venv-scan/ was set up from
     pinned = stamp.read_text() if stamp.is_file() else ""
     name = hashlib.sha256("\0".join((*key, pinned, GUARD)).encode()).hexdigest()
-    return Path(where) / "checkov-runs" / f"{name}.json"
+    return shared_path("checkov-runs", f"{name}.json")
 
 
 def _shared_run(checkov: Path, key: tuple[str, str, str]) -> tuple[list[dict[str, Any]], str] | None:

@@ -51,6 +51,12 @@ PROMTOOL = REPO_ROOT / ".tools" / "bin" / "promtool"
 SHARED_ENV = "GPU_SERVING_TEST_SHARED"
 
 
+def shared_path(*parts: str) -> Path | None:
+    """`parts` under this run's shared directory (SHARED_ENV), or None outside a run that set it."""
+    where = os.environ.get(SHARED_ENV)
+    return Path(where).joinpath(*parts) if where else None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The directory this run's workers and the programs its tests start share (SHARED_ENV):

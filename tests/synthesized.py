@@ -3,7 +3,7 @@
 `repo_stack("prod")` is `synthesize("prod")` of this repository (infra/preview/synth.py: the real
 program on the mocked engine, the stack file's config), a fresh copy for each caller. A synthesis
 of prod costs seconds, and a dozen test files read the same document: the first process to need
-it writes it to the run's shared directory (tests/conftest.py SHARED_ENV) and the others, every
+it writes it to the run's shared directory (tests/conftest.py shared_path) and the others, every
 xdist worker included, read it back. The entry is named by the bytes of the program (infra/,
 components/, __main__.py), the project and stack files, and mutmut's mutant, so a mutant never
 reads another's document. A test of synthesis itself (the same bytes again, day two, a patched
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from infra.planning.capacity_cache import code_digest, write_whole
 from infra.preview.synth import dump, synthesize
+from tests.conftest import shared_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_ENV = "GPU_SERVING_TEST_SHARED"  # tests/conftest.py sets it for the run
 
 
 def _name(stack: str) -> str:
@@ -37,8 +37,7 @@ def _name(stack: str) -> str:
 
 @cache
 def _text(stack: str) -> str:
-    shared = os.environ.get(SHARED_ENV)
-    path = Path(shared) / "synth" / _name(stack) if shared else None
+    path = shared_path("synth", _name(stack))
     if path is not None:
         try:
             return path.read_text()

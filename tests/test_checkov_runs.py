@@ -13,6 +13,7 @@ import pytest
 
 from infra.preview import scan
 from tests import checkov_runs
+from tests.conftest import SHARED_ENV, shared_path
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def fake(tmp_path, monkeypatch):
     checkov = venv / "bin" / "checkov"
     checkov.write_text("")
     (venv / scan.STAMP).write_text("a" * 64 + "\n")
-    monkeypatch.setenv("GPU_SERVING_TEST_SHARED", str(tmp_path / "shared"))
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "shared"))
     monkeypatch.setattr(checkov_runs, "_runs", {})
     calls = []
 
@@ -94,7 +95,7 @@ def test_a_shared_run_that_tried_the_network_fails_the_reader_too(fake, monkeypa
 def test_an_unreadable_shared_run_is_run_again(fake, monkeypatch):
     checkov, inputs, home, calls = fake
     checkov_runs.runner(checkov, "terraform_plan", inputs, home)
-    for path in (Path(checkov_runs.os.environ["GPU_SERVING_TEST_SHARED"]) / "checkov-runs").iterdir():
+    for path in shared_path("checkov-runs").iterdir():
         path.write_text("{trunc")
     another_process(monkeypatch)
     checkov_runs.runner(checkov, "terraform_plan", inputs, home)

@@ -9,7 +9,8 @@ import pytest
 
 from infra.preview.synth import synthesize
 from tests import synthesized
-from tests.synthesized import REPO_ROOT, SHARED_ENV, repo_stack
+from tests.conftest import SHARED_ENV
+from tests.synthesized import REPO_ROOT, repo_stack
 
 
 @pytest.fixture
