@@ -76,14 +76,15 @@ def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 # The test files that take longest, longest first: their tests' summed seconds in a full run
 # on 2 cores (junit XML of `bin/test` at 3de24bc: 61, 46, 44, 40, 35, 30, 29, 27, 25, 22, 21,
-# 21, 18 s of 667). bin/test hands whole files to its workers in collection order
+# 21, 18 s of 667; and test_aiconfigurator.py's real driver, 23 s, since bin/test sets up
+# venv-perf/). bin/test hands whole files to its workers in collection order
 # (`--dist loadfile --no-loadscope-reorder`), and these go first, so that no worker is left
 # alone with one of them at the end (longest first, the list-scheduling rule). A stale
 # entry only costs balance; tests/test_test_order.py checks that each names a test file.
 SLOWEST_FILES = (
     "test_scan.py", "test_changes.py", "test_sweep.py", "test_preflight.py", "test_sla_plan.py",
-    "test_requirements.py", "test_names.py", "test_perf_validation.py", "test_synth.py", "test_rayspec.py",
-    "test_diff.py", "test_scan_aws.py", "test_staging.py",
+    "test_requirements.py", "test_names.py", "test_perf_validation.py", "test_synth.py", "test_aiconfigurator.py",
+    "test_rayspec.py", "test_diff.py", "test_scan_aws.py", "test_staging.py",
 )
 
 

@@ -6,7 +6,7 @@
   quant overrides) and the answer read back, through a stand-in driver.
 - The 'not covered' path: a GPU without a system, a point the driver reports uncovered.
 - venv-perf/: installed when missing or when requirements-perf.txt changed.
-- With venv-perf/ installed (not by bin/test), the real driver on one covered and
+- With venv-perf/ installed (bin/test sets it up), the real driver on one covered and
   two uncovered cases.
 """
 
@@ -25,6 +25,7 @@ from infra.catalog.gpus import GPUS
 from infra.cli import aiconfigurator as aic
 from infra.errors import UserError
 from tests import yaml_text
+from tests.conftest import missing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -276,7 +277,7 @@ def venv_perf() -> Path:
     try:
         return aic.ensure_venv(REPO_ROOT, install=False)
     except UserError as exc:
-        pytest.skip(f"{exc} (python -m infra perf --compare-aiconfigurator installs it)")
+        missing(f"{exc} (bin/test installs it, as does python -m infra perf --compare-aiconfigurator)")
 
 
 def test_the_real_driver_estimates_a_covered_point_and_names_what_it_does_not_cover(venv_perf):

@@ -234,6 +234,8 @@ _FAKE_PYTHON = textwrap.dedent(
     """
 )
 SCAN = "requirements-scan.txt"  # the security scanner's, into venv-scan/ (infra/preview/scan.py)
+PERF = "requirements-perf.txt"  # AIConfigurator's, into venv-perf/ (infra/cli/aiconfigurator.py)
+BIN_TEST_INSTALLS = {"venv": DEV, "venv-scan": SCAN, "venv-perf": PERF}  # what bin/test sets up, side by side
 UV = "requirements-uv.txt"  # the installer bin/venv.sh uses, into .tools/uv/
 # Stands in for .tools/uv/bin/uv: records what it was asked to install.
 _FAKE_UV = '#!/bin/sh\necho "install uv $*" >> "$FAKE_LOG"\n'
@@ -263,7 +265,7 @@ def _place_fake_uv(root: Path) -> None:
 def _repo_with_a_fake_venv(tmp_path: Path, venvs: tuple[str, ...] = ("venv",)) -> Path:
     """bin/ and the requirement files copied to `tmp_path`, with a fake python in each of `venvs`; the log they write to."""
     shutil.copytree(REPO_ROOT / "bin", tmp_path / "bin")
-    for name in (PROGRAM, TOOLS, DEV, SCAN, UV):
+    for name in (PROGRAM, TOOLS, DEV, SCAN, PERF, UV):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     _place_fake_uv(tmp_path)
     _place_installed_promtool(tmp_path)
@@ -284,7 +286,7 @@ def _pip(venv: str, requirements: str) -> str:
 
 @pytest.mark.parametrize(("script", "installs", "runs"), [
     ("bin/plan", {"venv": TOOLS}, ["-m infra plan --stack prod", "-m infra synth --stack prod --out out/prod.synth.json", "-m infra check --stack prod"]),
-    ("bin/test", {"venv": DEV, "venv-scan": SCAN}, ["-m pytest -q -n auto --dist loadfile --no-loadscope-reorder"]),
+    ("bin/test", BIN_TEST_INSTALLS, ["-m pytest -q -n auto --dist loadfile --no-loadscope-reorder"]),
 ], ids=["bin/plan", "bin/test"])  # fmt: skip
 def test_bin_scripts_install_their_file_again_when_it_or_a_file_it_includes_changes(tmp_path, script, installs, runs):
     log = _repo_with_a_fake_venv(tmp_path, tuple(installs))
@@ -319,7 +321,7 @@ def test_bin_test_and_the_scan_share_the_scanners_venv(tmp_path):
     from infra.errors import UserError
     from infra.preview import scan, tool_venv
 
-    log = _repo_with_a_fake_venv(tmp_path, ("venv", "venv-scan"))
+    log = _repo_with_a_fake_venv(tmp_path, tuple(BIN_TEST_INSTALLS))
     checkov = tmp_path / "venv-scan" / "bin" / "checkov"
     checkov.write_text("#!/bin/sh\n")
     checkov.chmod(0o755)
@@ -359,7 +361,7 @@ def test_the_installer_is_put_in_place_once_by_hash_and_again_when_its_pin_chang
     """bin/venv.sh installs with uv: pip puts the pinned uv (requirements-uv.txt, hash-checked) into .tools/uv/
     before the first install, not on every run, and again when that file changes, without installing the
     virtualenvs again (their requirement files did not change)."""
-    log = _repo_with_a_fake_venv(tmp_path, ("venv", "venv-scan"))
+    log = _repo_with_a_fake_venv(tmp_path, tuple(BIN_TEST_INSTALLS))
     shutil.rmtree(tmp_path / ".tools")
     shims = tmp_path / "shims"
     shims.mkdir()
@@ -379,7 +381,7 @@ def test_the_installer_is_put_in_place_once_by_hash_and_again_when_its_pin_chang
 
     first = run()
     assert first[0] == bootstrap and first.count(bootstrap) == 1
-    assert sorted(first[1:]) == sorted([_pip("venv", DEV), _pip("venv-scan", SCAN)] if script == "bin/test" else [_pip("venv", TOOLS)])
+    assert sorted(first[1:]) == sorted(_pip(v, r) for v, r in (BIN_TEST_INSTALLS if script == "bin/test" else {"venv": TOOLS}).items())
     assert run() == []
     with open(tmp_path / UV, "a") as fh:
         fh.write("# changed\n")
