@@ -79,10 +79,14 @@ def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
 # 21, 18 s of 667; and test_aiconfigurator.py's real driver, 23 s, since bin/test sets up
 # venv-perf/). bin/test hands whole files to its workers in collection order
 # (`--dist loadfile --no-loadscope-reorder`), and these go first, so that no worker is left
-# alone with one of them at the end (longest first, the list-scheduling rule). A stale
-# entry only costs balance; tests/test_test_order.py checks that each names a test file.
+# alone with one of them at the end (longest first, the list-scheduling rule). One exception:
+# test_sweep.py, which plans nothing, goes second, to the other worker, while test_scan.py's
+# first test plans prod: test_changes.py, second by time, plans prod at once too, and two
+# workers starting together both ran prod's SLA search (8 s of CPU) before either had stored
+# it (infra/planning/capacity_cache.py). A stale entry only costs balance;
+# tests/test_test_order.py checks that each names a test file.
 SLOWEST_FILES = (
-    "test_scan.py", "test_changes.py", "test_sweep.py", "test_preflight.py", "test_sla_plan.py",
+    "test_scan.py", "test_sweep.py", "test_changes.py", "test_preflight.py", "test_sla_plan.py",
     "test_requirements.py", "test_names.py", "test_perf_validation.py", "test_synth.py", "test_aiconfigurator.py",
     "test_rayspec.py", "test_diff.py", "test_scan_aws.py", "test_staging.py",
 )

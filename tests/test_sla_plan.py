@@ -75,8 +75,15 @@ def small():
     return predict.setup(load_model("qwen3-0.6b"), hardware(instance_type="g5.xlarge"), predict.Serving(max_model_len=8192))
 
 
-def test_capacity_meets_the_sla_and_one_more_step_does_not(small):
-    cap = perf.sla_capacity(small, SHAREGPT, SLA)
+@pytest.fixture(scope="module")
+def full(small):
+    """small's capacity under SLA, with its rate: the search the tests below compare against, run once
+    (the rate is computed after the closed-loop search and changes none of its figures)."""
+    return perf.sla_capacity(small, SHAREGPT, SLA)
+
+
+def test_capacity_meets_the_sla_and_one_more_step_does_not(full):
+    cap = full
     assert cap.concurrency > 1 and cap.at.meets and cap.at.preemptions == 0
     assert cap.beyond is not None and cap.beyond.concurrency > cap.concurrency
     assert not cap.beyond.meets or cap.beyond.preemptions
@@ -310,8 +317,7 @@ def test_edge_stops_when_told():
     assert hi is not None and calls[-1] == hi and hi > 50  # the first miss ends it
 
 
-def test_a_hint_from_an_equal_layout_settles_the_search_in_two_points(small):
-    full = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False)
+def test_a_hint_from_an_equal_layout_settles_the_search_in_two_points(small, full):
     hinted = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False, hint=(full.concurrency, full.beyond.concurrency))
     assert (hinted.concurrency, hinted.binding) == (full.concurrency, full.binding)
     assert sorted(p.concurrency for p in hinted.curve) == [1, full.concurrency, full.beyond.concurrency]
@@ -320,8 +326,7 @@ def test_a_hint_from_an_equal_layout_settles_the_search_in_two_points(small):
     assert high.concurrency == pytest.approx(full.concurrency, rel=perf.BISECT_TOLERANCE)
 
 
-def test_a_layout_that_cannot_beat_the_best_stops_at_its_first_miss(small):
-    full = perf.sla_capacity(small, SHAREGPT, SLA, with_rate=False)
+def test_a_layout_that_cannot_beat_the_best_stops_at_its_first_miss(small, full):
     bar = full.output_tokens_per_s * 10
     out = perf.sla_capacity(small, SHAREGPT, SLA, must_beat=bar)
     assert out.outclassed and not out.beyond.meets and out.beyond.output_tokens_per_s <= bar
@@ -397,8 +402,8 @@ def test_only_setups_with_a_twin_keep_their_traces(small):
     assert perf.shared_runs([small, other, small]) == {predict.run_key(small): {}}
 
 
-def test_the_rate_capacity_meets_the_sla_below_the_closed_loops_throughput(small):
-    cap = perf.sla_capacity(small, SHAREGPT, SLA)
+def test_the_rate_capacity_meets_the_sla_below_the_closed_loops_throughput(small, full):
+    cap = full
     rate = cap.requests_per_s
     assert 0.6 * cap.at.requests_per_s <= rate <= cap.at.requests_per_s
     prompts = max(perf.MIN_MEASURED * 2, 4 * cap.concurrency)

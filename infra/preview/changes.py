@@ -134,15 +134,15 @@ CHANGES: tuple[Change, ...] = (
            (('    kubernetesVersion: "1.34"', '    kubernetesVersion: "1.35"'),), (UPGRADES_K8S, ROLLS_GPU, ROLLS_SYSTEM),
            "control plane in place, then every node rolls: " + SUSPEND_FIRST,
            base=(('    kubernetesVersion: "1.35"', '    kubernetesVersion: "1.34"'),)),
-    Change("instance type", "prod", "`gpu.instanceType` p5 → p5e",
-           (("    instanceType: p5.48xlarge\n", "    instanceType: p5e.48xlarge\n"),),
+    Change("instance type", "prod", "`gpu.instanceType` p5 → p5en",
+           (("    instanceType: p5.48xlarge\n", "    instanceType: p5en.48xlarge\n"),),
            (ROLLS_GPU, RESTARTS_SERVING, PREDICTION),
            "a new plan (layout, arguments) on new nodes: " + SUSPEND_FIRST),
     Change("node count", "prod", "`gpu.nodes` 4 → 2",
            (("    nodes: 4\n", "    nodes: 2\n"),), (RESTARTS_SERVING, PREDICTION),
            "the engine restarts on the new layout (KubeRay recreates every pod): down for the plan's cold start"),
     Change("model", "prod", "`model.name`",
-           (("    name: deepseek-v4-pro\n", "    name: kimi-k3\n"),), (RESTARTS_SERVING, STAGES_AGAIN, PREDICTION),
+           (("    name: deepseek-v4-pro\n", "    name: deepseek-v4-flash\n"),), (RESTARTS_SERVING, STAGES_AGAIN, PREDICTION),
            "the engine restarts at once and waits for the new checkpoint: down until it is staged (hours for "
            "hundreds of GB) and its cold start ends; for less, run the new model as another stack first"),
     # A new vLLM release is first a new flag reference and accounting (bin/vllm-flag-reference): the stack
