@@ -253,6 +253,24 @@ def test_runtime_state_is_reset_after_a_run(repo_root: Path) -> None:
     assert pulumi.runtime.config.CONFIG.get() == {}
 
 
+def test_the_sdks_stack_walk_is_left_out_of_a_run_only_and_nothing_recorded_came_from_it(demo: Path, monkeypatch) -> None:
+    import pulumi.runtime.resource as runtime_resource
+
+    from infra.preview import recording
+
+    walk = runtime_resource._get_stack_trace
+    # The pinned SDK looks the walk up by name at each registration and read, so the swap takes effect.
+    assert "_get_stack_trace" in runtime_resource.register_resource.__code__.co_names
+    assert "_get_stack_trace" in runtime_resource.read_resource.__code__.co_names
+    calls, empty = [], recording.no_stack_trace
+    monkeypatch.setattr(recording, "no_stack_trace", lambda: calls.append(1) or empty())
+    without = synthesize("dev", demo)
+    assert len(calls) >= len(without["resources"]) == 3  # one per registration, none walked
+    assert runtime_resource._get_stack_trace is walk  # put back after the run
+    monkeypatch.setattr(recording, "no_stack_trace", walk)  # the SDK's own walk: the same document
+    assert dump(synthesize("dev", demo)) == dump(without)
+
+
 # -- a program of our own --------------------------------------------------------
 
 
