@@ -63,6 +63,8 @@ def single_stage(e: _Engine, now: float, client: Client) -> float | None:
             return None
         steps = min(steps, (r.max_out - r.emitted - 1) // advance + 1 - margin,
                     (e.max_model_len - 1 - q - r.computed) // advance + 1)
+        if steps < 2:  # a request finishes within a step: no run to skip, whatever the others
+            return None
     steps = _steps_that_fit(e, steps, q + e.lookahead, advance)
     if steps < 2:
         return None

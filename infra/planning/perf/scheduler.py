@@ -53,12 +53,13 @@ class KVPool:
 
 
 class _Req:
-    __slots__ = ("prompt", "max_out", "sent", "num_tokens", "computed", "placeholders", "drafts", "prefill_end",
+    __slots__ = ("prompt", "max_out", "end", "sent", "num_tokens", "computed", "placeholders", "drafts", "prefill_end",
                  "blocks", "emitted", "first", "last", "done", "inflight", "eligible", "epoch", "token_ready",
                  "cached_tokens", "cached_blocks", "cache_ahead", "cache_taken_at")
 
     def __init__(self, prompt: int, max_out: int, sent: float):
         self.prompt, self.max_out, self.sent = prompt, max_out, sent
+        self.end = prompt + max_out  # tokens when it finishes
         self.num_tokens = prompt  # prompt + output tokens received (Request.num_tokens)
         self.computed = 0  # Request.num_computed_tokens (runs ahead of outputs while batches are in flight)
         self.placeholders = 0  # Request.num_output_placeholders (async scheduling)
@@ -135,27 +136,27 @@ class _Engine:
             if step < r.eligible:  # PP + async: decode_stagger steps between a request's decodes
                 continue
             # async_scheduler: placeholders already cover max_tokens -> no extra step.
-            if r.placeholders and r.computed + 2 - r.placeholders >= r.prompt + r.max_out:
+            if r.placeholders and r.computed + 2 - r.placeholders >= r.end:
                 continue
             before = r.computed
             n = r.num_tokens + r.drafts + r.placeholders - before  # num_tokens_with_spec + placeholders - computed
-            if n > mml - before - 1:  # "input position does not exceed the max model len"
+            if before + n >= mml:  # "input position does not exceed the max model len": n <= mml - before - 1
                 n = mml - before - 1
             if n > budget:
                 n, limit = budget, "token_budget"
             if n <= 0:  # e.g. a sync decode whose output has not returned yet
                 continue
             need = blocks[before + n + lookahead] - r.blocks
-            if need > self.free:
-                # allocate_slots failed: preempt the last running request (FCFS), maybe this one.
-                victim = None
-                while need > self.free and victim is not r:
-                    victim = running.pop()
-                    self._preempt(victim)
-                preempted, limit = True, "kv_admission"
-                if victim is r:
-                    break
-            if need > 0:
+            if need > 0:  # needing no new block never fails: the free count is never negative
+                if need > self.free:
+                    # allocate_slots failed: preempt the last running request (FCFS), maybe this one.
+                    victim = None
+                    while need > self.free and victim is not r:
+                        victim = running.pop()
+                        self._preempt(victim)
+                    preempted, limit = True, "kv_admission"
+                    if victim is r:
+                        break
                 self.free -= need
                 self.taken += need
                 r.blocks += need
@@ -330,6 +331,10 @@ class _Engine:
         client.send_due(now, self.waiting)
         k, p, rng, async_, itl = self.k, self.acceptance, self.rng, self.async_, self.itl
         all_accepted, draws = p >= 1.0, 0.0 < p < 1.0
+        # endpoint_request_func.py: one ITL sample per streamed chunk, however many tokens it carries.
+        # A batch's requests mostly had their previous chunk at the same time: a run of those is one
+        # interval, counted once (`run` requests whose previous chunk arrived at `run_last`).
+        run_last, run = -1.0, 0
         for r, _, drafts, epoch in batch.entries:
             r.inflight -= 1
             if drafts < 0 or r.done:
@@ -339,7 +344,8 @@ class _Engine:
                 while accepted < drafts and rng.random() < p:  # chained: a draft counts only after all before it
                     accepted += 1
             if epoch == r.epoch:
-                r.computed -= drafts - accepted  # rejected drafts' slots are recomputed
+                if accepted != drafts:
+                    r.computed -= drafts - accepted  # rejected drafts' slots are recomputed
                 if async_:
                     r.placeholders -= 1 + drafts
                 else:
@@ -349,15 +355,21 @@ class _Engine:
                 emitted = 1 + accepted
             r.num_tokens += emitted
             r.emitted += emitted
-            # endpoint_request_func.py: one ITL sample per streamed chunk, however many tokens it carries.
             if r.first < 0:
                 r.first = now
+            elif r.last == run_last:
+                run += 1
             else:
-                gap = now - r.last
-                itl[gap] = itl.get(gap, 0) + 1
+                if run:
+                    gap = now - run_last
+                    itl[gap] = itl.get(gap, 0) + run
+                run_last, run = r.last, 1
             r.last = now
             if r.emitted >= r.max_out:
                 self._finish(r, client, now)
+        if run:
+            gap = now - run_last
+            itl[gap] = itl.get(gap, 0) + run
         client.send_due(now, self.waiting)
         return now
 
