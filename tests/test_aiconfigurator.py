@@ -266,7 +266,8 @@ def test_only_the_driver_imports_aiconfigurator_and_it_imports_nothing_else():
     importers = [p.relative_to(REPO_ROOT).as_posix() for d in ("infra", "components") for p in (REPO_ROOT / d).rglob("*.py")
                  if _imports(p) & {"aiconfigurator", "aiconfigurator_core"}]  # fmt: skip
     assert importers == ["infra/cli/aiconfigurator_driver.py"]
-    assert _imports(aic.DRIVER) - set(sys.stdlib_module_names) == {"aiconfigurator", "aiconfigurator_core"}
+    # and PyYAML, which aiconfigurator reads its data with (the driver hands it libyaml's parser)
+    assert _imports(aic.DRIVER) - set(sys.stdlib_module_names) == {"aiconfigurator", "aiconfigurator_core", "yaml"}
 
 
 # --------------------------------------------------------------------------- the real driver (venv-perf/ installed)
@@ -278,6 +279,32 @@ def venv_perf() -> Path:
         return aic.ensure_venv(REPO_ROOT, install=False)
     except UserError as exc:
         missing(f"{exc} (bin/test installs it, as does python -m infra perf --compare-aiconfigurator)")
+
+
+def test_the_driver_hands_aiconfigurator_libyaml_and_its_files_load_the_same(venv_perf):
+    """Every 10th YAML file of the installed aiconfigurator_core, read through the driver's
+    yaml.safe_load (libyaml's parser) and PyYAML's pure-Python one: the same objects."""
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, json, sys
+        from importlib import resources
+        from pathlib import Path
+        import yaml
+        pure = yaml.safe_load
+        spec = importlib.util.spec_from_file_location("driver", {str(aic.DRIVER)!r})
+        driver = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(driver)
+        assert driver.parse_yaml_in_c() and yaml.safe_load is not pure
+        files = sorted(Path(str(resources.files("aiconfigurator_core"))).rglob("*.yaml"))[::10]
+        for f in files:
+            with open(f) as a, open(f) as b:
+                assert yaml.safe_load(a) == pure(b), f
+        print(json.dumps(len(files)))
+        """
+    )
+    done = subprocess.run([str(venv_perf), "-I", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) >= 40
 
 
 def test_the_real_driver_estimates_a_covered_point_and_names_what_it_does_not_cover(venv_perf):
