@@ -202,10 +202,15 @@ def same_run(a: Setup, trace: dict, b: Setup) -> bool:
 
 def prefix_cache_reuse(ev: Evaluation) -> bool:
     """Whether a preempted request finds its computed blocks in vLLM's prefix cache (on by
-    default, config/cache.py enable_prefix_caching): modelled for full-attention and MLA
-    groups only. ASSUMPTION: sliding-window and state (Mamba) groups keep no reusable prefix
-    here (vLLM caches them only at block or checkpoint boundaries)."""
-    return bool(ev.kv) and all(g.first.spec in ("full", "mla") for g in ev.kv.groups)
+    default, config/cache.py enable_prefix_caching): modelled for full-attention, MLA and
+    sliding-window groups. A sliding-window group hits where the window's last blocks are
+    still cached (v1/core/single_type_kv_cache_manager.py SlidingWindowManager
+    find_longest_cache_hit, in 0.10.2 as in 0.34.0; HybridKVCacheCoordinator pairs it with
+    the full-attention hit; prefix caching stays on for such models, only Mamba hybrids
+    turned it off in 0.10.2, model_executor/models/config.py). ASSUMPTION: DeepSeek-V4's
+    compressed SWA caches and state (Mamba) groups keep no reusable prefix here (vLLM
+    caches those only at block or checkpoint boundaries of their own)."""
+    return bool(ev.kv) and all(g.first.spec in ("full", "mla", "sliding") for g in ev.kv.groups)
 
 
 def with_efficiency(s: Setup, eff: Efficiency) -> Setup:
