@@ -8,6 +8,7 @@ from the model's own terms.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from infra.planning.perf.fitted import DEFAULT
 from infra.planning.perf.hardware import for_gpu, for_instance, hardware
 from infra.catalog.instances import get_instance_type
 from infra.planning.perf.ops import compute_dtype, expected_distinct_experts
+from infra.planning.perf.step import StepModel
 from infra.planning.perf.workload import Workload
 
 
@@ -139,7 +141,8 @@ def test_threshold_sums_are_the_sums_of_min(contexts: list[int], thresholds: lis
 
 @pytest.mark.parametrize("model,kw", [("deepseek-v4-pro", dict(tp=8, pp=4)), ("llama-3.1-70b", dict(tp=8)),
                                       ("deepseek-v4-pro", dict(tp=8, pp=4, num_speculative_tokens=2)),
-                                      ("qwen3-235b-a22b-fp8", dict(tp=8, expert_parallel=True))])
+                                      ("qwen3-235b-a22b-fp8", dict(tp=8, expert_parallel=True)),
+                                      ("deepseek-r1", dict(tp=8, pp=2))])
 def test_stage_seconds_is_the_total_of_the_parts(model: str, kw: dict) -> None:
     """The simulation's fast path gives what the breakdown adds up to."""
     hw = for_instance(get_instance_type("p5.48xlarge")) if kw.get("pp") else for_gpu("H100-SXM-80GB")
@@ -203,6 +206,32 @@ def test_without_cuda_graphs_a_step_pays_a_launch_per_layer() -> None:
     inside = s.step.parts([], [(limit, 0)], 1)[0]
     outside = s.step.parts([], [(limit + 1, 0)], 1)[0]
     assert outside.overhead_s - inside.overhead_s == pytest.approx(80 * DEFAULT.eager_layer_overhead_s, rel=1e-6)
+
+
+def test_an_mla_models_decode_step_takes_at_least_its_layers_measured_attention_modules() -> None:
+    """DeepSeek-R1 at TP 8 on H200, one sequence decoding: each of its 61 layers runs vLLM's
+    MLA attention module, measured whole in a CUDA graph at 89.9 us (16 heads, batch 1,
+    128 tokens of context: tests/fixtures/perf/kernels/mla_decode_h200_sxm.csv, a table
+    the constants are not fitted on). The step holds those and its MoE and all-reduces
+    too; without the module's floor it came to 61 x 53 us of attention."""
+    from pathlib import Path
+
+    from infra.planning.perf.calibrate import read
+
+    rows = read(Path(__file__).resolve().parent / "fixtures" / "perf" / "kernels" / "mla_decode_h200_sxm.csv")
+    module = next(r["latency_us"] * 1e-6 for r in rows if (r["heads"], r["batch"], r["context_len"], r["kv_cache_dtype"],
+                  r["gemm_type"]) == (16, 1, 128, "bfloat16", "fp8_block"))  # fmt: skip
+    s = _setup("deepseek-r1", gpu="H200-141GB", tp=8)
+    st = s.step
+    assert st.stages[0].mla_layers == 61 and _setup("qwen3-235b-a22b", tp=8).step.stages[0].mla_layers == 0
+    step = st.parts([128], [], 1)[0].total_s
+    assert step - DEFAULT.seq_overhead_s >= 61 * module
+    # Each MLA layer pays the module's floor once, inside or outside a CUDA graph.
+    plain = StepModel([replace(stage, mla_layers=0) for stage in st.stages], st.hw, tp=8, eff=st.eff,
+                      async_scheduling=st.async_scheduling, graph_max_tokens=st.graph_max_tokens)  # fmt: skip
+    for contexts, prefills in (([128], []), ([], [(st.graph_max_tokens + 1, 0)])):
+        added = st.parts(contexts, prefills, 1)[0].total_s - plain.parts(contexts, prefills, 1)[0].total_s
+        assert added == pytest.approx(61 * DEFAULT.mla_floor_s, rel=1e-6)
 
 
 def test_async_scheduling_hides_the_cpu_step_behind_the_gpu_but_not_the_time_per_sequence() -> None:

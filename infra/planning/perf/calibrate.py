@@ -17,6 +17,10 @@ Each fit is one named physical figure:
   GEMM ceiling, falling as each expert's per-rank intermediate size n shrinks:
   e_max x n / (n + n_half), one e_max per kernel family and one n_half for all;
 - `moe_floor_s`: the fused-MoE call's latency at one token beyond its roofline;
+- `mla_floor_s`: vLLM's whole MLA attention module in decode (projections, latent norm,
+  absorbed BMMs, the MLA kernel, o_proj; timed in a CUDA graph) at its smallest reads,
+  beyond reading its weights and latent cache and the kernel and attention floors the
+  model already charges the module;
 - `allreduce_latency_s`, `allreduce_bw`: vLLM's custom all-reduce in a CUDA graph at
   <= 16 KB, and NCCL's bus bandwidth at >= 64 MB over NVLink per direction.
 """
@@ -129,6 +133,39 @@ def fit_moe(rows: list[dict], gemm: dict, gpu=H100) -> dict:
     return out
 
 
+# DeepSeek-V3's attention dimensions, which the MLA module table was measured with
+# (infra/catalog/model_configs/deepseek-v3.json: hidden_size, q_lora_rank, kv_lora_rank,
+# qk_nope_head_dim, qk_rope_head_dim, v_head_dim).
+MLA_V3 = {"hidden": 7168, "q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v_head": 128}
+
+
+def mla_module_bytes(heads: int, dims: dict = MLA_V3) -> float:
+    """Weight bytes one decode call of the module reads with `heads` heads on the rank: FP8
+    block-scaled q_a and kv_a (replicated), q_b and o_proj (split by heads), and the bf16
+    absorbed W_UK and W_UV the decode path multiplies by (kernels/README.md)."""
+    d = dims
+    fp8 = d["hidden"] * (d["q_lora"] + d["kv_lora"] + d["rope"]) + d["q_lora"] * heads * (d["nope"] + d["rope"])
+    fp8 += heads * d["v_head"] * d["hidden"]
+    bf16 = heads * d["kv_lora"] * (d["nope"] + d["v_head"])
+    return fp8 + 2 * bf16
+
+
+def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: float, gpu=H100) -> dict:
+    """The module's time at batch x context <= 4,096 (bf16 latent cache of 1,152 bytes a
+    token, FP8 block GEMMs, every head count) less its reads at `hbm` and the fixed costs
+    the step model already charges an MLA layer's attention (ops.MLA_MODULE_KERNELS kernel
+    floors and one decode attention floor): the median of what is left."""
+    from infra.planning.perf.ops import MLA_MODULE_KERNELS
+
+    bw = gpu.hbm_bandwidth_bytes_per_s * hbm
+    left = [
+        r["latency_us"] * 1e-6 - (mla_module_bytes(int(r["heads"])) + r["batch"] * r["context_len"] * 1152) / bw
+        - MLA_MODULE_KERNELS * kernel_floor - attention_floor
+        for r in rows if r["kv_cache_dtype"] == "bfloat16" and r["gemm_type"] == "fp8_block" and r["batch"] * r["context_len"] <= 4096
+    ]  # fmt: skip
+    return {"mla_floor_s": statistics.median(left)}
+
+
 def fit_allreduce(rows: list[dict]) -> dict:
     small = [r["latency_us"] * 1e-6 for r in rows if r["impl"] == "vllm_custom_graph" and r["message_bytes"] <= 16384]
     busbw = [
@@ -144,5 +181,7 @@ def calibrate(folder: Path, system: str = "h100_sxm") -> dict:
     gemm = fit_gemm(read(folder / f"gemm_{system}.csv"), gpu)
     attn = fit_attention(read(folder / f"attn_prefill_{system}.csv"), read(folder / f"attn_decode_{system}.csv"),
                          gemm["kernel_overhead_s"], gemm["hbm"], gpu)  # fmt: skip
-    return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu),
+    mla = fit_mla(read(folder / f"mla_decode_{system}.csv"), gemm["kernel_overhead_s"], attn["attention_floor_s"],
+                  gemm["hbm"], gpu)  # fmt: skip
+    return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu), **mla,
             **fit_allreduce(read(folder / f"allreduce_{system}.csv"))}  # fmt: skip

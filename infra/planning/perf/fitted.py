@@ -44,6 +44,14 @@ class Efficiency:
     # their fixed time (the floor every kernel pays inside a CUDA graph).
     hbm: float = 0.820
     kernel_overhead_s: float = 2.08e-6
+    # KERNEL-FITTED: vLLM's MLA attention module in decode, timed whole in a CUDA graph
+    # (AIConfigurator's collector/vllm/collect_mla_module.py captures generation rows in a
+    # graph): its time at the smallest reads beyond its weights' and latent cache's reads,
+    # MLA_MODULE_KERNELS kernel floors and one attention floor. Paid once per MLA layer a
+    # step. ASSUMPTION: DeepSeek-V3.2's module (the same projections and an indexer; no
+    # table of its own) pays it too. DeepSeek-V4's attention is not MLA here (ops.is_mla:
+    # no latent expansion) and pays only its kernels' floors: no table covers it.
+    mla_floor_s: float = 49.2e-6
     # KERNEL-FITTED: vLLM's custom all-reduce in a CUDA graph at <= 16 KB, and NCCL's bus
     # bandwidth at >= 64 MB over TP 8, as a fraction of NVLink per direction.
     allreduce_latency_s: float = 4.59e-6
@@ -53,7 +61,7 @@ class Efficiency:
     eager_layer_overhead_s: float = 40e-6
     # SERVING-FITTED: CPU time of one engine step (scheduling, input preparation; on the
     # bounded-load rows): hidden behind the GPU with async scheduling.
-    step_overhead_s: float = 1.50e-3
+    step_overhead_s: float = 1.06e-3
     # SERVING-FITTED: time per sampled sequence per step (on the burst rows, the only ones
     # where it shows), added with or without async scheduling: the burst rows measured both
     # ways (gpt-oss-120b TP1 on H100 and on A100) differ by 3% and 5% in TPOT, where hiding
@@ -94,7 +102,7 @@ class Efficiency:
 
 KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
                  "moe_floor_s", "attention", "attention_floor_s", "hbm", "kernel_overhead_s", "allreduce_latency_s",
-                 "allreduce_bw")  # fmt: skip
+                 "allreduce_bw", "mla_floor_s")  # fmt: skip
 FITTED_FIELDS = ("step_overhead_s", "request_overhead_s")  # on the bounded-load fit rows
 # Then on the burst fit rows, the others held: what only a large batch or a queue shows
 # (at a bounded load a few sequences' time is small beside the GPU's step).

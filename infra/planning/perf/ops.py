@@ -75,6 +75,20 @@ KERNELS_COMPRESSED = 6
 KERNELS_MOE = 3  # router GEMM, top-k, shared expert: the fused call is moe_floor_s
 KERNELS_FP8 = 4
 KERNELS_RECURRENT = 6
+# The kernels of those an MLA layer's attention module launches (QKV, rotary, attention
+# and O of the base count, the MLA ones, and the FP8 activation quantisation of its three
+# GEMMs): what calibrate.fit_mla takes off the module's measured time before the rest
+# becomes the per-layer `mla_floor_s`.
+MLA_MODULE_KERNELS = 4 + KERNELS_MLA + 3
+
+
+def is_mla(layer: LayerSpec) -> bool:
+    """An MLA attention layer (a latent whose prefill expands it, or query/key widths that
+    differ between the decode and prefill paths); a recurrent (KDA) layer is not."""
+    attn = layer.attn
+    if attn is None or attn.recurrent_dim:
+        return False
+    return bool(attn.prefill_expand_flops or attn.qk_dim != attn.prefill_qk_dim and attn.prefill_qk_dim)
 
 
 def layer_kernels(layer: LayerSpec) -> int:
@@ -82,7 +96,7 @@ def layer_kernels(layer: LayerSpec) -> int:
     n = KERNELS_BASE
     if attn is not None and attn.recurrent_dim:
         n += KERNELS_RECURRENT
-    elif attn is not None and (attn.prefill_expand_flops or attn.qk_dim != attn.prefill_qk_dim and attn.prefill_qk_dim):
+    elif is_mla(layer):
         n += KERNELS_MLA
     if attn is not None and (attn.compress_ratio > 1 or attn.indexer_heads):
         n += KERNELS_COMPRESSED
@@ -103,6 +117,7 @@ class StageOps:
     allreduce_bytes_per_token: int
     draft: "StageOps | None" = None  # the MTP layer(s) on the last stage
     kernels: int = 0  # kernels the stage's layers launch per step (layer_kernels)
+    mla_layers: int = 0  # layers whose attention is vLLM's MLA module (is_mla): each pays mla_floor_s
 
 
 def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
@@ -268,6 +283,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
         allreduces=2 * len(layers) if tp > 1 else 0,
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
         kernels=sum(layer_kernels(layer) for layer in layers),
+        mla_layers=sum(1 for layer in layers if is_mla(layer)),
     )
 
 

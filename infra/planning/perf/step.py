@@ -147,8 +147,8 @@ class StepModel:
         self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0) for i, term in self._attn_units]
         # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager.
         per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
-        self._fixed_graphed = [s.kernels * per_kernel + s.layers * 0.0 for s in self.stages]
-        self._fixed_eager = [s.kernels * per_kernel + s.layers * eager for s in self.stages]
+        self._fixed_graphed = [s.kernels * per_kernel + s.mla_layers * eff.mla_floor_s for s in self.stages]
+        self._fixed_eager = [s.kernels * per_kernel + s.mla_layers * eff.mla_floor_s + s.layers * eager for s in self.stages]
         self._vectors = []
         for w in self._weights:
             vector = [0.0] * len(keys)
@@ -252,7 +252,7 @@ class StepModel:
                 memory += weight * m
                 comm += weight * x
                 fixed += weight * f
-            overhead = fixed + stage.kernels * per_kernel + stage.layers * eager
+            overhead = fixed + stage.kernels * per_kernel + stage.mla_layers * eff.mla_floor_s + stage.layers * eager
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1:
                 gpu += self._draft_seconds(decode_contexts)
