@@ -79,3 +79,23 @@ def test_h100_fit_predicts_h200_mla_module_latencies() -> None:
         t = fixed + reads / (gpu.hbm_bandwidth_bytes_per_s * DEFAULT.hbm)
         errors.append(abs(t / (r["latency_us"] * 1e-6) - 1))
     assert len(errors) > 100 and statistics.median(errors) < 0.15
+
+
+def test_the_mla_modules_dimensions_and_reads_are_deepseek_v3s() -> None:
+    """The module table was measured with DeepSeek-V3's config: the fit's dimensions are that
+    config.json's, and its weight reads at 16 heads (TP 8) are what the memory planner puts
+    on a rank for one layer's attention (FP8, scales included), with kv_b_proj read once
+    more: the decode path multiplies by it as bf16 W_UK and W_UV (16 x 512 x 256 x 1 B more)."""
+    import json
+
+    from infra.catalog.models import load_model
+    from infra.planning import memory
+    from infra.planning.perf.calibrate import MLA_V3, mla_module_bytes
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = json.loads((root / "infra" / "catalog" / "model_configs" / "deepseek-v3.json").read_text())
+    assert MLA_V3 == {"hidden": cfg["hidden_size"], "q_lora": cfg["q_lora_rank"], "kv_lora": cfg["kv_lora_rank"],
+                      "nope": cfg["qk_nope_head_dim"], "rope": cfg["qk_rope_head_dim"], "v_head": cfg["v_head_dim"]}  # fmt: skip
+    layer = load_model("deepseek-v3").layers[5]
+    attention = sum(memory.group_bytes_per_rank(g, 8, 8) for g in layer.params if g.role.value == "attention")
+    assert mla_module_bytes(16) == pytest.approx(attention + 16 * 512 * 256, rel=0.002)
