@@ -399,3 +399,27 @@ def test_every_catalog_gpu_has_its_links_and_peaks(name: str) -> None:
     hw = for_gpu(name)
     assert hw.intra_node_bytes_per_s > 0 and hw.peak_flops("bf16") > 0
     assert hw.gpus_per_node >= 1 and hw.source
+
+
+def test_the_mla_layers_are_those_config_json_gives_a_latent_kv_cache() -> None:
+    """Every catalog model: a layer runs vLLM's MLA module where its config.json has a
+    kv_lora_rank (DeepSeek-V3/R1/V3.2, Kimi K2), in Kimi K3 only its full-attention layers
+    (linear_attn_config.full_attn_layers; the rest are KDA), and nowhere else (DeepSeek-V4
+    has no kv_lora_rank: its attention is not that module)."""
+    import json
+    from pathlib import Path
+
+    from infra.planning.perf.ops import is_mla
+
+    folder = Path(__file__).resolve().parent.parent / "infra" / "catalog" / "model_configs"
+    seen = 0
+    for path in sorted(folder.glob("*.json")):
+        if path.name.endswith("hf_quant_config.json"):
+            continue
+        cfg = json.loads(path.read_text())
+        cfg = cfg.get("text_config", cfg)
+        linear = cfg.get("linear_attn_config") or {}
+        expected = len(linear["full_attn_layers"]) if linear else cfg["num_hidden_layers"] if cfg.get("kv_lora_rank") else 0
+        assert sum(is_mla(layer) for layer in load_model(path.stem).layers) == expected, path.stem
+        seen += expected > 0
+    assert seen >= 5
