@@ -33,6 +33,7 @@ import statistics
 from pathlib import Path
 
 from infra.catalog.gpus import get_gpu
+from infra.planning.perf.ops import MLA_MODULE_KERNELS
 
 H100 = get_gpu("H100-SXM-80GB")
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB"}  # AIConfigurator's system names
@@ -139,11 +140,16 @@ def fit_moe(rows: list[dict], gemm: dict, gpu=H100) -> dict:
 MLA_V3 = {"hidden": 7168, "q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v_head": 128}
 
 
-def mla_module_bytes(heads: int, dims: dict = MLA_V3) -> float:
+# Bytes of the module's bf16 latent cache a token (kv_lora + rope values, 2 bytes each):
+# the 1,152 of kernels/README.md.
+MLA_V3_CACHE_BYTES = (MLA_V3["kv_lora"] + MLA_V3["rope"]) * 2
+
+
+def mla_module_bytes(heads: int) -> float:
     """Weight bytes one decode call of the module reads with `heads` heads on the rank: FP8
     block-scaled q_a and kv_a (replicated), q_b and o_proj (split by heads), and the bf16
     absorbed W_UK and W_UV the decode path multiplies by (kernels/README.md)."""
-    d = dims
+    d = MLA_V3
     fp8 = d["hidden"] * (d["q_lora"] + d["kv_lora"] + d["rope"]) + d["q_lora"] * heads * (d["nope"] + d["rope"])
     fp8 += heads * d["v_head"] * d["hidden"]
     bf16 = heads * d["kv_lora"] * (d["nope"] + d["v_head"])
@@ -151,15 +157,13 @@ def mla_module_bytes(heads: int, dims: dict = MLA_V3) -> float:
 
 
 def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: float, gpu=H100) -> dict:
-    """The module's time at batch x context <= 4,096 (bf16 latent cache of 1,152 bytes a
-    token, FP8 block GEMMs, every head count) less its reads at `hbm` and the fixed costs
-    the step model already charges an MLA layer's attention (ops.MLA_MODULE_KERNELS kernel
-    floors and one decode attention floor): the median of what is left."""
-    from infra.planning.perf.ops import MLA_MODULE_KERNELS
-
+    """The module's time at batch x context <= 4,096 (bf16 latent cache, FP8 block GEMMs,
+    every head count) less its reads at `hbm` and the fixed costs the step model already
+    charges an MLA layer's attention (ops.MLA_MODULE_KERNELS kernel floors and one decode
+    attention floor): the median of what is left."""
     bw = gpu.hbm_bandwidth_bytes_per_s * hbm
     left = [
-        r["latency_us"] * 1e-6 - (mla_module_bytes(int(r["heads"])) + r["batch"] * r["context_len"] * 1152) / bw
+        r["latency_us"] * 1e-6 - (mla_module_bytes(int(r["heads"])) + r["batch"] * r["context_len"] * MLA_V3_CACHE_BYTES) / bw
         - MLA_MODULE_KERNELS * kernel_floor - attention_floor
         for r in rows if r["kv_cache_dtype"] == "bfloat16" and r["gemm_type"] == "fp8_block" and r["batch"] * r["context_len"] <= 4096
     ]  # fmt: skip

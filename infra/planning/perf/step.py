@@ -145,10 +145,11 @@ class StepModel:
         self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
         self._by_size: dict[tuple[int, int], list[float]] = {}  # _batch_units
         self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0) for i, term in self._attn_units]
-        # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager.
+        # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager: the
+        # one place both the fast path and `parts` take them from.
         per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
         self._fixed_graphed = [s.kernels * per_kernel + s.mla_layers * eff.mla_floor_s for s in self.stages]
-        self._fixed_eager = [s.kernels * per_kernel + s.mla_layers * eff.mla_floor_s + s.layers * eager for s in self.stages]
+        self._fixed_eager = [fixed + s.layers * eager for fixed, s in zip(self._fixed_graphed, self.stages)]
         self._vectors = []
         for w in self._weights:
             vector = [0.0] * len(keys)
@@ -240,11 +241,10 @@ class StepModel:
         sums = _threshold_sums(decode_contexts, self._thresholds)
         unit = [self._unit(u, tokens, sampled, sums, prefills, query_len, n_decode) for u in self._units]
         eff = self.eff
-        per_kernel = eff.kernel_overhead_s
-        eager = 0.0 if tokens <= self.graph_max_tokens else eff.eager_layer_overhead_s
+        stage_fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
         cpu = eff.step_overhead_s
         out = []
-        for i, stage in enumerate(self.stages):
+        for i in range(self.pp):
             compute = memory = comm = fixed = 0.0
             for k, weight in self._weights[i]:
                 c, m, x, f = unit[k]
@@ -252,7 +252,7 @@ class StepModel:
                 memory += weight * m
                 comm += weight * x
                 fixed += weight * f
-            overhead = fixed + stage.kernels * per_kernel + stage.mla_layers * eff.mla_floor_s + stage.layers * eager
+            overhead = fixed + stage_fixed[i]
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1:
                 gpu += self._draft_seconds(decode_contexts)
