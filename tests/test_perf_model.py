@@ -213,7 +213,8 @@ def test_an_mla_models_decode_step_takes_at_least_its_layers_measured_attention_
     MLA attention module, measured whole in a CUDA graph at 89.9 us (16 heads, batch 1,
     128 tokens of context: tests/fixtures/perf/kernels/mla_decode_h200_sxm.csv, a table
     the constants are not fitted on). The step holds those and its MoE and all-reduces
-    too; without the module's floor it came to 61 x 53 us of attention."""
+    too, and each MLA layer pays the module's fitted floor once, with CUDA graphs or
+    without (the rest of the module's time is its kernels' floors and reads)."""
     from pathlib import Path
 
     from infra.planning.perf.calibrate import read
