@@ -289,6 +289,18 @@ def test_a_decode_steps_reads_grow_by_the_kv_bytes_of_the_added_context() -> Non
     assert grow == pytest.approx(16 * kv / bw, rel=1e-6)
 
 
+def test_an_a100_reads_at_the_bandwidth_its_own_kernel_tables_reach() -> None:
+    """On an A100 the same added context is read at A100's datasheet bandwidth times the weight-read
+    fraction its own GEMM table gives (fitted.AMPERE), not H100's."""
+    from infra.planning.perf.fitted import AMPERE
+
+    s = _setup("llama-3.1-70b", gpu="A100-80GB", tp=8)
+    kv = memory.bytes_per_token(s.arch.layers, 8, 2)
+    bw = get_gpu("A100-80GB").hbm_bandwidth_bytes_per_s * AMPERE["hbm"]
+    grow = s.step.parts([2001] * 16, [], 1)[0].memory_s - s.step.parts([2000] * 16, [], 1)[0].memory_s
+    assert AMPERE["hbm"] < DEFAULT.hbm and grow == pytest.approx(16 * kv / bw, rel=1e-6)
+
+
 def test_tp_all_reduces_two_per_layer_of_hidden_activations() -> None:
     """Llama-70B at TP 8: 160 all-reduces of tokens x 8,192 x 2 bytes, each the custom
     all-reduce's latency plus 2 (n - 1) / n of the bytes over NVLink's achieved bus bandwidth."""

@@ -127,8 +127,10 @@ def test_the_program_runs_with_nothing_but_requirements_txt():
 
 
 POD_SCRIPTS = REPO_ROOT / "infra" / "k8s" / "scripts"
-# Runs in venv-perf/, installed from requirements-perf.txt (infra/cli/aiconfigurator.py), not ./venv.
+# Run in venv-perf/, installed from requirements-perf.txt (infra/cli/aiconfigurator.py), not ./venv:
+# the cross-check's driver, and the script that extracts A100's kernel tables from AIConfigurator's wheel.
 AICONFIGURATOR_DRIVER = REPO_ROOT / "infra" / "cli" / "aiconfigurator_driver.py"
+VENV_PERF_SCRIPTS = (AICONFIGURATOR_DRIVER, REPO_ROOT / "tests" / "fixtures" / "perf" / "kernels" / "extract_a100.py")
 
 
 def _source_files() -> list[Path]:
@@ -137,7 +139,7 @@ def _source_files() -> list[Path]:
     from a requirements file; tests/test_pod_scripts.py checks what they import."""
     dirs = ("infra", "components", "policies", "tests", "benchmarks")
     files = [REPO_ROOT / "__main__.py", *(p for d in dirs for p in (REPO_ROOT / d).rglob("*.py"))]
-    return sorted(p for p in files if POD_SCRIPTS not in p.parents and p != AICONFIGURATOR_DRIVER)
+    return sorted(p for p in files if POD_SCRIPTS not in p.parents and p not in VENV_PERF_SCRIPTS)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -209,6 +211,21 @@ def test_every_import_comes_from_the_file_that_installs_what_it_runs_with():
                 problems.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {module} "
                                 f"({', '.join(sorted(providers)) or 'installed by nothing'}), which {wanted} does not install")  # fmt: skip
     assert not problems, "\n".join(problems)
+
+
+def test_what_runs_in_venv_perf_imports_only_what_requirements_perf_txt_pins():
+    """Those scripts' imports are not in ./venv to look up: each top-level module is a
+    distribution requirements-perf.txt pins (pyyaml's is yaml), or the standard library."""
+    pinned = {line.split("==")[0].strip().lower().replace("-", "_") for line in (REPO_ROOT / "requirements-perf.txt").read_text().splitlines()
+              if "==" in line and not line.startswith("#")}  # fmt: skip
+    module_of = {"pyyaml": "yaml"}
+    modules = {module_of.get(name, name) for name in pinned}
+    for path in VENV_PERF_SCRIPTS:
+        for line, module in _imports(path):
+            top = module.partition(".")[0]
+            if top in sys.stdlib_module_names or top == "__future__":
+                continue
+            assert top in modules, f"{path.relative_to(REPO_ROOT)}:{line} imports {module}, which requirements-perf.txt does not pin"
 
 
 # --------------------------------------------------------------------------- who installs which

@@ -4,7 +4,9 @@ Source: NVIDIA AIConfigurator's per-kernel databases for vLLM 0.24.0 on H100 SXM
 (`tests/fixtures/perf/kernels/*_h100_sxm.csv`, each file naming its path inside the
 aiconfigurator-core 0.12.0 wheel; the README there says how they were measured). The
 H200 tables are kept apart: they check that the H100 fit transfers to another GPU
-(`kernel_errors`). No serving measurement is used here: those only validate.
+(tests/test_perf_calibration.py). A100 SXM's tables (its vLLM 0.14.0 database) give the
+A100's own figures (`fitted.AMPERE`): another architecture, other kernels
+(FlashAttention-2, no FP8). No serving measurement is used here: those only validate.
 
 Each fit is one named physical figure:
 - `hbm`, `kernel_overhead_s`: bf16 GEMMs at 1-8 tokens read their weights and do little
@@ -36,8 +38,7 @@ from infra.catalog.gpus import get_gpu
 from infra.planning.perf.ops import MLA_MODULE_KERNELS
 
 H100 = get_gpu("H100-SXM-80GB")
-SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB"}  # AIConfigurator's system names
-NVLINK_PER_DIRECTION = H100.nvlink_bandwidth_bytes_per_s / 2
+SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB", "a100_sxm": "A100-80GB"}  # AIConfigurator's names
 GEMM_BYTES = {"bf16": 2, "fp8_tensor": 1, "fp8_block": 1}
 MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16")}
 
@@ -69,7 +70,8 @@ def fit_gemm(rows: list[dict], gpu=H100) -> dict:
     out = {"hbm": 1 / (slope * gpu.hbm_bandwidth_bytes_per_s), "kernel_overhead_s": floor}
     for name, dtypes, peak in (("gemm_bf16", ("bf16",), gpu.bf16_dense_tflops), ("gemm_fp8", ("fp8_tensor", "fp8_block"), gpu.fp8_dense_tflops)):
         big = [2 * r["m"] * r["n"] * r["k"] / (r["latency_us"] * 1e-6) / (peak * 1e12) for r in rows if r["dtype"] in dtypes and r["m"] >= 2048]
-        out[name] = statistics.median(big)
+        if big:  # no FP8 rows where the GPU has no FP8 (A100)
+            out[name] = statistics.median(big)
     return out
 
 
@@ -170,10 +172,11 @@ def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: 
     return {"mla_floor_s": statistics.median(left)}
 
 
-def fit_allreduce(rows: list[dict]) -> dict:
+def fit_allreduce(rows: list[dict], gpu=H100) -> dict:
+    per_direction = gpu.nvlink_bandwidth_bytes_per_s / 2
     small = [r["latency_us"] * 1e-6 for r in rows if r["impl"] == "vllm_custom_graph" and r["message_bytes"] <= 16384]
     busbw = [
-        2 * (r["tp"] - 1) / r["tp"] * r["message_bytes"] / (r["latency_us"] * 1e-6) / NVLINK_PER_DIRECTION
+        2 * (r["tp"] - 1) / r["tp"] * r["message_bytes"] / (r["latency_us"] * 1e-6) / per_direction
         for r in rows if r["impl"] == "nccl" and r["message_bytes"] >= 64 * 2**20 and r["tp"] == 8
     ]  # fmt: skip
     return {"allreduce_latency_s": statistics.median(small), "allreduce_bw": min(1.0, statistics.median(busbw))}
@@ -185,7 +188,7 @@ def calibrate(folder: Path, system: str = "h100_sxm") -> dict:
     gemm = fit_gemm(read(folder / f"gemm_{system}.csv"), gpu)
     attn = fit_attention(read(folder / f"attn_prefill_{system}.csv"), read(folder / f"attn_decode_{system}.csv"),
                          gemm["kernel_overhead_s"], gemm["hbm"], gpu)  # fmt: skip
-    mla = fit_mla(read(folder / f"mla_decode_{system}.csv"), gemm["kernel_overhead_s"], attn["attention_floor_s"],
-                  gemm["hbm"], gpu)  # fmt: skip
+    mla_table = folder / f"mla_decode_{system}.csv"  # none for A100: AIConfigurator has no vLLM MLA table there
+    mla = fit_mla(read(mla_table), gemm["kernel_overhead_s"], attn["attention_floor_s"], gemm["hbm"], gpu) if mla_table.exists() else {}
     return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu), **mla,
-            **fit_allreduce(read(folder / f"allreduce_{system}.csv"))}  # fmt: skip
+            **fit_allreduce(read(folder / f"allreduce_{system}.csv"), gpu)}  # fmt: skip

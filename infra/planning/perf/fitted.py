@@ -6,6 +6,7 @@ Three kinds, kept apart:
   0.24.0 database for H100 SXM, tests/fixtures/perf/kernels/), by
   `infra.planning.perf.calibrate.calibrate`; tests/test_perf_calibration.py holds these
   constants to what it computes, and checks the H200 tables give the same fractions.
+  A100s take their own (`AMPERE`, from its vLLM 0.14.0 tables).
 - SERVING-FITTED: the engine's CPU time and the API server's, fitted on the rows of
   tests/fixtures/perf/measurements.jsonl whose role is "fit" and whose load is bounded
   (`fitted_on`; validate.fit says why the burst rows are left out); the other rows only
@@ -113,3 +114,20 @@ FIT_BOUNDS = {"step_overhead_s": (20e-6, 20e-3), "seq_overhead_s": (1e-6, 1e-3),
               "frontend_intake_s": (0.0, 50e-3)}
 
 DEFAULT = Efficiency()
+
+# KERNEL-FITTED on A100 SXM's tables (tests/fixtures/perf/kernels/*_a100_sxm.csv: AIConfigurator's
+# vLLM 0.14.0 database, the only vLLM one it has for A100), by the same `calibrate` fits: what an
+# SM 8.0 GPU (A100 40 GB and 80 GB) runs at in place of the H100 figures above. Its fused MoE
+# (Triton, bf16) reaches about the same share of the dense ceiling at every expert width the
+# table has (0.28-0.47 of it from 192 to 2,048 wide split by TP, 0.15-0.19 with EP 8), so the
+# width term fits to 0; the table routes by a mild power law (it has no balanced rows). ASSUMPTION: the figures no A100 table covers (FP8, FP4 and
+# 4-bit MoE kernels, the MLA module) stay H100's.
+AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
+          "moe_gemm_bf16": 0.289, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6, "allreduce_latency_s": 5.33e-6,
+          "allreduce_bw": 0.694}  # fmt: skip
+
+
+def for_gpu_kernels(eff: Efficiency, gpu) -> Efficiency:
+    """`eff` with the kernel-fitted figures of the GPU's own tables where the repo has them
+    (A100: `AMPERE`); the serving-fitted and assumed figures are left as they are."""
+    return eff.replace(**AMPERE) if gpu.compute_capability == "8.0" else eff
