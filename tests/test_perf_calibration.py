@@ -90,7 +90,7 @@ def test_the_mla_modules_dimensions_and_reads_are_deepseek_v3s() -> None:
 
     from infra.catalog.models import load_model
     from infra.planning import memory
-    from infra.planning.perf.calibrate import MLA_V3, mla_module_bytes
+    from infra.planning.perf.calibrate import MLA_V3, MLA_V3_CACHE_BYTES, mla_module_bytes
 
     root = Path(__file__).resolve().parent.parent
     cfg = json.loads((root / "infra" / "catalog" / "model_configs" / "deepseek-v3.json").read_text())
@@ -99,6 +99,9 @@ def test_the_mla_modules_dimensions_and_reads_are_deepseek_v3s() -> None:
     layer = load_model("deepseek-v3").layers[5]
     attention = sum(memory.group_bytes_per_rank(g, 8, 8) for g in layer.params if g.role.value == "attention")
     assert mla_module_bytes(16) == pytest.approx(attention + 16 * 512 * 256, rel=0.002)
+    # The latent cache a token and layer: what the memory planner stores for DeepSeek-V3 in bf16.
+    arch = load_model("deepseek-v3")
+    assert MLA_V3_CACHE_BYTES == memory.bytes_per_token(arch.layers, 8, 2) / len(arch.layers)
 
 
 @pytest.fixture

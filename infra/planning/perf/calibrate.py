@@ -37,9 +37,7 @@ from pathlib import Path
 from infra.catalog.gpus import get_gpu
 from infra.planning.perf.ops import MLA_MODULE_KERNELS
 
-H100 = get_gpu("H100-SXM-80GB")
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB", "a100_sxm": "A100-80GB"}  # AIConfigurator's names
-GEMM_BYTES = {"bf16": 2, "fp8_tensor": 1, "fp8_block": 1}
 MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16")}
 
 
@@ -64,7 +62,7 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def fit_gemm(rows: list[dict], gpu=H100) -> dict:
+def fit_gemm(rows: list[dict], gpu) -> dict:
     small = [r for r in rows if r["dtype"] == "bf16" and r["m"] <= 8]
     floor, slope = _line([r["n"] * r["k"] * 2 for r in small], [r["latency_us"] * 1e-6 for r in small])
     out = {"hbm": 1 / (slope * gpu.hbm_bandwidth_bytes_per_s), "kernel_overhead_s": floor}
@@ -75,7 +73,7 @@ def fit_gemm(rows: list[dict], gpu=H100) -> dict:
     return out
 
 
-def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, hbm: float, gpu=H100) -> dict:
+def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, hbm: float, gpu) -> dict:
     # Causal prefill: each of seq_len queries meets (on average) half the sequence.
     achieved = [
         r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r["head_dim"] * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
@@ -89,7 +87,7 @@ def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, 
     return {"attention": statistics.median(achieved), "attention_floor_s": max(0.0, statistics.median(floors) - kernel_floor)}
 
 
-def _moe_points(rows: list[dict], gemm: dict, gpu=H100) -> list[tuple[str, float, float]]:
+def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, float]]:
     """(family, per-rank intermediate size, fraction of the dense GEMM ceiling) at >= 4,096 tokens."""
     out = []
     for r in rows:
@@ -105,7 +103,7 @@ def _moe_points(rows: list[dict], gemm: dict, gpu=H100) -> list[tuple[str, float
     return out
 
 
-def fit_moe(rows: list[dict], gemm: dict, gpu=H100) -> dict:
+def fit_moe(rows: list[dict], gemm: dict, gpu) -> dict:
     points = _moe_points(rows, gemm, gpu)
     best = None
     for half in range(0, 2049, 16):  # n_half by grid, e_max per family in closed form (log least squares)
@@ -158,7 +156,7 @@ def mla_module_bytes(heads: int) -> float:
     return fp8 + 2 * bf16
 
 
-def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: float, gpu=H100) -> dict:
+def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: float, gpu) -> dict:
     """The module's time at batch x context <= 4,096 (bf16 latent cache, FP8 block GEMMs,
     every head count) less its reads at `hbm` and the fixed costs the step model already
     charges an MLA layer's attention (ops.MLA_MODULE_KERNELS kernel floors and one decode
@@ -172,7 +170,7 @@ def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: 
     return {"mla_floor_s": statistics.median(left)}
 
 
-def fit_allreduce(rows: list[dict], gpu=H100) -> dict:
+def fit_allreduce(rows: list[dict], gpu) -> dict:
     per_direction = gpu.nvlink_bandwidth_bytes_per_s / 2
     small = [r["latency_us"] * 1e-6 for r in rows if r["impl"] == "vllm_custom_graph" and r["message_bytes"] <= 16384]
     busbw = [
@@ -182,7 +180,7 @@ def fit_allreduce(rows: list[dict], gpu=H100) -> dict:
     return {"allreduce_latency_s": statistics.median(small), "allreduce_bw": min(1.0, statistics.median(busbw))}
 
 
-def calibrate(folder: Path, system: str = "h100_sxm") -> dict:
+def calibrate(folder: Path, system: str) -> dict:
     """Every kernel-fitted figure from the tables of one system."""
     gpu = get_gpu(SYSTEMS[system])
     gemm = fit_gemm(read(folder / f"gemm_{system}.csv"), gpu)
