@@ -436,3 +436,23 @@ def test_the_mla_layers_are_those_config_json_gives_a_latent_kv_cache() -> None:
         assert sum(is_mla(layer) for layer in load_model(path.stem).layers) == expected, path.stem
         seen += expected > 0
     assert seen >= 5
+
+
+@pytest.mark.parametrize("model,path", [("gpt-oss-120b", "frontend_intake_harmony_s"), ("qwen3-30b-a3b", "frontend_intake_s")])
+def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: str) -> None:
+    """vLLM's API server renders gpt-oss's chat requests with openai_harmony and every other
+    model's with the chat template and the tokenizer (serving_chat.py, by model_type): a burst
+    of n requests reaches the engine about n x that path's intake after it is sent, so 10 ms
+    more on its path adds about n x 10 ms to its mean TTFT, and 10 ms more on the other path
+    adds nothing."""
+    other = ({"frontend_intake_s", "frontend_intake_harmony_s"} - {path}).pop()
+    s, n, work = _setup(model), 50, Workload.fixed(128, 4)
+
+    def ttft(eff) -> float:
+        res = predict.run(predict.with_efficiency(s, eff), work, concurrency=n, request_rate=None, num_prompts=n)
+        return res.ttft_ms.mean
+
+    base = ttft(DEFAULT)
+    assert ttft(DEFAULT.replace(**{other: getattr(DEFAULT, other) + 0.010})) == pytest.approx(base, rel=1e-9)
+    added = ttft(DEFAULT.replace(**{path: getattr(DEFAULT, path) + 0.010})) - base
+    assert added == pytest.approx(n * 10.0, rel=0.1)

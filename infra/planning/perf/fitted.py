@@ -87,8 +87,14 @@ class Efficiency:
     # tight around their means where the engine's own queue is short (rand 128/4: p99 within
     # 1.6x of the mean on 8 of 10 rows), as all-at-once arrival gives and one-at-a-time would
     # not (TTFTs spread evenly from 0: p99 about 2x the mean).
-    # Its size per request is not in the code: fitted, and the same for every model.
-    frontend_intake_s: float = 4.46e-3
+    # Its size per request is not in the code: fitted, one for the models whose chat requests go
+    # through the chat template and the tokenizer (`_preprocess_chat`) and one for gpt-oss below.
+    frontend_intake_s: float = 8.92e-3
+    # SERVING-FITTED: the same intake for gpt-oss, whose chat requests the API server renders with
+    # openai_harmony straight to token ids, with no chat template and no tokenizer (serving_chat.py
+    # of 0.10.2 and 0.11.0: `use_harmony = model_config.hf_config.model_type == "gpt_oss"`, then
+    # `_make_request_with_harmony`, `render_for_completion`). Fitted on the one gpt-oss burst fit row.
+    frontend_intake_harmony_s: float = 2.23e-3
     # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (
         "gps-dsr1-h200-tp8-sharegpt-burst", "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp2-sharegpt-burst",
@@ -107,11 +113,11 @@ KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_
 FITTED_FIELDS = ("step_overhead_s", "request_overhead_s")  # on the bounded-load fit rows
 # Then on the burst fit rows, the others held: what only a large batch or a queue shows
 # (at a bounded load a few sequences' time is small beside the GPU's step).
-BURST_FITTED_FIELDS = ("seq_overhead_s", "frontend_intake_s")
+BURST_FITTED_FIELDS = ("seq_overhead_s", "frontend_intake_s", "frontend_intake_harmony_s")
 # What the serving fit may choose. ASSUMPTION: a step's CPU time between 20 us and 20 ms.
 # ASSUMPTION: a sequence's CPU time per step under 1 ms, the API server's per request under 50 ms.
 FIT_BOUNDS = {"step_overhead_s": (20e-6, 20e-3), "seq_overhead_s": (1e-6, 1e-3), "request_overhead_s": (0.0, 1.0),
-              "frontend_intake_s": (0.0, 50e-3)}
+              "frontend_intake_s": (0.0, 50e-3), "frontend_intake_harmony_s": (0.0, 50e-3)}
 
 DEFAULT = Efficiency()
 

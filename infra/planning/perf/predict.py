@@ -145,7 +145,7 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         seed: int = 0, prefix_cache_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
-    The API server takes requests in, `Efficiency.frontend_intake_s` of its time each
+    The API server takes requests in, `frontend_intake(s)` of its time each
     (chat template, tokenizing), sharing its one event loop among those it holds
     (workload.Client): a burst reaches the engine together, after all of it is taken in. Its time
     that does not queue (`request_overhead_s`) is added to every TTFT. With DP each replica
@@ -171,8 +171,16 @@ def _engine_args(s: Setup) -> dict:
         acceptance_rate=s.serving.acceptance_rate, dp=s.layout.dp, reserve_full_input=k.release.reserve_full_input,
         max_concurrent_batches=k.release.max_concurrent_batches(
             s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
-        frontend_s=s.step.eff.frontend_intake_s, prefix_caching=prefix_cache_reuse(s.evaluation),
+        frontend_s=frontend_intake(s), prefix_caching=prefix_cache_reuse(s.evaluation),
     )  # fmt: skip
+
+
+def frontend_intake(s: Setup) -> float:
+    """The API server's time to take one chat request in: gpt-oss's are rendered by openai_harmony
+    (vLLM's serving_chat.py picks that path by model_type "gpt_oss"), the others' by the chat
+    template and the tokenizer."""
+    eff = s.step.eff
+    return eff.frontend_intake_harmony_s if s.arch.model_type == "gpt_oss" else eff.frontend_intake_s
 
 
 def run_key(s: Setup) -> tuple:

@@ -196,7 +196,10 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     bounded = [(r, s) for r, s in setups if not is_burst(r)]
     burst = [(r, s) for r, s in setups if is_burst(r)]
     best = _search(bounded, start, FITTED_FIELDS, rounds, log)
-    best = _search(burst, _grid(burst, best, BURST_FITTED_FIELDS, log), BURST_FITTED_FIELDS, rounds, log)
+    # The grid over the two figures every burst row shares, then over gpt-oss's intake alone (it
+    # moves its rows only), then the coordinate search over all three.
+    shared = _grid(burst, best, ("seq_overhead_s", "frontend_intake_s"), log)
+    best = _search(burst, _grid(burst, shared, ("frontend_intake_harmony_s",), log), BURST_FITTED_FIELDS, rounds, log)
     best = _search(bounded, best, FITTED_FIELDS, rounds, log)  # once more, the burst figures now held
     return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
 
