@@ -456,3 +456,15 @@ def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: 
     assert ttft(DEFAULT.replace(**{other: getattr(DEFAULT, other) + 0.010})) == pytest.approx(base, rel=1e-9)
     added = ttft(DEFAULT.replace(**{path: getattr(DEFAULT, path) + 0.010})) - base
     assert added == pytest.approx(n * 10.0, rel=0.1)
+
+
+def test_the_time_per_token_counts_every_position_an_mtp_step_verifies() -> None:
+    """The fitted time per token a step hands on: one per decoding sequence without drafting,
+    k + 1 with k drafted tokens (each verified position may be emitted), one per prefill chunk."""
+    s = _setup("deepseek-r1", gpu="H200-141GB", tp=8, num_speculative_tokens=1)
+    without = predict.with_efficiency(s, DEFAULT.replace(seq_overhead_s=0.0))
+    for query_len in (1, 2):
+        added = s.step.stage_seconds([1000] * 64, [(512, 0)], query_len)[0] - without.step.stage_seconds([1000] * 64, [(512, 0)], query_len)[0]
+        assert added == pytest.approx((64 * query_len + 1) * DEFAULT.seq_overhead_s, rel=1e-9)
+        parts = s.step.parts([1000] * 64, [(512, 0)], query_len)[0].total_s
+        assert parts == pytest.approx(s.step.stage_seconds([1000] * 64, [(512, 0)], query_len)[0], rel=1e-9)

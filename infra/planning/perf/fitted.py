@@ -63,14 +63,20 @@ class Efficiency:
     # SERVING-FITTED: CPU time of one engine step (scheduling, input preparation; on the
     # bounded-load rows): hidden behind the GPU with async scheduling.
     step_overhead_s: float = 1.06e-3
-    # SERVING-FITTED: time per sampled sequence per step (on the burst rows, the only ones
-    # where it shows), added with or without async scheduling: the burst rows measured both
+    # SERVING-FITTED: time per token a step hands on (on the burst rows, the only ones where
+    # it shows; without speculative decoding one per sampled sequence), added with or without
+    # async scheduling: the burst rows measured both
     # ways (gpt-oss-120b TP1 on H100 and on A100) differ by 3% and 5% in TPOT, where hiding
     # it would halve TPOT (tests/test_perf_validation.py). Which work it is (the sampler over
     # the vocabulary, the output path to the API server) the rows do not separate, and it is
     # more than a step's own work: those bursts' ITL medians sit near the kernel model's
     # decode step (gpt-oss-120b TP4: 21.8 ms measured, 14.7 ms at 1,000 sequences), so it
     # also stands for the stalls the simulation does not produce (docs/planning.md).
+    # ASSUMPTION: all of it is per token, not per sequence: with MTP a step verifies k + 1
+    # positions of each sequence (step._emitted) and hands on up to that many tokens to detokenize
+    # and stream. The one MTP measurement agrees (DeepSeek-V3.2 on 8 x H200, ShareGPT burst, with
+    # and without one drafted token: median ITL 145 against 82 ms, x1.77; charged per token the
+    # model's median ITL goes x1.74, 236 against 136 ms, per sequence x1.10; the row validates).
     seq_overhead_s: float = 126e-6
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.

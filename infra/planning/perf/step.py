@@ -90,6 +90,12 @@ def _prefill_attention(term: tuple, prefills: Sequence[tuple[int, int]], flops: 
     return flops, nbytes
 
 
+def _emitted(n_decode: int, query_len: int, prefills: Sequence[tuple[int, int]]) -> int:
+    """The tokens a step hands on, at most, for `seq_overhead_s` to charge: each decoding
+    sequence's query_len positions (1, or 1 + k drafted with MTP) and one per prefill chunk."""
+    return n_decode * query_len + len(prefills)
+
+
 def _roofline(flops: float, peak: float, nbytes: float, bandwidth: float) -> tuple[float, float]:
     """(compute-bound seconds, memory-bound seconds): one of them is zero."""
     c, m = flops / peak, nbytes / bandwidth
@@ -188,7 +194,7 @@ class StepModel:
         out = [base + sum(map(mul, vector, unit)) for base, vector in zip(fixed, self._vectors)]
         out[-1] += self._draft_seconds(decode_contexts)
         cpu = eff.step_overhead_s
-        out[0] = (max(out[0], cpu) if self.async_scheduling else out[0] + cpu) + eff.seq_overhead_s * sampled
+        out[0] = (max(out[0], cpu) if self.async_scheduling else out[0] + cpu) + eff.seq_overhead_s * _emitted(n_decode, query_len, prefills)
         return out
 
     def _batch_units(self, tokens: int, sampled: int) -> list[float]:
@@ -258,7 +264,7 @@ class StepModel:
                 gpu += self._draft_seconds(decode_contexts)
             total = gpu
             if i == 0:
-                total = (max(gpu, cpu) if self.async_scheduling else gpu + cpu) + eff.seq_overhead_s * sampled
+                total = (max(gpu, cpu) if self.async_scheduling else gpu + cpu) + eff.seq_overhead_s * _emitted(n_decode, query_len, prefills)
                 overhead += total - gpu
             out.append(StepParts(compute, memory, comm, overhead, total))
         return out
