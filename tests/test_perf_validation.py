@@ -152,3 +152,21 @@ def test_a_sliding_window_models_preempted_prompts_are_found_in_the_prefix_cache
     point = {p.id: p for p in points}[row_id]
     for metric in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
         assert 0.5 <= point.predicted[metric] / point.measured[metric] <= 2.0, metric
+
+
+def test_every_serving_fitted_figure_has_the_bounds_the_fit_keeps_it_in() -> None:
+    """What `python -m infra perf --fit` may move: the serving-fitted figures (never a kernel-fitted
+    one), each with bounds, the value it holds now within them, and each fitted in one stage."""
+    from dataclasses import fields
+
+    from infra.planning.perf.fitted import BURST_FITTED_FIELDS, DEFAULT, FIT_BOUNDS, FITTED_FIELDS, KERNEL_FITTED
+
+    names = {f.name for f in fields(DEFAULT)}
+    fitted = set(FITTED_FIELDS) | set(BURST_FITTED_FIELDS)
+    assert len(fitted) == len(FITTED_FIELDS) + len(BURST_FITTED_FIELDS)
+    assert fitted <= names and not fitted & set(KERNEL_FITTED) and set(FIT_BOUNDS) == fitted
+    for name in fitted:
+        low, high = FIT_BOUNDS[name]
+        assert 0 <= low < getattr(DEFAULT, name) < high, name
+    # The assumed FP4 GEMM fraction is FP8's (no FP4 kernel in the tables).
+    assert DEFAULT.gemm_fp4 == DEFAULT.gemm_fp8
