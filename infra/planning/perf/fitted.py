@@ -65,9 +65,9 @@ class Efficiency:
     step_overhead_s: float = 1.06e-3
     # SERVING-FITTED: time per token a step hands on (on the burst rows, the only ones where
     # it shows; without speculative decoding one per sampled sequence), added with or without
-    # async scheduling: the burst rows measured both
-    # ways (gpt-oss-120b TP1 on H100 and on A100) differ by 3% and 5% in TPOT, where hiding
-    # it would halve TPOT (tests/test_perf_validation.py). Which work it is (the sampler over
+    # async scheduling: the burst rows measured both ways (gpt-oss-120b TP1 on H100 and on
+    # A100) differ by 3% and 5% in TPOT, where hiding it would halve TPOT
+    # (tests/test_perf_validation.py). Which work it is (the sampler over
     # the vocabulary, the output path to the API server) the rows do not separate, and it is
     # more than a step's own work: those bursts' ITL medians sit near the kernel model's
     # decode step (gpt-oss-120b TP4: 21.8 ms measured, 14.7 ms at 1,000 sequences), so it
@@ -132,8 +132,9 @@ DEFAULT = Efficiency()
 # SM 8.0 GPU (A100 40 GB and 80 GB) runs at in place of the H100 figures above. Its fused MoE
 # (Triton, bf16) reaches about the same share of the dense ceiling at every expert width the
 # table has (0.28-0.47 of it from 192 to 2,048 wide split by TP, 0.15-0.19 with EP 8), so the
-# width term fits to 0; the table routes by a mild power law (it has no balanced rows). ASSUMPTION: the figures no A100 table covers (FP8, FP4 and
-# 4-bit MoE kernels, the MLA module) stay H100's.
+# width term fits to 0; the table routes by a mild power law (it has no balanced rows).
+# ASSUMPTION: the figures no A100 table covers (FP8, FP4 and 4-bit MoE kernels, the MLA module)
+# stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
           "moe_gemm_bf16": 0.289, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6, "allreduce_latency_s": 5.33e-6,
           "allreduce_bw": 0.694}  # fmt: skip
