@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.catalog.models import load_model
 from infra.planning.perf import validate
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "perf"
@@ -36,7 +37,8 @@ def test_model_configs_kept_beside_the_measurements_load() -> None:
     for source in validate.MODELS.values():
         if source.startswith("models/"):
             cfg = json.loads((ROOT / source).read_text())
-            assert cfg["model_type"].startswith("qwen3")
+            assert cfg["model_type"].startswith("qwen3") or cfg["model_type"] == "gpt_oss"
+            assert load_model(str(ROOT / source)).model_type == cfg["model_type"]
 
 
 @pytest.fixture(scope="module")
@@ -120,21 +122,21 @@ def test_the_medians_docs_planning_prints_are_the_models(points) -> None:
 
 def test_a_burst_reaches_the_engine_together_as_the_measured_ttfts_say() -> None:
     """Where the engine's own queue is short (1,000 prompts of 128 tokens, 4 out) a burst's
-    measured TTFTs sit tight around their mean (p99 within 1.6x of it on 8 of the 10 rows):
+    measured TTFTs sit tight around their mean (p99 within 1.6x of it on 10 of the 14 rows):
     the API server, sharing its loop among the requests it takes in, hands them to the engine
     together. One at a time they would spread evenly from 0 (p99 about twice the mean). The
-    predicted p99 / mean is within 0.35 of the measured on at least 8 of the 10."""
+    predicted p99 / mean is within 0.35 of the measured on at least three rows in four."""
     from infra.planning.perf import predict
 
     rows = [r for r in ROWS if r["id"].endswith("-rand128")]
-    assert len(rows) == 10 and all(validate.is_burst(r) and round(r["osl"]) == 4 for r in rows)
+    assert len(rows) >= 10 and all(validate.is_burst(r) and round(r["osl"]) == 4 for r in rows)
     close = []
     for r in rows:
         res = predict.run(validate.row_setup(r, ROOT), validate.row_workload(r), concurrency=r["num_prompts"],
                           request_rate=None, num_prompts=r["num_prompts"])  # fmt: skip
         measured = r["measured"]["ttft_ms"]["p99"] / r["measured"]["ttft_ms"]["mean"]
         close.append(abs(res.ttft_ms.p99 / res.ttft_ms.mean - measured) <= 0.35)
-    assert sum(close) >= 8, close
+    assert sum(close) >= 0.75 * len(rows), close
 
 
 def test_a_sliding_window_models_preempted_prompts_are_found_in_the_prefix_cache(points) -> None:
@@ -170,3 +172,19 @@ def test_every_serving_fitted_figure_has_the_bounds_the_fit_keeps_it_in() -> Non
         assert 0 <= low < getattr(DEFAULT, name) < high, name
     # The assumed FP4 GEMM fraction is FP8's (no FP4 kernel in the tables).
     assert DEFAULT.gemm_fp4 == DEFAULT.gemm_fp8
+
+
+def test_every_model_config_beside_the_measurements_is_the_copy_its_sources_name() -> None:
+    """tests/fixtures/perf/models/SOURCES.md names each config.json copy's origin and sha256:
+    every copy is listed, byte for byte, and every model a row names has a config to load."""
+    import hashlib
+
+    folder = Path(__file__).resolve().parent / "fixtures" / "perf" / "models"
+    sources = (folder / "SOURCES.md").read_text()
+    for path in sorted(folder.glob("*.json")):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert f"`{path.name}`" in sources and digest in sources, path.name
+    rows = validate.load_rows(folder.parent / "measurements.jsonl")
+    for model in {r["model"] for r in rows}:
+        source = validate.MODELS[model]
+        assert not source.startswith("models/") or (folder.parent / source).is_file(), model

@@ -91,7 +91,7 @@ class Efficiency:
     # client awaits its socket), and the bench client sends a burst all at t=0
     # (benchmarks/serve.py get_request: no delay at rate inf). The bursts' measured TTFTs are
     # tight around their means where the engine's own queue is short (rand 128/4: p99 within
-    # 1.6x of the mean on 8 of 10 rows), as all-at-once arrival gives and one-at-a-time would
+    # 1.6x of the mean on 10 of the 14 rows), as all-at-once arrival gives and one-at-a-time would
     # not (TTFTs spread evenly from 0: p99 about 2x the mean).
     # Its size per request is not in the code: fitted, one for the models whose chat requests go
     # through the chat template and the tokenizer (`_preprocess_chat`) and one for gpt-oss below.

@@ -33,6 +33,7 @@ MODELS = {
     "deepseek-ai/DeepSeek-R1-0528": "deepseek-r1",
     "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
     "openai/gpt-oss-120b": "gpt-oss-120b",
+    "openai/gpt-oss-20b": "models/openai--gpt-oss-20b.json",
     "Qwen/Qwen3-235B-A22B-Instruct-2507": "qwen3-235b-a22b",
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "qwen3-235b-a22b-fp8",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b",
