@@ -34,7 +34,7 @@ def test_the_constants_are_what_the_h100_kernel_tables_give(h100: dict) -> None:
 def test_the_fractions_transfer_to_h200(h100: dict, h200: dict) -> None:
     """Fractions of each GPU's own datasheet: what H200's tables give is H100's within 20%."""
     for name in ("gemm_bf16", "gemm_fp8", "hbm", "attention", "moe_gemm_fp8", "moe_gemm_4bit", "allreduce_latency_s", "allreduce_bw",
-                 "mla_floor_s"):  # fmt: skip
+                 "mla_floor_s", "attention_half_dim"):  # fmt: skip
         assert h200[name] == pytest.approx(h100[name], rel=0.2), name
 
 
@@ -151,3 +151,20 @@ def test_only_sm80_gpus_take_the_a100_figures() -> None:
     # Serving-fitted figures are not the tables' to set.
     tuned = for_gpu_kernels(DEFAULT.replace(seq_overhead_s=1e-4), get_gpu("A100-80GB"))
     assert tuned.seq_overhead_s == 1e-4 and tuned.step_overhead_s == DEFAULT.step_overhead_s
+
+
+@pytest.mark.parametrize("system", ["h100_sxm", "h200_sxm"])
+def test_prefill_attentions_fraction_follows_the_head_size_as_measured(system: str) -> None:
+    """FlashAttention-3 prefill at >= 4,096 tokens reaches less of the peak at head size 64 and
+    more at 192 and 256 than at 128: each size's median over 128's is what the step model's
+    head-size term (H100's d_half) gives, within 5%, on both GPUs."""
+    from infra.planning.perf.calibrate import _prefill_efficiency
+    from infra.planning.perf.step import head_dim_factor
+
+    gpu = get_gpu({"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB"}[system])
+    base = _prefill_efficiency(read(KERNELS / f"attn_prefill_{system}.csv"), gpu)
+    rows = read(KERNELS / f"attn_prefill_hd_{system}.csv")
+    for d in (64, 192, 256):
+        measured = _prefill_efficiency([r for r in rows if r["head_dim"] == d], gpu) / base
+        assert measured == pytest.approx(head_dim_factor(d, DEFAULT.attention_half_dim), rel=0.05), d
+    assert head_dim_factor(64, DEFAULT.attention_half_dim) < 0.85 and head_dim_factor(128, DEFAULT.attention_half_dim) == 1.0

@@ -468,3 +468,21 @@ def test_the_time_per_token_counts_every_position_an_mtp_step_verifies() -> None
         assert added == pytest.approx((64 * query_len + 1) * DEFAULT.seq_overhead_s, rel=1e-9)
         parts = s.step.parts([1000] * 64, [(512, 0)], query_len)[0].total_s
         assert parts == pytest.approx(s.step.stage_seconds([1000] * 64, [(512, 0)], query_len)[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("model,head_dim", [("gpt-oss-120b", 64), ("llama-3.1-70b", 128), ("deepseek-r1", 160)])
+def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, head_dim: float) -> None:
+    """The head size each model's prefill kernel works at, from its config (gpt-oss 64; MLA's
+    prefill 192 query-key and 128 value wide, 160 on average), and a long prefill's attention
+    time: its FLOPs at the attention peak times that size's fraction (step.head_dim_factor)."""
+    from infra.planning.perf.step import head_dim_factor
+
+    s = _setup(model, gpu="H200-141GB" if model == "deepseek-r1" else "H100-SXM-80GB", tp=8 if model != "gpt-oss-120b" else 1)
+    assert {a.head_dim for a in s.step.stages[0].attention if a.reads_context} == {head_dim}
+    flat = predict.with_efficiency(s, DEFAULT.replace(attention_half_dim=0.0))  # every size at 128's fraction
+    long = [(8192, 0)]
+    with_term, without = s.step.parts([], long, 1)[0].compute_s, flat.step.parts([], long, 1)[0].compute_s
+    if head_dim == 128:
+        assert with_term == pytest.approx(without, rel=1e-9)
+    else:
+        assert (with_term > without) == (head_dim < 128)

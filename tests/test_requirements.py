@@ -130,7 +130,8 @@ POD_SCRIPTS = REPO_ROOT / "infra" / "k8s" / "scripts"
 # Run in venv-perf/, installed from requirements-perf.txt (infra/cli/aiconfigurator.py), not ./venv:
 # the cross-check's driver, and the script that extracts A100's kernel tables from AIConfigurator's wheel.
 AICONFIGURATOR_DRIVER = REPO_ROOT / "infra" / "cli" / "aiconfigurator_driver.py"
-VENV_PERF_SCRIPTS = (AICONFIGURATOR_DRIVER, REPO_ROOT / "tests" / "fixtures" / "perf" / "kernels" / "extract_a100.py")
+VENV_PERF_SCRIPTS = (AICONFIGURATOR_DRIVER, *(REPO_ROOT / "tests" / "fixtures" / "perf" / "kernels" / name
+                                              for name in ("extract_a100.py", "extract_attention_head_dims.py")))
 
 
 def _source_files() -> list[Path]:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from infra.catalog.gpus import get_gpu
 from infra.planning.perf.ops import MLA_MODULE_KERNELS
+from infra.planning.perf.step import head_dim_factor
 
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB", "a100_sxm": "A100-80GB"}  # AIConfigurator's names
 MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16")}
@@ -85,6 +86,28 @@ def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, 
         for r in decode if r["kv_cache_dtype"] == "bfloat16" and r["batch"] * r["context_len"] <= 4096
     ]  # fmt: skip
     return {"attention": statistics.median(achieved), "attention_floor_s": max(0.0, statistics.median(floors) - kernel_floor)}
+
+
+def _prefill_efficiency(rows: list[dict], gpu) -> float:
+    """FlashAttention prefill TFLOPS at >= 4,096-token sequences over the bf16 peak (median)."""
+    # Causal prefill: each of seq_len queries meets (on average) half the sequence.
+    return statistics.median(
+        r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r.get("head_dim", 128) * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
+        for r in rows if r["seq_len"] >= 4096 and r["kv_cache_dtype"] == "bfloat16"
+    )  # fmt: skip
+
+
+def fit_attention_head_dim(prefill: list[dict], other_dims: list[dict], gpu) -> dict:
+    """`attention_half_dim`: the d_half that puts each head size's median prefill efficiency
+    (64, 192, 256 from `other_dims`) nearest, in log, to 128's times head_dim_factor."""
+    base = _prefill_efficiency(prefill, gpu)
+    ratios = {d: _prefill_efficiency([r for r in other_dims if r["head_dim"] == d], gpu) / base
+              for d in sorted({r["head_dim"] for r in other_dims})}  # fmt: skip
+
+    def loss(half: float) -> float:
+        return sum((math.log(ratio) - math.log(head_dim_factor(d, half))) ** 2 for d, ratio in ratios.items())
+
+    return {"attention_half_dim": float(min(range(0, 513), key=loss))}
 
 
 def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, float]]:
@@ -186,6 +209,9 @@ def calibrate(folder: Path, system: str) -> dict:
     gemm = fit_gemm(read(folder / f"gemm_{system}.csv"), gpu)
     attn = fit_attention(read(folder / f"attn_prefill_{system}.csv"), read(folder / f"attn_decode_{system}.csv"),
                          gemm["kernel_overhead_s"], gemm["hbm"], gpu)  # fmt: skip
+    head_dims = folder / f"attn_prefill_hd_{system}.csv"  # none for A100: its table has head size 128 only
+    if head_dims.exists():
+        attn.update(fit_attention_head_dim(read(folder / f"attn_prefill_{system}.csv"), read(head_dims), gpu))
     mla_table = folder / f"mla_decode_{system}.csv"  # none for A100: AIConfigurator has no vLLM MLA table there
     mla = fit_mla(read(mla_table), gemm["kernel_overhead_s"], attn["attention_floor_s"], gemm["hbm"], gpu) if mla_table.exists() else {}
     return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu), **mla,

@@ -41,6 +41,10 @@ class Efficiency:
     # bf16 peak, and decode attention's fixed time beyond one kernel floor and its reads.
     attention: float = 0.601
     attention_floor_s: float = 9.97e-6
+    # KERNEL-FITTED: how prefill attention's fraction moves with the head size d (the fraction
+    # above is at 128): x d / (d + attention_half_dim), relative to 128 (calibrate.head_dim_factor),
+    # from FlashAttention-3's prefill at d = 64, 192 and 256 (H200's tables give 57).
+    attention_half_dim: float = 55.0
     # KERNEL-FITTED: HBM fraction that bf16 GEMMs at 1-8 tokens reach reading weights, and
     # their fixed time (the floor every kernel pays inside a CUDA graph).
     hbm: float = 0.820
@@ -114,8 +118,8 @@ class Efficiency:
 
 
 KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
-                 "moe_floor_s", "attention", "attention_floor_s", "hbm", "kernel_overhead_s", "allreduce_latency_s",
-                 "allreduce_bw", "mla_floor_s")  # fmt: skip
+                 "moe_floor_s", "attention", "attention_floor_s", "attention_half_dim", "hbm", "kernel_overhead_s",
+                 "allreduce_latency_s", "allreduce_bw", "mla_floor_s")  # fmt: skip
 FITTED_FIELDS = ("step_overhead_s", "request_overhead_s")  # on the bounded-load fit rows
 # Then on the burst fit rows, the others held: what only a large batch or a queue shows
 # (at a bounded load a few sequences' time is small beside the GPU's step).
@@ -133,8 +137,8 @@ DEFAULT = Efficiency()
 # (Triton, bf16) reaches about the same share of the dense ceiling at every expert width the
 # table has (0.28-0.47 of it from 192 to 2,048 wide split by TP, 0.15-0.19 with EP 8), so the
 # width term fits to 0; the table routes by a mild power law (it has no balanced rows).
-# ASSUMPTION: the figures no A100 table covers (FP8, FP4 and 4-bit MoE kernels, the MLA module)
-# stay H100's.
+# ASSUMPTION: the figures no A100 table covers (FP8, FP4 and 4-bit MoE kernels, the MLA module,
+# the head-size term: its table has head size 128 only) stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
           "moe_gemm_bf16": 0.289, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6, "allreduce_latency_s": 5.33e-6,
           "allreduce_bw": 0.694}  # fmt: skip

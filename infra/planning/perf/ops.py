@@ -57,6 +57,7 @@ class AttentionTerm:
     bytes_per_sequence: float = 0.0  # recurrent states: read and written each step
     flops_per_sequence_token: float = 0.0  # recurrent update per token
     prefill_context_flops: float = 0.0  # MLA prefill: expanding each context token's latent
+    head_dim: float = 128.0  # the prefill kernel's head size, (query-key + value) / 2: its fraction follows it
 
 
 # Kernels one decoder layer launches, by what it has (the fixed per-kernel cost in
@@ -216,7 +217,19 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
 
 def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
     """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
-    bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer."""
+    bytes/seq, flops/seq/token, prefill context flops, head size) per pattern of one layer."""
+    return [(*t, _head_dim(layer.attn)) for t in _layer_patterns(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes)]
+
+
+def _head_dim(attn) -> float:
+    """The prefill kernel's head size: the mean of its query-key and value widths (128 where
+    the layer has no attention heads: the fraction as fitted)."""
+    if attn is None or attn.recurrent_dim:
+        return 128.0
+    return ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim)) / 2
+
+
+def _layer_patterns(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
     attn = layer.attn
     terms: dict[tuple, list[float]] = {}
 
@@ -261,8 +274,8 @@ def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_b
         for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes):
             counts[t] += 1
     out = []
-    for (thr, div, reads, b, f, pf, bseq, fseq, pctx), n in counts.items():
-        out.append(AttentionTerm(n, thr, div, reads, b, f, pf, bseq, fseq, pctx))
+    for (thr, div, reads, b, f, pf, bseq, fseq, pctx, hd), n in counts.items():
+        out.append(AttentionTerm(n, thr, div, reads, b, f, pf, bseq, fseq, pctx, hd))
     return sorted(out, key=lambda a: (a.threshold is None, a.threshold or 0, a.divisor, a.reads_context))
 
 

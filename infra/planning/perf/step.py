@@ -96,6 +96,15 @@ def _emitted(n_decode: int, query_len: int, prefills: Sequence[tuple[int, int]])
     return n_decode * query_len + len(prefills)
 
 
+def head_dim_factor(head_dim: float, half: float) -> float:
+    """Prefill attention's fraction at `head_dim` over its fraction at 128: d / (d + d_half),
+    relative (the work per tile grows with d, a tile's softmax and loads less so); calibrate.py
+    fits d_half on FlashAttention-3 at 64, 192 and 256. ASSUMPTION: held at 256's beyond 256
+    (no table reaches further)."""
+    d = min(head_dim, 256.0)
+    return d / (d + half) * (128 + half) / 128
+
+
 def _roofline(flops: float, peak: float, nbytes: float, bandwidth: float) -> tuple[float, float]:
     """(compute-bound seconds, memory-bound seconds): one of them is zero."""
     c, m = flops / peak, nbytes / bandwidth
@@ -137,7 +146,9 @@ class StepModel:
                  for g in stage.gemms if g.weight_bytes]  # fmt: skip
             w += [(units.index(("moe", e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel,
                                  e.inter_per_rank)), e.layers) for e in stage.experts]  # fmt: skip
-            w += [(units.index(("attn", *_attention_tuple(a))), a.layers) for a in stage.attention]
+            # The head-size term last: its fraction of the attention peak (calibrate.head_dim_factor).
+            w += [(units.index(("attn", *_attention_tuple(a), head_dim_factor(a.head_dim, eff.attention_half_dim))), a.layers)
+                  for a in stage.attention]  # fmt: skip
             if stage.allreduces:
                 w.append((units.index(("allreduce", stage.allreduce_bytes_per_token)), stage.allreduces))
             self._weights.append(tuple(w))
@@ -147,10 +158,11 @@ class StepModel:
         keys = self._units
         self._gemm_units = [(i, self._peak[u[1]], u[2], u[3]) for i, u in enumerate(keys) if u[0] == "gemm"]
         self._moe_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "moe"]
-        self._attn_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "attn"]
+        self._attn_units = [(i, u[1:-1], u[-1]) for i, u in enumerate(keys) if u[0] == "attn"]
         self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
         self._by_size: dict[tuple[int, int], list[float]] = {}  # _batch_units
-        self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0) for i, term in self._attn_units]
+        self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0, self._attn_peak * scale)
+                             for i, term, scale in self._attn_units]  # fmt: skip
         # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager: the
         # one place both the fast path and `parts` take them from.
         per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
@@ -180,8 +192,8 @@ class StepModel:
         sums = _threshold_sums(decode_contexts, self._thresholds)
         eff = self.eff
         unit = self._batch_units(tokens, sampled).copy()
-        peak, bw = self._attn_peak, self._bw
-        for i, term, floor in self._attn_floors:  # _attention and _roofline, spelt out (~10^5 calls a plan)
+        bw = self._bw
+        for i, term, floor, peak in self._attn_floors:  # _attention and _roofline, spelt out (~10^5 calls a plan)
             thr, div, b_entry, f_entry, _, b_seq, f_seq, _ = term
             entries = sums[thr] / div if div else 0.0
             nbytes = entries * b_entry + n_decode * b_seq
@@ -282,7 +294,7 @@ class StepModel:
             return c, m, 0.0, self.eff.moe_floor_s
         if kind == "attn":  # one layer
             floor = self.eff.attention_floor_s if u[2] else 0.0  # a kernel reading context (not a recurrent state)
-            return (*self._attention(u[1:], sums, prefills, query_len, n_decode), 0.0, floor)
+            return (*self._attention(u[1:-1], sums, prefills, query_len, n_decode, self._attn_peak * u[-1]), 0.0, floor)
         return 0.0, 0.0, self._allreduce(tokens * u[1]), 0.0  # one all-reduce
 
     def _moe(self, term: tuple, tokens: int) -> tuple[float, float]:
@@ -302,7 +314,7 @@ class StepModel:
         return self.num_speculative_tokens * self._draft.stage_seconds(decode_contexts, (), 1)[0]
 
     def _attention(self, term: tuple, sums: dict, prefills: Sequence[tuple[int, int]], query_len: int,
-                   n_decode: int) -> tuple[float, float]:  # fmt: skip
+                   n_decode: int, peak: float) -> tuple[float, float]:  # fmt: skip
         """One layer's attention, (compute-bound s, memory-bound s): decode reads each
         sequence's cached entries once for its query tokens; a prefill chunk computes
         over the entries each of its queries reaches and reads its context once."""
@@ -311,7 +323,7 @@ class StepModel:
         nbytes = entries * b_entry + n_decode * b_seq
         flops = query_len * (entries * f_entry + n_decode * f_seq)
         flops, nbytes = _prefill_attention(term, prefills, flops, nbytes)
-        return _roofline(flops, self._attn_peak, nbytes, self._bw)
+        return _roofline(flops, peak, nbytes, self._bw)
 
     def _allreduce(self, nbytes: float) -> float:
         """Ring all-reduce over the TP group: latency + 2 (n - 1) / n x bytes / bus bandwidth."""
