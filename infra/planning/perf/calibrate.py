@@ -75,24 +75,19 @@ def fit_gemm(rows: list[dict], gpu) -> dict:
 
 
 def fit_attention(prefill: list[dict], decode: list[dict], kernel_floor: float, hbm: float, gpu) -> dict:
-    # Causal prefill: each of seq_len queries meets (on average) half the sequence.
-    achieved = [
-        r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r["head_dim"] * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
-        for r in prefill if r["seq_len"] >= 4096 and r["kv_cache_dtype"] == "bfloat16"
-    ]  # fmt: skip
     bw = gpu.hbm_bandwidth_bytes_per_s * hbm
     floors = [
         r["latency_us"] * 1e-6 - r["batch"] * r["context_len"] * r["kv_heads"] * r["head_dim"] * 2 * 2 / bw
         for r in decode if r["kv_cache_dtype"] == "bfloat16" and r["batch"] * r["context_len"] <= 4096
     ]  # fmt: skip
-    return {"attention": statistics.median(achieved), "attention_floor_s": max(0.0, statistics.median(floors) - kernel_floor)}
+    return {"attention": _prefill_efficiency(prefill, gpu), "attention_floor_s": max(0.0, statistics.median(floors) - kernel_floor)}
 
 
 def _prefill_efficiency(rows: list[dict], gpu) -> float:
     """FlashAttention prefill TFLOPS at >= 4,096-token sequences over the bf16 peak (median)."""
     # Causal prefill: each of seq_len queries meets (on average) half the sequence.
     return statistics.median(
-        r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r.get("head_dim", 128) * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
+        r["batch"] * r["q_heads"] * r["seq_len"] ** 2 * r["head_dim"] * 2 / (r["latency_us"] * 1e-6) / (gpu.bf16_dense_tflops * 1e12)
         for r in rows if r["seq_len"] >= 4096 and r["kv_cache_dtype"] == "bfloat16"
     )  # fmt: skip
 
