@@ -215,12 +215,6 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
     return None, spec.compress_ratio
 
 
-def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
-    """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
-    bytes/seq, flops/seq/token, prefill context flops, head size) per pattern of one layer."""
-    return [(*t, _head_dim(layer.attn)) for t in _layer_patterns(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes)]
-
-
 def _head_dim(attn) -> float:
     """The prefill kernel's head size: the mean of its query-key and value widths (128 where
     the layer has no attention heads: the fraction as fitted)."""
@@ -229,7 +223,9 @@ def _head_dim(attn) -> float:
     return ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim)) / 2
 
 
-def _layer_patterns(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
+def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int) -> list[tuple]:
+    """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
+    bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer."""
     attn = layer.attn
     terms: dict[tuple, list[float]] = {}
 
@@ -272,7 +268,7 @@ def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_b
     counts: Counter = Counter()
     for layer in layers:
         for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes):
-            counts[t] += 1
+            counts[(*t, _head_dim(layer.attn))] += 1
     out = []
     for (thr, div, reads, b, f, pf, bseq, fseq, pctx, hd), n in counts.items():
         out.append(AttentionTerm(n, thr, div, reads, b, f, pf, bseq, fseq, pctx, hd))

@@ -18,7 +18,7 @@ from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import cudagraph, kv_cache, memory, serving
 from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors, model_runner_v2
-from infra.planning.perf.fitted import DEFAULT, Efficiency, for_gpu_kernels
+from infra.planning.perf.fitted import DEFAULT, Efficiency
 from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import model_stages
 from infra.planning.perf.scheduler import KVPool, SimResult, simulate
@@ -119,7 +119,7 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         ceiling=cudagraph.model_ceiling(r, arch.model_type),
     )  # fmt: skip
     step = StepModel(
-        stages, hw, tp=srv.tp, eff=for_gpu_kernels(eff, gpu), async_scheduling=knobs.async_scheduling, graph_max_tokens=max(sizes),
+        stages, hw, tp=srv.tp, eff=eff, async_scheduling=knobs.async_scheduling, graph_max_tokens=max(sizes),
         # vLLM's PP send carries the hidden states and the residual (IntermediateTensors), bf16.
         hop_bytes_per_token=2 * arch.hidden_size * 2,
         hop_over_network=srv.pp > 1 and srv.tp * srv.pp > hw.gpus_per_node,
@@ -224,7 +224,7 @@ def prefix_cache_reuse(ev: Evaluation) -> bool:
 def with_efficiency(s: Setup, eff: Efficiency) -> Setup:
     """The same setup with other achieved fractions (the fit)."""
     st = s.step
-    step = StepModel(st.stages, st.hw, tp=st.tp, eff=for_gpu_kernels(eff, st.hw.gpu), async_scheduling=st.async_scheduling,
+    step = StepModel(st.stages, st.hw, tp=st.tp, eff=eff, async_scheduling=st.async_scheduling,
                      graph_max_tokens=st.graph_max_tokens, hop_bytes_per_token=st.hop_bytes_per_token,
                      hop_over_network=st.hop_over_network, num_speculative_tokens=st.num_speculative_tokens)  # fmt: skip
     return replace(s, step=step)

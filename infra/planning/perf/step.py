@@ -26,7 +26,7 @@ from itertools import accumulate
 from operator import mul
 from typing import Sequence
 
-from infra.planning.perf.fitted import DEFAULT, Efficiency
+from infra.planning.perf.fitted import DEFAULT, Efficiency, for_gpu_kernels
 from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import AttentionTerm, StageOps, expected_distinct_experts
 
@@ -127,6 +127,8 @@ class StepModel:
                  hop_over_network: bool = False, num_speculative_tokens: int = 0) -> None:  # fmt: skip
         self.stages = tuple(stages)
         self.pp = len(self.stages)
+        # The GPU's own kernel-fitted figures where the repo has its tables (A100: fitted.AMPERE).
+        eff = for_gpu_kernels(eff, hw.gpu)
         self.hw, self.tp, self.eff = hw, tp, eff
         self.async_scheduling = async_scheduling
         self.graph_max_tokens = graph_max_tokens
