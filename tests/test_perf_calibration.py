@@ -44,21 +44,26 @@ def test_fractions_are_physical(h100: dict) -> None:
     assert 0 < h100["kernel_overhead_s"] < 20e-6 and 0 < h100["moe_floor_s"] < 200e-6 and 0 < h100["mla_floor_s"] < 200e-6
 
 
+def _gemm_median_error(rows: list[dict], gpu, eff) -> float:
+    """Median |error| of the step model's GEMM time: kernel floor + max(FLOPs / achieved peak,
+    weight bytes / achieved bandwidth), bf16 or FP8 as the row's dtype."""
+    errors = []
+    for r in rows:
+        fp8 = r["dtype"] != "bf16"
+        peak = (gpu.fp8_dense_tflops if fp8 else gpu.bf16_dense_tflops) * 1e12 * (eff.gemm_fp8 if fp8 else eff.gemm_bf16)
+        weights = r["n"] * r["k"] * (1 if fp8 else 2)
+        t = eff.kernel_overhead_s + max(2 * r["m"] * r["n"] * r["k"] / peak, weights / (gpu.hbm_bandwidth_bytes_per_s * eff.hbm))
+        errors.append(abs(t / (r["latency_us"] * 1e-6) - 1))
+    return statistics.median(errors)
+
+
 def test_h100_fit_predicts_h200_gemm_latencies() -> None:
     """A GEMM's time = kernel floor + max(FLOPs / achieved peak, weight bytes / achieved
     bandwidth), with H100's fractions and H200's datasheet, against H200's measurements.
     Block-FP8 rows under 1,024 tokens are left out: the collector timed them outside a
     CUDA graph (kernels/README.md)."""
-    gpu, errors = get_gpu("H200-141GB"), []
-    for r in read(KERNELS / "gemm_h200_sxm.csv"):
-        if r["dtype"] == "fp8_block" and r["m"] < 1024:
-            continue
-        fp8 = r["dtype"] != "bf16"
-        peak = (gpu.fp8_dense_tflops if fp8 else gpu.bf16_dense_tflops) * 1e12 * (DEFAULT.gemm_fp8 if fp8 else DEFAULT.gemm_bf16)
-        weights = r["n"] * r["k"] * (1 if fp8 else 2)
-        t = DEFAULT.kernel_overhead_s + max(2 * r["m"] * r["n"] * r["k"] / peak, weights / (gpu.hbm_bandwidth_bytes_per_s * DEFAULT.hbm))
-        errors.append(abs(t / (r["latency_us"] * 1e-6) - 1))
-    assert statistics.median(errors) < 0.15
+    rows = [r for r in read(KERNELS / "gemm_h200_sxm.csv") if not (r["dtype"] == "fp8_block" and r["m"] < 1024)]
+    assert _gemm_median_error(rows, get_gpu("H200-141GB"), DEFAULT) < 0.15
 
 
 def test_h100_fit_predicts_h200_mla_module_latencies() -> None:
@@ -117,15 +122,6 @@ def test_the_a100_figures_are_what_the_a100_kernel_tables_give(a100: dict) -> No
     assert set(AMPERE) == set(a100)
     for name, value in AMPERE.items():
         assert value == pytest.approx(a100[name], rel=0.01, abs=1e-7), f"re-run calibrate on a100_sxm: {name}"
-
-
-def _gemm_median_error(rows: list[dict], gpu, eff) -> float:
-    errors = []
-    for r in rows:
-        peak = gpu.bf16_dense_tflops * 1e12 * eff.gemm_bf16
-        t = eff.kernel_overhead_s + max(2 * r["m"] * r["n"] * r["k"] / peak, r["n"] * r["k"] * 2 / (gpu.hbm_bandwidth_bytes_per_s * eff.hbm))
-        errors.append(abs(t / (r["latency_us"] * 1e-6) - 1))
-    return statistics.median(errors)
 
 
 def test_a100_gemms_are_predicted_with_a100s_own_figures_not_h100s() -> None:
