@@ -486,3 +486,36 @@ def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, hea
         assert with_term == pytest.approx(without, rel=1e-9)
     else:
         assert (with_term > without) == (head_dim < 128)
+
+
+@pytest.mark.parametrize("version,gpu,tp,heads", [("0.13.0", "H200-141GB", 8, 64), ("0.13.0", "B200", 8, 128),
+                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
+def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: str, tp: int, heads: int | None) -> None:
+    """DeepSeek-V3.2's sparse MLA, from its config.json: up to vLLM 0.26 every token, prefill too,
+    runs the absorbed MQA kernel (keys kv_lora_rank + qk_rope_head_dim wide, values kv_lora_rank),
+    the rank's query heads padded up to 64 (128 on SM 10.x), and no latent is expanded
+    (flashmla_sparse.py FlashMLASparseImpl.forward of 0.11 to 0.26); from 0.27 prefills up to
+    index_topk tokens run dense MHA (sparse_mla_attention.py), kept un-absorbed as DeepSeek-R1's."""
+    import json
+    from pathlib import Path
+
+    from infra.planning.perf.ops import model_stages
+    from infra.planning.vllm_release import release
+
+    c = json.loads((Path(__file__).parents[1] / "infra" / "catalog" / "model_configs" / "deepseek-v3.2.json").read_text())
+    g = get_gpu(gpu)
+    pad = release(version).sparse_mla_prefill_head_padding(sm100=g.compute_capability.startswith("10"))
+    stages = model_stages(load_model("deepseek-v3.2"), tp=tp, pp=1, gpu=g, expert_parallel=False, kv_bytes=2, sparse_mla_pad=pad)
+    (main,) = [a for a in stages[0].attention if a.threshold == c["index_topk"]]
+    if tp == 8:  # what a prediction at that release runs
+        assert _setup("deepseek-v3.2", gpu=gpu, tp=tp, vllm_version=version).step.stages[0].attention == stages[0].attention
+    per_rank = c["num_attention_heads"] // tp
+    if heads is None:
+        mha = c["qk_nope_head_dim"] + c["qk_rope_head_dim"] + c["v_head_dim"]
+        assert main.prefill_flops_per_entry == 2 * per_rank * mha
+        assert main.prefill_context_flops == 2 * c["kv_lora_rank"] * c["num_attention_heads"] * (c["qk_nope_head_dim"] + c["v_head_dim"]) / tp
+    else:
+        mqa = 2 * c["kv_lora_rank"] + c["qk_rope_head_dim"]
+        assert main.prefill_flops_per_entry == main.flops_per_entry == 2 * heads * mqa
+        assert main.prefill_context_flops == 0
+        assert main.head_dim == mqa / 2

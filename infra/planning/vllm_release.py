@@ -1,4 +1,5 @@
-"""What changes in vLLM's memory and KV-cache accounting from release to release.
+"""What changes in vLLM's memory and KV-cache accounting, and in the kernels the performance
+model follows, from release to release.
 
 The planner follows the release the stack serves (`serving.vllmVersion`,
 `plan --vllm-version`). Every rule below was read in that release's wheel (the
@@ -56,6 +57,9 @@ CHANGES: tuple[Change, ...] = (
            "platforms/cuda.py CudaPlatform.check_and_update_config"),
     Change("default gpu-memory-utilization 0.9", "0.10.0", "config.py CacheConfig (0.11+: config/cache.py)"),
     Change("async scheduling off by default", "0.10.0", "config/scheduler.py SchedulerConfig.async_scheduling = False"),
+    Change("DeepSeek-V3.2's sparse MLA (performance model): every token, prefill too, in the absorbed MQA form "
+           "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.x)", "0.11.0",
+           "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
     Change("async scheduling on by default, except with the Ray executor (mp/uni/external_launcher only)", "0.14.0",
            "config/vllm.py VllmConfig.__post_init__ (executor_supports_async_sched)"),
     Change("block size from the first attention layer's backend (FlashAttention MLA on Hopper: 16)", "0.18.0",
@@ -79,6 +83,8 @@ CHANGES: tuple[Change, ...] = (
            "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request, config/vllm.py max_in_flight_tokens"),
     Change("max concurrency = num_blocks / sum over groups of cdiv(reservation, page)", "0.27.0",
            "v1/core/kv_cache_utils.py get_max_concurrency_for_kv_cache_config"),
+    Change("sparse MLA prefill (performance model): dense MHA, the un-absorbed form, when the batch's longest prefill "
+           "reaches at most index_topk tokens", "0.27.0", "model_executor/layers/attention/sparse_mla_attention.py forward_mha"),
     # Before 0.27: weights + torch peak + non-torch increase. The planner's lines are the same
     # quantities either way (weights, activation peak, non-torch buffers), so no rule follows it.
     Change("non-KV memory = device free-memory drop (mem_get_info) + transient torch peak", "0.27.0",
@@ -228,6 +234,17 @@ class Release:
         if self.at_least("0.18"):
             return self.default_block_size
         return 64
+
+    # --- Kernels (performance model) -----------------------------------------------
+
+    def sparse_mla_prefill_head_padding(self, *, sm100: bool) -> int | None:
+        """DeepSeek-V3.2's sparse MLA prefill (CHANGES): up to 0.26 in the absorbed MQA form with
+        the rank's query heads padded to a multiple of 64 (128 on SM 10.x); None from 0.27, whose
+        prefills up to index_topk tokens run dense MHA. ASSUMPTION: the longer ones too (0.27+ picks
+        masked MHA or the MQA form by per-backend heuristics, not followed here)."""
+        if self.at_least("0.27"):
+            return None
+        return 128 if sm100 else 64
 
     def check_model(self, model_type: str) -> None:
         first = FIRST_MODELLED.get(model_type)
