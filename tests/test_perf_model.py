@@ -489,7 +489,8 @@ def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, hea
 
 
 @pytest.mark.parametrize("version,gpu,tp,heads", [("0.13.0", "H200-141GB", 8, 64), ("0.13.0", "B200", 8, 128),
-                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
+                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.27.0", "H200-141GB", 8, None),
+                                                  ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
 def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: str, tp: int, heads: int | None) -> None:
     """DeepSeek-V3.2's sparse MLA, from its config.json: up to vLLM 0.26 every token, prefill too,
     runs the absorbed MQA kernel (keys kv_lora_rank + qk_rope_head_dim wide, values kv_lora_rank),
@@ -519,3 +520,16 @@ def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: s
         assert main.prefill_flops_per_entry == main.flops_per_entry == 2 * heads * mqa
         assert main.prefill_context_flops == 0
         assert main.head_dim == mqa / 2
+
+
+@pytest.mark.parametrize("model", ["deepseek-r1", "deepseek-v4-flash", "kimi-k2", "gpt-oss-120b"])
+def test_only_sparse_mla_prefills_in_the_absorbed_form(model: str) -> None:
+    """The padded MQA prefill is FlashMLA's sparse kernel's (DeepSeek-V3.2): dense MLA (DeepSeek-R1,
+    Kimi K2), DeepSeek-V4's compressed attention and GQA run the same terms at any release."""
+    from infra.planning.perf.ops import model_stages
+
+    def stages(pad):
+        return model_stages(load_model(model), tp=8, pp=1, gpu=get_gpu("H200-141GB"), expert_parallel=False, kv_bytes=2,
+                            sparse_mla_pad=pad)  # fmt: skip
+
+    assert stages(64) == stages(None)

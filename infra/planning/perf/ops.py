@@ -219,7 +219,7 @@ def _absorbed_prefill(layer: LayerSpec, sparse_mla_pad: int | None) -> bool:
     """Whether the layer's prefill runs in its decode (absorbed MQA) form: DeepSeek-V3.2's sparse
     MLA up to vLLM 0.26 (Release.sparse_mla_prefill_head_padding)."""
     attn = layer.attn
-    return bool(sparse_mla_pad and attn.topk and attn.compress_ratio == 1 and is_mla(layer))
+    return bool(sparse_mla_pad and attn.topk and is_mla(layer))
 
 
 def _padded_heads(heads: int, pad: int | None) -> int:
