@@ -504,9 +504,8 @@ def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: s
     from infra.planning.vllm_release import release
 
     c = json.loads((Path(__file__).parents[1] / "infra" / "catalog" / "model_configs" / "deepseek-v3.2.json").read_text())
-    g = get_gpu(gpu)
-    pad = release(version).sparse_mla_prefill_head_padding(sm100=g.compute_capability.startswith("10"))
-    stages = model_stages(load_model("deepseek-v3.2"), tp=tp, pp=1, gpu=g, expert_parallel=False, kv_bytes=2, sparse_mla_pad=pad)
+    stages = model_stages(load_model("deepseek-v3.2"), tp=tp, pp=1, gpu=get_gpu(gpu), expert_parallel=False, kv_bytes=2,
+                          release=release(version))  # fmt: skip
     (main,) = [a for a in stages[0].attention if a.threshold == c["index_topk"]]
     if tp == 8:  # what a prediction at that release runs
         assert _setup("deepseek-v3.2", gpu=gpu, tp=tp, vllm_version=version).step.stages[0].attention == stages[0].attention
@@ -522,14 +521,37 @@ def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: s
         assert main.head_dim == mqa / 2
 
 
-@pytest.mark.parametrize("model", ["deepseek-r1", "deepseek-v4-flash", "kimi-k2", "gpt-oss-120b"])
-def test_only_sparse_mla_prefills_in_the_absorbed_form(model: str) -> None:
-    """The padded MQA prefill is FlashMLA's sparse kernel's (DeepSeek-V3.2): dense MLA (DeepSeek-R1,
-    Kimi K2), DeepSeek-V4's compressed attention and GQA run the same terms at any release."""
+@pytest.mark.parametrize("model", ["deepseek-r1", "kimi-k2", "gpt-oss-120b", "llama-3.1-70b"])
+def test_only_sparse_attention_runs_padded_heads(model: str) -> None:
+    """Padded query heads and the absorbed MQA prefill are the sparse attention kernels' (DeepSeek-V3.2
+    and V4): dense MLA (DeepSeek-R1, Kimi K2) and GQA run the same terms at every release."""
     from infra.planning.perf.ops import model_stages
+    from infra.planning.vllm_release import release
 
-    def stages(pad):
+    def stages(version):
         return model_stages(load_model(model), tp=8, pp=1, gpu=get_gpu("H200-141GB"), expert_parallel=False, kv_bytes=2,
-                            sparse_mla_pad=pad)  # fmt: skip
+                            release=release(version) if version else None)  # fmt: skip
 
-    assert stages(64) == stages(None)
+    assert stages("0.13.0") == stages("0.34.0") == stages(None)
+
+
+@pytest.mark.parametrize("gpu,tp,heads", [("H100-SXM-80GB", 8, 64), ("H100-SXM-80GB", 2, 64), ("B200", 1, 128),
+                                          ("RTX-PRO-6000-Server", 8, 16), ("RTX-PRO-6000-Server", 4, 32)])  # fmt: skip
+def test_deepseek_v4_attention_runs_the_heads_its_kernel_supports(gpu: str, tp: int, heads: int) -> None:
+    """DeepSeek-V4 (vLLM 0.29 to 0.34, models/deepseek_v4/nvidia/): FlashMLA's sparse kernels run a
+    rank's query heads as 64 or 128 ("FP8 decode kernel only supports h_q = 64 or 128"), prefill and
+    decode, on every CUDA GPU but SM 12.x, where FlashInfer's run 8, 16, 32, 64 or 128: every
+    attention pattern computes that many heads of head_dim-wide keys and values (its config.json)."""
+    import json
+    from pathlib import Path
+
+    from infra.planning.perf.ops import model_stages
+    from infra.planning.vllm_release import release
+
+    c = json.loads((Path(__file__).parents[1] / "infra" / "catalog" / "model_configs" / "deepseek-v4-pro.json").read_text())
+    arch = load_model("deepseek-v4-pro")
+    stages = model_stages(arch, tp=tp, pp=1, gpu=get_gpu(gpu), expert_parallel=False, kv_bytes=1, release=release("0.34.0"))
+    # Every pattern is the attention's, or the CSA indexer's (its own heads, replicated: not padded).
+    attention = {(a.flops_per_entry, a.prefill_flops_per_entry) for a in stages[0].attention if a.flops_per_entry}
+    indexer = 2 * c["index_n_heads"] * c["index_head_dim"]
+    assert attention == {(2 * heads * 2 * c["head_dim"],) * 2, (indexer, indexer)}

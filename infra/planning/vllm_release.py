@@ -58,7 +58,7 @@ CHANGES: tuple[Change, ...] = (
     Change("default gpu-memory-utilization 0.9", "0.10.0", "config.py CacheConfig (0.11+: config/cache.py)"),
     Change("async scheduling off by default", "0.10.0", "config/scheduler.py SchedulerConfig.async_scheduling = False"),
     Change("DeepSeek-V3.2's sparse MLA (performance model): every token, prefill too, in the absorbed MQA form "
-           "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.x)", "0.11.0",
+           "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13)", "0.11.0",
            "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
     Change("async scheduling on by default, except with the Ray executor (mp/uni/external_launcher only)", "0.14.0",
            "config/vllm.py VllmConfig.__post_init__ (executor_supports_async_sched)"),
@@ -93,6 +93,9 @@ CHANGES: tuple[Change, ...] = (
            "config/vllm.py VllmConfig.use_v2_model_runner"),
     Change("block-outermost packed KV groups for mixed page sizes (DeepSeek-V4)", "0.29.0",
            "v1/core/kv_cache_utils.py _get_packed_kv_cache_groups, _approximate_gcd"),
+    Change("DeepSeek-V4's attention (performance model): FlashMLA's sparse kernels run the rank's query heads as 64 or "
+           "128, prefill and decode (SM 12.x: FlashInfer's, as 8, 16, 32, 64 or 128)", "0.29.0",
+           "models/deepseek_v4/nvidia/flashmla.py get_padded_num_q_heads, nvidia/model.py _select_dsv4_attn_cls"),
     Change("default KV block size 64, then per attention backend (DeepSeek-V4 256, its SWA cache 64)", "0.34.0",
            "config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE, platforms/interface.py update_block_size_for_backend"),
     Change("extensible KV cache on by default on CUDA: KV sized after warm-up and the real CUDA-graph capture, "
@@ -237,14 +240,28 @@ class Release:
 
     # --- Kernels (performance model) -----------------------------------------------
 
-    def sparse_mla_prefill_head_padding(self, *, sm100: bool) -> int | None:
-        """DeepSeek-V3.2's sparse MLA prefill (CHANGES): up to 0.26 in the absorbed MQA form with
-        the rank's query heads padded to a multiple of 64 (128 on SM 10.x); None from 0.27, whose
-        prefills up to index_topk tokens run dense MHA. ASSUMPTION: the longer ones too (0.27+ picks
-        masked MHA or the MQA form by per-backend heuristics, not followed here)."""
-        if self.at_least("0.27"):
-            return None
-        return 128 if sm100 else 64
+    def sparse_attention_kernel(self, model_type: str, compute_capability: str) -> tuple[bool, tuple[int, ...]]:
+        """How vLLM's sparse attention kernel runs a rank's query heads, for the performance model:
+        (whether DeepSeek-V3.2's MLA prefills in the absorbed MQA form, the head counts the kernel
+        runs at: the smallest one at least the rank's heads; () for as many as the rank has).
+
+        - DeepSeek-V3.2 up to 0.26 (CHANGES): every token through FlashMLA's sparse kernel in the
+          absorbed form, heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13:
+          is_device_capability_family). From 0.27 prefills up to index_topk tokens run dense MHA;
+          ASSUMPTION: the longer ones too, and no padding (0.28 adds an unpadded small-head kernel
+          on SM 9.0 for large batches; 0.27 on picks masked MHA or MQA by per-backend heuristics).
+        - DeepSeek-V4 (0.29 on, the releases the planner models it in): FlashMLA's sparse kernels
+          run 64 or 128 query heads (DeepseekV4FlashMLAAttention.get_padded_num_q_heads, "FP8 decode
+          kernel only supports h_q = 64 or 128"), for prefill and decode, on every CUDA GPU but
+          SM 12.x, which runs FlashInfer's at 8, 16, 32, 64 or 128 (_select_dsv4_attn_cls,
+          pad_to_supported_q_heads; models/deepseek_v4/nvidia/)."""
+        major = compute_capability.split(".")[0]
+        if model_type == "deepseek_v32" and not self.at_least("0.27"):
+            sm100 = major == "10" if self.at_least("0.13") else compute_capability == "10.0"
+            return True, (128,) if sm100 else (64, 128)
+        if model_type == "deepseek_v4":
+            return False, (8, 16, 32, 64, 128) if major == "12" else (64, 128)
+        return False, ()
 
     def check_model(self, model_type: str) -> None:
         first = FIRST_MODELLED.get(model_type)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.gpus import GPU
 from infra.planning import memory
+from infra.planning.vllm_release import Release
 
 
 @dataclass(frozen=True)
@@ -215,32 +216,35 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
     return None, spec.compress_ratio
 
 
-def _absorbed_prefill(layer: LayerSpec, sparse_mla_pad: int | None) -> bool:
-    """Whether the layer's prefill runs in its decode (absorbed MQA) form: DeepSeek-V3.2's sparse
-    MLA up to vLLM 0.26 (Release.sparse_mla_prefill_head_padding)."""
+def _absorbed_prefill(layer: LayerSpec, kernel: tuple[bool, tuple[int, ...]]) -> bool:
+    """Whether the layer's prefill runs in its decode (absorbed MQA) form: sparse MLA (DeepSeek-V3.2)
+    where the release says so (Release.sparse_attention_kernel)."""
     attn = layer.attn
-    return bool(sparse_mla_pad and attn.topk and is_mla(layer))
+    return bool(kernel[0] and attn.topk and is_mla(layer))
 
 
-def _padded_heads(heads: int, pad: int | None) -> int:
-    """The rank's query heads as the sparse FlashMLA kernel runs them: up to a multiple of `pad`."""
-    return -(-heads // pad) * pad if pad else heads
+def _kernel_heads(heads: int, supported: tuple[int, ...]) -> int:
+    """The rank's query heads as the sparse attention kernel runs them: the smallest head count it
+    supports that holds them (the padding heads computed like the others), or as many as there are."""
+    return next((h for h in supported if h >= heads), heads)
 
 
-def _head_dim(layer: LayerSpec | None, sparse_mla_pad: int | None = None) -> float:
+def _head_dim(layer: LayerSpec | None, kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> float:
     """The prefill kernel's head size: the mean of its query-key and value widths (128 where
     the layer has no attention heads: the fraction as fitted)."""
     attn = layer.attn if layer else None
     if attn is None or attn.recurrent_dim:
         return 128.0
-    if _absorbed_prefill(layer, sparse_mla_pad):
+    if _absorbed_prefill(layer, kernel):
         return (attn.qk_dim + attn.v_dim) / 2
     return ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim)) / 2
 
 
-def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int, sparse_mla_pad: int | None = None) -> list[tuple]:
+def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
+                 kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> list[tuple]:  # fmt: skip
     """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
-    bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer."""
+    bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer; `kernel`:
+    Release.sparse_attention_kernel for the model and GPU."""
     attn = layer.attn
     terms: dict[tuple, list[float]] = {}
 
@@ -256,15 +260,18 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int, 
     if attn is None:
         return [(*k, *v) for k, v in terms.items()]
     heads = max(1, attn.heads // tp)
-    per_entry = 2 * heads * (attn.qk_dim + attn.v_dim)
-    prefill_per_entry = 2 * heads * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
     expand = attn.prefill_expand_flops / tp
-    if _absorbed_prefill(layer, sparse_mla_pad):
+    if _absorbed_prefill(layer, kernel):
         # One kernel for every token (bf16 cache: _bf16_flash_mla_kernel), decode and prefill, on the
         # padded heads; no latent expanded (the query absorbs kv_b_proj: its GEMM is per token).
         # ASSUMPTION: the FP8 (fp8_ds_mla) cache's decode kernel pads the same.
-        per_entry = prefill_per_entry = 2 * _padded_heads(heads, sparse_mla_pad) * (attn.qk_dim + attn.v_dim)
+        per_entry = prefill_per_entry = 2 * _kernel_heads(heads, kernel[1]) * (attn.qk_dim + attn.v_dim)
         expand = 0.0
+    else:
+        # The MQA-form kernels (decode; DeepSeek-V4 both) run the padded heads, un-absorbed MLA prefill the rank's.
+        per_entry = 2 * _kernel_heads(heads, kernel[1]) * (attn.qk_dim + attn.v_dim)
+        prefill_heads = heads if is_mla(layer) else _kernel_heads(heads, kernel[1])
+        prefill_per_entry = 2 * prefill_heads * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
     if attn.recurrent_dim:
         # KDA per token and head: decay and rank-1 update of the d x d state, and its
         # read-out by the query: ~3 d^2 multiply-adds.
@@ -287,11 +294,11 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int, 
 
 
 def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_bytes: int,
-               sparse_mla_pad: int | None = None) -> list[AttentionTerm]:  # fmt: skip
+               kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> list[AttentionTerm]:  # fmt: skip
     counts: Counter = Counter()
     for layer in layers:
-        for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, sparse_mla_pad=sparse_mla_pad):
-            counts[(*t, _head_dim(layer, sparse_mla_pad))] += 1
+        for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, kernel=kernel):
+            counts[(*t, _head_dim(layer, kernel))] += 1
     out = []
     for (thr, div, reads, b, f, pf, bseq, fseq, pctx, hd), n in counts.items():
         out.append(AttentionTerm(n, thr, div, reads, b, f, pf, bseq, fseq, pctx, hd))
@@ -299,8 +306,10 @@ def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_b
 
 
 def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, last: bool, tp: int, gpu: GPU,
-              expert_parallel: bool, kv_bytes: int, sparse_mla_pad: int | None = None) -> StageOps:  # fmt: skip
-    """`sparse_mla_pad`: the release's Release.sparse_mla_prefill_head_padding (None: MHA-form prefill)."""
+              expert_parallel: bool, kv_bytes: int, release: Release | None = None) -> StageOps:  # fmt: skip
+    """`release`: the vLLM release whose attention kernels run (Release.sparse_attention_kernel); None:
+    as many query heads as the rank has, and MLA prefilled un-absorbed."""
+    kernel = release.sparse_attention_kernel(arch.model_type, gpu.compute_capability) if release else (False, ())
     model_bytes = memory.MODEL_DTYPE_BYTES.get(arch.model_dtype, 2)
     groups = [g for layer in layers for g in layer.params] + (list(arch.final) if last else [])
     gemms = _gemms(groups, tp=tp, gpu=gpu, expert_parallel=expert_parallel)
@@ -312,7 +321,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
         layers=len(layers),
         gemms=tuple(gemms),
         experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel)),
-        attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, sparse_mla_pad=sparse_mla_pad)),
+        attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, kernel=kernel)),
         allreduces=2 * len(layers) if tp > 1 else 0,
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
         kernels=sum(layer_kernels(layer) for layer in layers),
@@ -321,17 +330,17 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
 
 
 def model_stages(arch: ModelArch, *, tp: int, pp: int, gpu: GPU, expert_parallel: bool, kv_bytes: int,
-                 speculative: bool = False, sparse_mla_pad: int | None = None) -> list[StageOps]:  # fmt: skip
+                 speculative: bool = False, release: Release | None = None) -> list[StageOps]:  # fmt: skip
     """Every pipeline stage as vLLM splits the layers (memory.stage_layers); with MTP
     speculative decoding the last stage carries the drafter (its layers and the LM head)."""
     split = memory.stage_layers(arch, pp)
     out = []
     for i, layers in enumerate(split):
         stage = stage_ops(arch, layers, first=i == 0, last=i == pp - 1, tp=tp, gpu=gpu,
-                          expert_parallel=expert_parallel, kv_bytes=kv_bytes, sparse_mla_pad=sparse_mla_pad)  # fmt: skip
+                          expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release)  # fmt: skip
         if i == pp - 1 and speculative and arch.mtp_layers:
             draft = stage_ops(arch, arch.mtp_layers, first=False, last=True, tp=tp, gpu=gpu,
-                              expert_parallel=expert_parallel, kv_bytes=kv_bytes, sparse_mla_pad=sparse_mla_pad)  # fmt: skip
+                              expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release)  # fmt: skip
             stage = replace(stage, draft=draft)
         out.append(stage)
     return out

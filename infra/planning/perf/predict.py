@@ -113,7 +113,7 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
     stages = model_stages(arch, tp=srv.tp, pp=srv.pp, gpu=gpu, expert_parallel=srv.expert_parallel, kv_bytes=kv_bytes,
                           speculative=bool(srv.num_speculative_tokens),
-                          sparse_mla_pad=r.sparse_mla_prefill_head_padding(sm100=gpu.compute_capability.startswith("10")))  # fmt: skip
+                          release=r)  # fmt: skip
     sizes = cudagraph.capture_sizes(
         r, max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
         decode_query_len=1 + srv.num_speculative_tokens, sm100=gpu.compute_capability.startswith("10"),
