@@ -489,12 +489,13 @@ def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, hea
 
 
 @pytest.mark.parametrize("version,gpu,tp,heads", [("0.13.0", "H200-141GB", 8, 64), ("0.13.0", "B200", 8, 128),
-                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.27.0", "H200-141GB", 8, None),
+                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.12.0", "B300", 8, 64),
+                                                  ("0.13.0", "B300", 8, 128), ("0.27.0", "H200-141GB", 8, None),
                                                   ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
 def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: str, tp: int, heads: int | None) -> None:
     """DeepSeek-V3.2's sparse MLA, from its config.json: up to vLLM 0.26 every token, prefill too,
     runs the absorbed MQA kernel (keys kv_lora_rank + qk_rope_head_dim wide, values kv_lora_rank),
-    the rank's query heads padded up to 64 (128 on SM 10.x), and no latent is expanded
+    the rank's query heads padded up to 64 (128 on SM 10.0, SM 10.x from 0.13), and no latent is expanded
     (flashmla_sparse.py FlashMLASparseImpl.forward of 0.11 to 0.26); from 0.27 prefills up to
     index_topk tokens run dense MHA (sparse_mla_attention.py), kept un-absorbed as DeepSeek-R1's."""
     import json
@@ -536,7 +537,8 @@ def test_only_sparse_attention_runs_padded_heads(model: str) -> None:
 
 
 @pytest.mark.parametrize("gpu,tp,heads", [("H100-SXM-80GB", 8, 64), ("H100-SXM-80GB", 2, 64), ("B200", 1, 128),
-                                          ("RTX-PRO-6000-Server", 8, 16), ("RTX-PRO-6000-Server", 4, 32)])  # fmt: skip
+                                          ("RTX-PRO-6000-Server", 16, 8), ("RTX-PRO-6000-Server", 8, 16),
+                                          ("RTX-PRO-6000-Server", 4, 32)])  # fmt: skip
 def test_deepseek_v4_attention_runs_the_heads_its_kernel_supports(gpu: str, tp: int, heads: int) -> None:
     """DeepSeek-V4 (vLLM 0.29 to 0.34, models/deepseek_v4/nvidia/): FlashMLA's sparse kernels run a
     rank's query heads as 64 or 128 ("FP8 decode kernel only supports h_q = 64 or 128"), prefill and

@@ -217,10 +217,10 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
 
 
 def _absorbed_prefill(layer: LayerSpec, kernel: tuple[bool, tuple[int, ...]]) -> bool:
-    """Whether the layer's prefill runs in its decode (absorbed MQA) form: sparse MLA (DeepSeek-V3.2)
-    where the release says so (Release.sparse_attention_kernel)."""
+    """Whether the layer's prefill runs in its decode (absorbed MQA) form: MLA where the release says
+    so for the model (Release.sparse_attention_kernel: DeepSeek-V3.2's sparse MLA up to 0.26)."""
     attn = layer.attn
-    return bool(kernel[0] and attn.topk and is_mla(layer))
+    return bool(kernel[0] and is_mla(layer))
 
 
 def _kernel_heads(heads: int, supported: tuple[int, ...]) -> int:
@@ -268,10 +268,11 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
         per_entry = prefill_per_entry = 2 * _kernel_heads(heads, kernel[1]) * (attn.qk_dim + attn.v_dim)
         expand = 0.0
     else:
-        # The MQA-form kernels (decode; DeepSeek-V4 both) run the padded heads, un-absorbed MLA prefill the rank's.
-        per_entry = 2 * _kernel_heads(heads, kernel[1]) * (attn.qk_dim + attn.v_dim)
-        prefill_heads = heads if is_mla(layer) else _kernel_heads(heads, kernel[1])
-        prefill_per_entry = 2 * prefill_heads * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
+        # DeepSeek-V4's kernels run the padded heads for decode and prefill (the release pads no
+        # model whose prefill takes another form: un-absorbed MLA runs the rank's heads).
+        run = _kernel_heads(heads, kernel[1])
+        per_entry = 2 * run * (attn.qk_dim + attn.v_dim)
+        prefill_per_entry = 2 * run * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
     if attn.recurrent_dim:
         # KDA per token and head: decay and rank-1 update of the d x d state, and its
         # read-out by the query: ~3 d^2 multiply-adds.
