@@ -137,6 +137,36 @@ def test_a100_gemms_are_predicted_with_a100s_own_figures_not_h100s() -> None:
     assert own < _gemm_median_error(rows, gpu, DEFAULT)
 
 
+def test_a100_runs_4bit_experts_at_marlins_fraction() -> None:
+    """vLLM runs MXFP4 experts with Marlin's W4A16 kernel below SM 9.0 (0.11.0 mxfp4.py
+    get_mxfp4_backend). The step model's MoE layer time on A100 (StepModel._moe: the routed FLOPs at
+    the 4-bit fraction of the dense ceiling, or the distinct experts' bytes) against the Marlin
+    table at >= 4,096 tokens (kernels/moe_marlin_a100_sxm.csv): within a median 15% with A100's
+    figure, and closer than H100's Triton MXFP4 fraction would put it (too fast)."""
+    from infra.planning.perf.fitted import for_gpu_kernels
+    from infra.planning.perf.step import StepModel
+    from infra.planning.perf.hardware import for_gpu
+
+    gpu = get_gpu("A100-80GB")
+    rows = [r for r in read(KERNELS / "moe_marlin_a100_sxm.csv") if r["num_tokens"] >= 4096]
+
+    def median_error(fraction: float) -> float:
+        step = StepModel([], for_gpu("A100-80GB"), tp=1)  # A100's own figures (for_gpu_kernels)
+        step._moe_peak["bf16", "4bit"] *= fraction / step.eff.moe_gemm_4bit  # the 4-bit fraction tried
+        errors = []
+        for r in rows:
+            tp, hidden, inter = int(r["tp"]), r["hidden"], r["inter"]
+            term = (int(r["num_experts"]), int(r["topk"]), 2 * 3 * hidden * inter * r["topk"] / tp,
+                    3 * hidden * inter / tp * 66 / 128, "bf16", "4bit", inter / tp)  # fmt: skip
+            c, m = step._moe(term, int(r["num_tokens"]))
+            errors.append(abs((c + m) / (r["latency_us"] * 1e-6) - 1))
+        return statistics.median(errors)
+
+    own = median_error(for_gpu_kernels(DEFAULT, gpu).moe_gemm_4bit)
+    assert len(rows) == 18 and own < 0.15
+    assert own < median_error(DEFAULT.moe_gemm_4bit)
+
+
 def test_only_sm80_gpus_take_the_a100_figures() -> None:
     from infra.planning.perf.fitted import AMPERE, for_gpu_kernels
 

@@ -19,6 +19,9 @@ Each fit is one named physical figure:
   GEMM ceiling, falling as each expert's per-rank intermediate size n shrinks:
   e_max x n / (n + n_half), one e_max per kernel family and one n_half for all;
 - `moe_floor_s`: the fused-MoE call's latency at one token beyond its roofline;
+- A100's `moe_gemm_4bit`: Marlin's W4A16 fused MoE (what vLLM runs MXFP4 experts with below
+  SM 9.0), from the SGLang port's INT4 table in the same wheel, at the n_half of A100's own
+  fused-MoE fit;
 - `mla_floor_s`: vLLM's whole MLA attention module in decode (projections, latent norm,
   absorbed BMMs, the MLA kernel, o_proj; timed in a CUDA graph) at its smallest reads,
   beyond reading its weights and latent cache and the kernel and attention floors the
@@ -39,7 +42,10 @@ from infra.planning.perf.ops import MLA_MODULE_KERNELS
 from infra.planning.perf.step import head_dim_factor
 
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB", "a100_sxm": "A100-80GB"}  # AIConfigurator's names
-MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16")}
+# dtype -> (kernel family, weight bytes a parameter, compute dtype). INT4 (Marlin): half a byte and a
+# 2-byte scale per group of 128 (ASSUMPTION: the group size; only the one-token floor reads it).
+MOE_FAMILY = {"bfloat16": ("bf16", 2.0, "bf16"), "fp8_block": ("fp8", 1.0, "fp8"), "w4a16_mxfp4": ("4bit", 17 / 32, "bf16"),
+              "int4_wo": ("4bit", 66 / 128, "bf16")}  # fmt: skip
 
 
 def read(path: Path) -> list[dict]:
@@ -121,17 +127,27 @@ def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, flo
     return out
 
 
+def _family_emax(points: list[tuple[str, float, float]], half: float) -> tuple[dict, float]:
+    """Each family's e_max at a given n_half (log least squares, closed form), and the loss."""
+    emax, loss = {}, 0.0
+    for family in {p[0] for p in points}:
+        logs = [math.log(e) - math.log(n / (n + half)) for f, n, e in points if f == family]
+        emax[family] = math.exp(statistics.fmean(logs))
+        loss += sum((lg - math.log(emax[family])) ** 2 for lg in logs)
+    return emax, loss
+
+
+def fit_moe_at(rows: list[dict], gemm: dict, gpu, half: float) -> dict:
+    """The families of `rows` (another kernel's table) at an n_half already fitted."""
+    emax, _ = _family_emax(_moe_points(rows, gemm, gpu), half)
+    return {f"moe_gemm_{k}": min(1.0, v) for k, v in emax.items()}
+
+
 def fit_moe(rows: list[dict], gemm: dict, gpu) -> dict:
     points = _moe_points(rows, gemm, gpu)
     best = None
-    for half in range(0, 2049, 16):  # n_half by grid, e_max per family in closed form (log least squares)
-        emax = {}
-        loss = 0.0
-        for family in {p[0] for p in points}:
-            fam = [(n, e) for f, n, e in points if f == family]
-            logs = [math.log(e) - math.log(n / (n + half)) for n, e in fam]
-            emax[family] = math.exp(statistics.fmean(logs))
-            loss += sum((lg - math.log(emax[family])) ** 2 for lg in logs)
+    for half in range(0, 2049, 16):  # n_half by grid, e_max per family in closed form
+        emax, loss = _family_emax(points, half)
         if best is None or loss < best[0]:
             best = (loss, half, emax)
     _, half, emax = best
@@ -209,5 +225,8 @@ def calibrate(folder: Path, system: str) -> dict:
         attn.update(fit_attention_head_dim(read(folder / f"attn_prefill_{system}.csv"), read(head_dims), gpu))
     mla_table = folder / f"mla_decode_{system}.csv"  # none for A100: AIConfigurator has no vLLM MLA table there
     mla = fit_mla(read(mla_table), gemm["kernel_overhead_s"], attn["attention_floor_s"], gemm["hbm"], gpu) if mla_table.exists() else {}
-    return {**gemm, **attn, **fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu), **mla,
-            **fit_allreduce(read(folder / f"allreduce_{system}.csv"), gpu)}  # fmt: skip
+    moe = fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu)
+    marlin = folder / f"moe_marlin_{system}.csv"  # A100: the Marlin kernel its vLLM runs 4-bit experts with
+    if marlin.exists():
+        moe.update(fit_moe_at(read(marlin), gemm, gpu, moe["moe_half_inter"]))
+    return {**gemm, **attn, **moe, **mla, **fit_allreduce(read(folder / f"allreduce_{system}.csv"), gpu)}  # fmt: skip

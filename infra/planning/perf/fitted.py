@@ -137,11 +137,16 @@ DEFAULT = Efficiency()
 # (Triton, bf16) reaches about the same share of the dense ceiling at every expert width the
 # table has (0.28-0.47 of it from 192 to 2,048 wide split by TP, 0.15-0.19 with EP 8), so the
 # width term fits to 0; the table routes by a mild power law (it has no balanced rows).
-# ASSUMPTION: the figures no A100 table covers (FP8, FP4 and 4-bit MoE kernels, the MLA module,
-# the head-size term: its table has head size 128 only) stay H100's.
+# Its 4-bit MoE figure is Marlin's W4A16 kernel, which vLLM runs MXFP4 experts with below SM 9.0
+# (0.11.0 quantization/mxfp4.py get_mxfp4_backend): from the wheel's SGLang 0.5.10 table of its port
+# of the kernel (kernels/moe_marlin_a100_sxm.csv, INT4 weights; ASSUMPTION: MXFP4's dequantisation
+# costs what INT4's does), at the width term above: 0.48 of the dense ceiling, against H100's
+# Triton MXFP4 kernel's 0.66.
+# ASSUMPTION: the figures no A100 table covers (FP8 and FP4 kernels, the MLA module, the head-size
+# term: its table has head size 128 only) stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
-          "moe_gemm_bf16": 0.289, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6, "allreduce_latency_s": 5.33e-6,
-          "allreduce_bw": 0.694}  # fmt: skip
+          "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
+          "allreduce_latency_s": 5.33e-6, "allreduce_bw": 0.694}  # fmt: skip
 
 
 def for_gpu_kernels(eff: Efficiency, gpu) -> Efficiency:
