@@ -557,3 +557,27 @@ def test_deepseek_v4_attention_runs_the_heads_its_kernel_supports(gpu: str, tp: 
     attention = {(a.flops_per_entry, a.prefill_flops_per_entry) for a in stages[0].attention if a.flops_per_entry}
     indexer = 2 * c["index_n_heads"] * c["index_head_dim"]
     assert attention == {(2 * heads * 2 * c["head_dim"],) * 2, (indexer, indexer)}
+
+
+def test_quantised_dense_weights_run_weight_only_kernels_where_no_tensor_core_takes_them() -> None:
+    """vLLM 0.11: FP8 weights run Marlin below SM 8.9 (quantization/fp8.py use_marlin), natively on
+    H100; AWQ (INT4) runs awq_marlin everywhere. Such kernels dequantise and compute in bf16."""
+    from infra.planning.perf.ops import gemm_kernel
+
+    a100, h100 = get_gpu("A100-80GB"), get_gpu("H100-SXM-80GB")
+    assert [gemm_kernel(f, a100) for f in ("bf16", "fp8", "int4")] == ["bf16", "bf16_wo", "bf16_wo"]
+    assert [gemm_kernel(f, h100) for f in ("bf16", "fp8", "int4")] == ["bf16", "fp8", "bf16_wo"]
+
+
+def test_awq_on_a100_decodes_faster_and_prefills_slower_than_bf16() -> None:
+    """Qwen3-32B on one A100: AWQ reads a quarter of the weight bytes, so one sequence decodes
+    faster than bf16's; a long prefill is compute-bound, where Marlin's dequantising GEMM reaches
+    less of the peak than cuBLAS (AMPERE gemm_weight_only, from the Marlin table), so it is slower."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent / "fixtures" / "perf" / "models"
+    bf16 = predict.setup(load_model(str(root / "Qwen--Qwen3-32B.json")), for_gpu("A100-80GB"), predict.Serving(max_model_len=8192))
+    awq = _setup("qwen3-32b-awq", gpu="A100-80GB")
+    decode, prefill = ([1024], []), ([], [(8192, 0)])
+    assert awq.step.stage_seconds(*decode)[0] < bf16.step.stage_seconds(*decode)[0]
+    assert awq.step.stage_seconds(*prefill)[0] > bf16.step.stage_seconds(*prefill)[0]

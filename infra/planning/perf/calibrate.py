@@ -21,7 +21,8 @@ Each fit is one named physical figure:
 - `moe_floor_s`: the fused-MoE call's latency at one token beyond its roofline;
 - A100's `moe_gemm_4bit`: Marlin's W4A16 fused MoE (what vLLM runs MXFP4 experts with below
   SM 9.0), from the SGLang port's INT4 table in the same wheel, at the n_half of A100's own
-  fused-MoE fit;
+  fused-MoE fit; and `gemm_weight_only` (dense FP8 / INT4 weights, Marlin there) that share of
+  the bf16 GEMM ceiling;
 - `mla_floor_s`: vLLM's whole MLA attention module in decode (projections, latent norm,
   absorbed BMMs, the MLA kernel, o_proj; timed in a CUDA graph) at its smallest reads,
   beyond reading its weights and latent cache and the kernel and attention floors the
@@ -229,4 +230,7 @@ def calibrate(folder: Path, system: str) -> dict:
     marlin = folder / f"moe_marlin_{system}.csv"  # A100: the Marlin kernel its vLLM runs 4-bit experts with
     if marlin.exists():
         moe.update(fit_moe_at(read(marlin), gemm, gpu, moe["moe_half_inter"]))
+        # ASSUMPTION: Marlin's dense GEMM (FP8, AWQ, GPTQ weights there) reaches the share of the
+        # dense ceiling its fused-MoE form does (no dense Marlin table in the wheel).
+        moe["gemm_weight_only"] = gemm["gemm_bf16"] * moe["moe_gemm_4bit"]
     return {**gemm, **attn, **moe, **mla, **fit_allreduce(read(folder / f"allreduce_{system}.csv"), gpu)}  # fmt: skip

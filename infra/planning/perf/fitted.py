@@ -25,6 +25,10 @@ class Efficiency:
     # (bf16 cuBLAS; FP8 per-tensor CUTLASS and block-scaled DeepGEMM together).
     gemm_bf16: float = 0.794
     gemm_fp8: float = 0.580
+    # Dense GEMMs of quantised weights computed in bf16 (weight-only kernels that dequantise as they
+    # go: Marlin, Machete; ops.gemm_kernel), over the bf16 peak. ASSUMPTION where no table times
+    # them (H100 and on): cuBLAS bf16's. A100 takes Marlin's (AMPERE).
+    gemm_weight_only: float = 0.794
     # ASSUMED: FP4 GEMMs as FP8's fraction (no FP4 kernel in the H100 tables).
     gemm_fp4: float = 0.580
     # KERNEL-FITTED: fused-MoE TFLOPS over the dense GEMM ceiling at >= 4,096 tokens, per
@@ -141,11 +145,13 @@ DEFAULT = Efficiency()
 # (0.11.0 quantization/mxfp4.py get_mxfp4_backend): from the wheel's SGLang 0.5.10 table of its port
 # of the kernel (kernels/moe_marlin_a100_sxm.csv, INT4 weights; ASSUMPTION: MXFP4's dequantisation
 # costs what INT4's does), at the width term above: 0.48 of the dense ceiling, against H100's
-# Triton MXFP4 kernel's 0.66.
+# Triton MXFP4 kernel's 0.66. Dense layers of FP8 and INT4 weights run Marlin on A100 too
+# (ops.gemm_kernel): `gemm_weight_only` is that share of the bf16 GEMM ceiling (ASSUMPTION: a
+# dense Marlin GEMM reaches what its fused-MoE form does; the wheel times no dense Marlin GEMM).
 # ASSUMPTION: the figures no A100 table covers (FP8 and FP4 kernels, the MLA module, the head-size
 # term: its table has head size 128 only) stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
-          "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
+          "gemm_weight_only": 0.430, "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
           "allreduce_latency_s": 5.33e-6, "allreduce_bw": 0.694}  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from infra.planning.vllm_release import Release
 class GemmTerm:
     """Linear layers of one weight format on a rank: read whole once per step."""
 
-    compute: str  # the tensor-core dtype the kernel computes in: "bf16" | "fp8" | "fp4"
+    compute: str  # the kernel's peak (gemm_kernel): "bf16" | "fp8" | "fp4", or "bf16_wo" (weight-only, upcast)
     flops_per_token: float
     weight_bytes: float
     per_sampled_token: bool = False  # the LM head: run for the sequences that sample, not every token
@@ -149,6 +149,17 @@ def compute_dtype(fmt: str, gpu: GPU) -> str:
     return "bf16"
 
 
+def gemm_kernel(fmt: str, gpu: GPU) -> str:
+    """Which peak a dense linear layer of weights stored in `fmt` runs at: its tensor-core dtype,
+    or "bf16_wo" where the weights are quantised and the GEMM computes in bf16: a weight-only
+    kernel that dequantises as it goes (vLLM 0.11: FP8 below SM 8.9 runs Marlin,
+    quantization/fp8.py `use_marlin = not has_device_capability(89)`; AWQ runs awq_marlin on every
+    GPU, awq_marlin.py override_quantization_method; GPTQ Marlin, or Machete on SM 9.0), which
+    reaches its own fraction of the peak (fitted.py gemm_weight_only)."""
+    compute = compute_dtype(fmt, gpu)
+    return "bf16_wo" if compute == "bf16" and fmt not in ("bf16", "fp16", "fp32") else compute
+
+
 def _params_on_rank(g: ParamGroup, tp: int) -> float:
     return g.count / tp if g.shard in (Shard.TP, Shard.VOCAB, Shard.EXPERT) else float(g.count)
 
@@ -166,7 +177,7 @@ def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool
             # fp32 parameters are small mixers, biases and the hash-routing table
             # (a gather, not a GEMM): left out.
             continue
-        key = (compute_dtype(g.fmt, gpu), g.fmt)
+        key = (gemm_kernel(g.fmt, gpu), g.fmt)
         flops[key] += 2 * _params_on_rank(g, tp)
         nbytes[key] += memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=cc)
     return [GemmTerm(k[0], flops[k], nbytes[k], per_sampled_token=sampled) for k in sorted(flops)]

@@ -137,8 +137,10 @@ class StepModel:
         self.num_speculative_tokens = num_speculative_tokens
         self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
         self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
+        self._peak["bf16_wo"] = hw.peak_flops("bf16") * eff.gemm_weight_only  # weight-only kernels (ops.gemm_kernel)
         self._attn_peak = hw.peak_flops("bf16") * eff.attention
-        self._moe_peak = {(d, k): p * getattr(eff, f"moe_gemm_{k}") for d, p in self._peak.items() for k in ("bf16", "fp8", "4bit")}
+        self._moe_peak = {(d, k): self._peak[d] * getattr(eff, f"moe_gemm_{k}") for d in ("bf16", "fp8", "fp4") if d in self._peak
+                          for k in ("bf16", "fp8", "4bit")}  # fmt: skip
         # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.
         self._thresholds = sorted({t.threshold for s in self.stages for t in s.attention if t.threshold is not None})
         units = _Units()
