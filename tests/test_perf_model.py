@@ -586,3 +586,21 @@ def test_awq_on_a100_decodes_faster_and_prefills_slower_than_bf16() -> None:
     bf16_h100 = predict.setup(load_model(str(root / "Qwen--Qwen3-32B.json")), for_gpu("H100-SXM-80GB"), predict.Serving(max_model_len=8192))
     awq_h100 = _setup("qwen3-32b-awq", gpu="H100-SXM-80GB")
     assert awq_h100.step.parts(*prefill)[0].compute_s == pytest.approx(bf16_h100.step.parts(*prefill)[0].compute_s, rel=0.02)
+
+
+def test_a_sliding_window_holds_its_window_while_decoding() -> None:
+    """vLLM frees the blocks a sliding window has passed at every allocate_slots
+    (SlidingWindowManager.remove_skipped_blocks, 0.11.0 and 0.34.0); admission charges the window
+    plus every token in flight. gpt-oss-120b on one A100 (half its layers sliding, 128 tokens): a
+    request of 415 tokens holds fewer blocks decoding than admission charges it, so a KV-bound
+    burst decodes more sequences at once than the pool holds at the admission charge; a model with
+    full attention only holds what it is charged."""
+    s = predict.setup(load_model("gpt-oss-120b"), for_gpu("A100-80GB"), predict.Serving(max_model_len=8192, vllm_version="0.11.0"))
+    pool = s.pool
+    assert pool.held_for(415, 3) < pool.blocks_for(415)
+    assert pool.held_for(415, 2048) == pool.blocks_for(415)  # a 2,048-token chunk in flight: as charged
+    res = predict.run(s, Workload.fixed(215, 200), concurrency=600, request_rate=None, num_prompts=600)
+    # The pool holds 1.47x as many at the decoding charge; the burst's mean batch counts its ramps.
+    assert res.mean_batch_size > 1.2 * pool.num_blocks / pool.blocks_for(415)
+    dense = _setup("llama-3.1-70b", tp=4)
+    assert all(dense.pool.held_for(n, 3) == dense.pool.blocks_for(n) for n in (100, 415, 5000))

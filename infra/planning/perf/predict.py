@@ -126,7 +126,7 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         hop_over_network=srv.pp > 1 and srv.tp * srv.pp > hw.gpus_per_node,
         num_speculative_tokens=srv.num_speculative_tokens,
     )  # fmt: skip
-    pool = KVPool(num_blocks=ev.num_blocks, blocks_for=_blocks_for(ev))
+    pool = KVPool(num_blocks=ev.num_blocks, blocks_for=_blocks_for(ev), held_for=_held_for(ev))
     return Setup(arch, hw, layout, knobs, ev, step, pool, srv)
 
 
@@ -140,6 +140,21 @@ def _blocks_for(ev: Evaluation):
         return kv_cache.request_blocks(groups, adm, release=r, max_len=max(1, tokens))
 
     return blocks_for
+
+
+def _held_for(ev: Evaluation):
+    """Blocks one request holds with N tokens of which `in_flight` are being computed: as
+    `_blocks_for`, but a sliding window holds its window and those tokens only. vLLM frees the
+    blocks a window has passed at each allocate_slots (v1/core/single_type_kv_cache_manager.py
+    SlidingWindowManager.remove_skipped_blocks, called from kv_cache_manager.py allocate_slots;
+    0.11.0 and 0.34.0); the admission cap charges the window plus every token in flight."""
+    groups, adm, r = list(ev.kv.groups), ev.admission, ev.knobs.release
+
+    @lru_cache(maxsize=65536)
+    def held_for(tokens: int, in_flight: int) -> int:
+        return kv_cache.request_blocks(groups, replace(adm, sliding_tokens=in_flight), release=r, max_len=max(1, tokens))
+
+    return held_for
 
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
@@ -201,9 +216,11 @@ def same_run(a: Setup, trace: dict, b: Setup) -> bool:
         return False
     if a.pool.num_blocks != b.pool.num_blocks and trace["demand"] > min(a.pool.num_blocks, b.pool.num_blocks) - 1:
         return False
-    max_len, blocks_for = b.knobs.max_model_len, b.pool.blocks_for
-    if any(blocks_for(min(tokens, max_len)) != n for tokens, n in trace["blocks"].items()):
-        return False
+    max_len, blocks_for, held_for = b.knobs.max_model_len, b.pool.blocks_for, b.pool.held_for or (lambda t, _: b.pool.blocks_for(t))
+    for (tokens, in_flight), n in trace["blocks"].items():
+        tokens = min(tokens, max_len)
+        if (blocks_for(tokens) if in_flight is None else held_for(tokens, in_flight)) != n:
+            return False
     q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.stage_seconds
     batches = trace["batches"].items()
     return all(tuple(stage_seconds(decodes, prefills, q)) == times for (decodes, prefills), times in batches)

@@ -49,7 +49,13 @@ class StepCost(Protocol):
 @dataclass(frozen=True)
 class KVPool:
     num_blocks: int  # blocks of one replica's pool (the engine's minimum over ranks), null block included
-    blocks_for: Callable[[int], int]  # blocks one request holds with N tokens in the KV cache (all groups)
+    # Blocks a request with N tokens is charged at admission (vLLM's cap: a sliding window its
+    # window plus every token in flight), all groups.
+    blocks_for: Callable[[int], int]
+    # Blocks it holds with N tokens of which the last `in_flight` are being computed: a sliding
+    # window only its window and those (SlidingWindowManager.remove_skipped_blocks frees the
+    # blocks the window has passed at every allocate_slots). None: as charged at admission.
+    held_for: Callable[[int, int], int] | None = None
 
 
 class _Req:
@@ -76,11 +82,16 @@ class _Req:
 
 
 class _Blocks(dict):
-    """pool.blocks_for memoised: a decode asks for it every step."""
+    """A pool's blocks per token count memoised, at admission (`in_flight` None) or held with
+    `in_flight` tokens being computed: a decode asks for it every step."""
 
-    def __init__(self, blocks_for: Callable[[int], int], max_len: int):
+    def __init__(self, pool: KVPool, max_len: int, in_flight: int | None = None):
         super().__init__()
-        self.blocks_for, self.max_len = blocks_for, max_len
+        self.max_len, self.in_flight = max_len, in_flight
+        if in_flight is None or pool.held_for is None:
+            self.blocks_for = pool.blocks_for
+        else:
+            self.blocks_for = lambda tokens: pool.held_for(tokens, in_flight)
 
     def __missing__(self, tokens: int) -> int:
         value = self[tokens] = self.blocks_for(min(tokens, self.max_len))
@@ -99,7 +110,14 @@ class _Engine:
                  reserve_full_input: bool = True, max_concurrent_batches: int | None = None,
                  prefix_caching: bool = False):
         self.cost, self.pp = cost, cost.pp
-        self.blocks, self.free = _Blocks(pool.blocks_for, max_model_len), pool.num_blocks - 1  # block 0 is the null block
+        # Held while decoding (1 + k tokens and k lookahead slots in flight): never shrinks as tokens
+        # grow (fast_forward.py rests on it). A prefill chunk's are `chunk_blocks`; admission's cap,
+        # `admit_blocks`.
+        self.pool, self.decode_in_flight = pool, 1 + 2 * k
+        self.blocks = _Blocks(pool, max_model_len, self.decode_in_flight)
+        self.admit_blocks = _Blocks(pool, max_model_len)
+        self.chunk_blocks: dict[tuple[int, int], int] = {}
+        self.free = pool.num_blocks - 1  # block 0 is the null block
         self.max_seqs, self.max_tokens, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
         self.async_, self.k, self.acceptance, self.rng = async_scheduling, k, acceptance, random.Random(seed)
         # config/vllm.py max_concurrent_batches: PP batches fill the pipeline, +1 to overlap with async scheduling.
@@ -120,6 +138,16 @@ class _Engine:
         self.limit_counts = dict.fromkeys(LIMITS, 0)
         self.finished: list[_Req] = []
         self.itl: dict[float, int] = {}  # interval -> how many chunks arrived that long after the previous
+
+    def held(self, tokens: int, in_flight: int) -> int:
+        """Blocks a request holds with `tokens` of which `in_flight` are being computed."""
+        if in_flight <= self.decode_in_flight:
+            return self.blocks[tokens]
+        key = (min(tokens, self.max_model_len), in_flight)
+        value = self.chunk_blocks.get(key)
+        if value is None:
+            value = self.chunk_blocks[key] = _Blocks(self.pool, self.max_model_len, in_flight)[tokens]
+        return value
 
     def schedule(self) -> tuple[list, list, list, float] | None:
         """One Scheduler.schedule call: (entries, decode contexts, prefills, earliest start) or None if empty."""
@@ -146,8 +174,11 @@ class _Engine:
                 n, limit = budget, "token_budget"
             if n <= 0:  # e.g. a sync decode whose output has not returned yet
                 continue
-            need = blocks[before + n + lookahead] - r.blocks
-            if need > 0:  # needing no new block never fails: the free count is never negative
+            need = self.held(before + n + lookahead, n + lookahead) - r.blocks
+            if need < 0:  # remove_skipped_blocks: a sliding window's blocks it has passed go back
+                self.free -= need
+                r.blocks += need
+            elif need > 0:  # needing no new block never fails: the free count is never negative
                 if need > self.free:
                     # allocate_slots failed: preempt the last running request (FCFS), maybe this one.
                     victim = None
@@ -215,16 +246,17 @@ class _Engine:
             # the whole input must fit in the free blocks, not just the first chunk. Releases
             # before the option (vllm_release.Release.reserve_full_input) ask for the chunk's.
             n = min(total - hit, budget)  # chunked prefill: as much of the prompt as the budget allows
-            need = blocks[hit + n + self.lookahead]
-            if self.reserve_full_input and blocks[total] > need:
-                need = blocks[total]
+            chunk = self.held(hit + n + self.lookahead, n + self.lookahead)
+            need = chunk
+            if self.reserve_full_input and self.admit_blocks[total] > need:  # with the admission cap
+                need = self.admit_blocks[total]
             if need > self.free:
                 return "kv_admission"
             if dry:
                 return None
             if n < total:
                 limit = "token_budget"
-            r.blocks = blocks[hit + n + self.lookahead]
+            r.blocks = chunk
             self.free -= r.blocks
             self.taken += r.blocks
             r.cached_tokens = 0
@@ -415,7 +447,7 @@ class _Engine:
                 now = self.take_output(client)
             elif self.waiting and not self.running:
                 r = self.waiting[0]
-                raise UserError(f"a request of {r.num_tokens} tokens needs {self.blocks[r.num_tokens]} KV blocks; the pool has {self.free}")
+                raise UserError(f"a request of {r.num_tokens} tokens needs {self.admit_blocks[r.num_tokens]} KV blocks; the pool has {self.free}")
             elif self.running:
                 raise AssertionError("running requests but nothing to schedule and no batch in flight")
             elif client.next_send() is not None:
@@ -484,11 +516,16 @@ def run_trace(e: _Engine, lengths: list[tuple[int, int]], slots: float) -> dict:
       scheduling runs ahead of its outputs (k drafts, k lookahead slots, 1 + k placeholders
       for each batch in flight). A pool with more blocks never refuses an allocation."""
     ahead = 2 * e.k + e.max_batches * (1 + e.k)
-    held = sorted((e.blocks[i + o + ahead] for i, o in lengths), reverse=True)
+    # At most, a request holds what a full chunk of prefill and its lookahead hold at its whole length.
+    widest = e.max_tokens + e.lookahead
+    held = sorted((max(e.admit_blocks[i + o + ahead], e.held(i + o + ahead, widest)) for i, o in lengths), reverse=True)
+    asked = {(tokens, None): n for tokens, n in e.admit_blocks.items()}
+    asked.update(((tokens, e.decode_in_flight), n) for tokens, n in e.blocks.items())
+    asked.update(e.chunk_blocks)
     return {
         # Tuples, not the step model's lists: kept for the rest of the search, and the garbage
         # collector stops tracking tuples of numbers.
         "batches": {batch: tuple(times) for batch, times in e._stage_memo.items()} if e.stage_memo_whole else None,
-        "blocks": dict(e.blocks),
+        "blocks": asked,  # (tokens, in flight or None at admission) -> blocks
         "demand": sum(held if slots >= len(held) else held[:slots]),
     }
