@@ -147,7 +147,9 @@ def _held_for(ev: Evaluation):
     `_blocks_for`, but a sliding window holds its window and those tokens only. vLLM frees the
     blocks a window has passed at each allocate_slots (v1/core/single_type_kv_cache_manager.py
     SlidingWindowManager.remove_skipped_blocks, called from kv_cache_manager.py allocate_slots;
-    0.11.0 and 0.34.0); the admission cap charges the window plus every token in flight."""
+    0.11.0 and 0.34.0); the admission cap charges the window plus every token in flight.
+    ASSUMPTION: 0.34 frees on the processed-token basis (less the tokens of steps still in
+    flight, a few a batch with async scheduling or PP): left out, under a block."""
     groups, adm, r = list(ev.kv.groups), ev.admission, ev.knobs.release
 
     @lru_cache(maxsize=65536)
