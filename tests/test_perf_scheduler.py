@@ -211,6 +211,17 @@ def blocks_of_16_and_a_window(tokens: int) -> int:
     return -(-tokens // 16) + min(-(-tokens // 8), 6)
 
 
+def held_of_16_and_a_window(tokens: int, in_flight: int) -> int:
+    """What the same two groups hold with `in_flight` tokens being computed: the window keeps
+    its 40 tokens and those (vLLM frees the blocks a window has passed), as
+    kv_cache.blocks_per_request at that many tokens in flight."""
+    return -(-tokens // 16) + min(-(-tokens // 8), -(-(40 - 1 + in_flight) // 8) + 1)
+
+
+def _pool(num_blocks: int, blocks, held: bool) -> KVPool:
+    return KVPool(num_blocks, blocks, held_for=held_of_16_and_a_window if held and blocks is blocks_of_16_and_a_window else None)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     concurrency=st.sampled_from([1, 3, 8]), rate=st.sampled_from([None, 30.0]), async_scheduling=st.booleans(),
@@ -232,13 +243,15 @@ def test_fast_forward_gives_what_step_by_step_gives(concurrency, rate, async_sch
     rate=st.sampled_from([None, 20.0, 200.0]), output=st.sampled_from([30, 150]),
     num_blocks=st.sampled_from([60, 200, 100_000]), blocks=st.sampled_from([blocks_of_16, blocks_of_16_and_a_window]),
     budget=st.sampled_from([100, 500, 4096]), max_num_seqs=st.sampled_from([3, 256]), batches=st.sampled_from([None, "pp"]),
-    seed=st.integers(0, 3), cache=st.booleans(),
+    seed=st.integers(0, 3), cache=st.booleans(), held=st.booleans(),
 )
 def test_pipelined_fast_forward_gives_what_step_by_step_gives(pp, async_scheduling, k, accept, concurrency, rate, output,
-                                                              num_blocks, blocks, budget, max_num_seqs, batches, seed, cache):
+                                                              num_blocks, blocks, budget, max_num_seqs, batches, seed, cache,
+                                                              held):  # fmt: skip
     # batches "pp": async scheduling with only pp batches in flight (releases before 0.34 without Model Runner V2).
+    # held: the window gives back the blocks it has passed (KVPool.held_for).
     _same_with_and_without_fast_forward(
-        workload=Workload.uniform(80, output, 0.5), cost=VaryingStep(pp=pp), pool=KVPool(num_blocks, blocks),
+        workload=Workload.uniform(80, output, 0.5), cost=VaryingStep(pp=pp), pool=_pool(num_blocks, blocks, held),
         concurrency=concurrency, rate=rate, prompts=20, async_scheduling=async_scheduling, num_speculative_tokens=k,
         acceptance_rate=accept, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=350,
         max_concurrent_batches=pp if batches else None, seed=seed, prefix_caching=cache)
@@ -249,18 +262,18 @@ def test_pipelined_fast_forward_gives_what_step_by_step_gives(pp, async_scheduli
     pp=st.sampled_from([1, 2, 4]), async_scheduling=st.booleans(), k=st.sampled_from([0, 1, 3]),
     accept=st.sampled_from([0.0, 1.0, 0.6]), concurrency=st.sampled_from([1, 3, 8]), rate=st.sampled_from([None, 50.0]),
     output=st.sampled_from([30, 150]), blocks=st.sampled_from([blocks_of_16, blocks_of_16_and_a_window]),
-    budget=st.sampled_from([100, 4096]), hit=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 3),
+    budget=st.sampled_from([100, 4096]), hit=st.sampled_from([0.0, 0.5]), seed=st.integers(0, 3), held=st.booleans(),
 )
 def test_a_pool_of_the_traced_demand_runs_as_an_unbounded_one(pp, async_scheduling, k, accept, concurrency, rate, output,
-                                                               blocks, budget, hit, seed):
+                                                               blocks, budget, hit, seed, held):
     # run_trace's demand bounds the blocks the requests ever hold: one more (the null block)
     # and the pool never refuses an allocation, so the run is the unbounded pool's.
     kw = dict(workload=Workload.uniform(80, output, 0.5), cost=VaryingStep(pp=pp), concurrency=concurrency, rate=rate,
               prompts=20, async_scheduling=async_scheduling, num_speculative_tokens=k, acceptance_rate=accept,
               max_num_batched_tokens=budget, max_model_len=350, seed=seed, prefix_caching=True, prefix_hit_rate=hit)
     trace = {}
-    unbounded = run(pool=KVPool(10**9, blocks), trace=trace, **kw)
-    assert run(pool=KVPool(trace["demand"] + 1, blocks), **kw) == unbounded
+    unbounded = run(pool=_pool(10**9, blocks, held), trace=trace, **kw)
+    assert run(pool=_pool(trace["demand"] + 1, blocks, held), **kw) == unbounded
     assert unbounded.preemptions == 0 and trace["batches"] and trace["blocks"]
 
 
@@ -416,3 +429,42 @@ def test_jsonl_workload_reads_pairs_and_names_bad_lines(tmp_path):
 def test_a_pool_too_small_for_one_prompt_is_a_user_error():
     with pytest.raises(UserError, match="needs 7 KV blocks"):
         run(Workload.fixed(100, 5), pool=KVPool(num_blocks=5, blocks_for=blocks_of_16))
+
+
+def _cap(tokens: int) -> int:
+    """Admission's charge of a 40-token window in blocks of 8 beside full attention in blocks of 16:
+    the window plus 256 tokens in flight (kv_cache.blocks_per_request's cap)."""
+    return -(-tokens // 16) + -(-min(40 - 1 + 256, tokens) // 8) + 1
+
+
+def _window_held(tokens: int, in_flight: int) -> int:
+    """What the same groups hold with `in_flight` tokens being computed."""
+    return -(-tokens // 16) + -(-min(40 - 1 + in_flight, tokens) // 8) + 1
+
+
+@pytest.mark.parametrize("reserve_full_input", [False, True])
+def test_a_waiting_request_is_admitted_by_its_chunk_or_by_admissions_cap_of_its_input(reserve_full_input):
+    """A 1,000-token prompt in chunks of 64, in a pool of 79 free blocks. Its first chunk holds 13
+    (the window keeps its 40 tokens and the chunk); admission's cap of the whole input is 101. Before
+    0.19 vLLM admits by the first chunk, and the window gives blocks back as it moves, so it runs;
+    from 0.19 (scheduler_reserve_full_isl) the whole input must fit the cap, and it never does."""
+    kw = dict(workload=Workload.fixed(1000, 10), pool=KVPool(80, _cap, held_for=_window_held),
+              max_num_batched_tokens=64, reserve_full_input=reserve_full_input)  # fmt: skip
+    assert _window_held(64, 64) == 13 and _cap(1000) == 101
+    if reserve_full_input:
+        with pytest.raises(UserError, match="needs 101 KV blocks"):
+            run(**kw)
+    else:
+        assert run(**kw).completed == 1
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_decode_holds_its_tokens_and_lookahead_slots(k):
+    """A decoding request is charged for 1 + k scheduled tokens and k lookahead slots in flight
+    (vLLM num_lookahead_tokens); a prefill chunk for its tokens: every count asked of the held
+    blocks is at 1 + 2k or more tokens in flight."""
+    trace = {}
+    run(Workload.fixed(100, 40), pool=KVPool(10**6, _cap, held_for=_window_held), num_speculative_tokens=k,
+        acceptance_rate=1.0, trace=trace)  # fmt: skip
+    in_flight = {f for _, f in trace["blocks"] if f is not None}
+    assert min(in_flight) == 1 + 2 * k

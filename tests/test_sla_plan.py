@@ -395,6 +395,23 @@ def test_same_run_refuses_what_could_run_differently(small):
     assert not predict.same_run(small, {**trace, "batches": None}, small)
 
 
+def test_same_run_refuses_a_pool_whose_sliding_window_holds_otherwise():
+    """gpt-oss-120b (half its layers a 128-token window) on one A100: a run asks what a request
+    holds decoding and while a prefill chunk computes (KVPool.held_for), and a pool answering
+    either otherwise could run the load otherwise."""
+    from infra.catalog.models import load_model
+    from infra.planning.perf.hardware import for_gpu
+
+    s = predict.setup(load_model("gpt-oss-120b"), for_gpu("A100-80GB"), predict.Serving(max_model_len=8192, vllm_version="0.11.0"))
+    trace = {}
+    perf._closed_loop(s, SHAREGPT, SLA, 8, 0, trace)
+    assert predict.same_run(s, trace, s)
+    held, decoding = s.pool.held_for, 1 + 2 * s.knobs.num_speculative_tokens
+    for differs in (lambda f: f == decoding, lambda f: f > decoding):  # decodes; prefill chunks
+        other = replace(s.pool, held_for=lambda n, f, d=differs: held(n, f) + d(f))
+        assert not predict.same_run(s, trace, replace(s, pool=other))
+
+
 def test_only_setups_with_a_twin_keep_their_traces(small):
     other = replace(small, knobs=small.knobs.replace(max_num_seqs=small.knobs.max_num_seqs // 2))
     assert predict.run_key(other) != predict.run_key(small)

@@ -31,6 +31,14 @@ def _deterministic(e: _Engine) -> bool:
     return not e.k or e.acceptance <= 0.0 or e.acceptance >= 1.0
 
 
+def _holds_what_it_decodes(e: _Engine) -> bool:
+    """No running request holds more than its next decode needs: the replay only grows blocks,
+    and a request still holding its last prefill chunk's gives some back at its next step
+    (a sliding window, scheduler.KVPool.held_for), which the engine's own step does."""
+    blocks, floor = e.blocks, 1 + e.lookahead
+    return all(r.blocks <= blocks[r.computed + floor] for r in e.running)
+
+
 def _tokens_per_output(e: _Engine) -> int:
     return 1 + (e.k if e.acceptance >= 1.0 else 0)
 
@@ -43,7 +51,7 @@ def single_stage(e: _Engine, now: float, client: Client) -> float | None:
     decode of 1 + k tokens), stopped before anything changes the batch: a finish, an arrival,
     a failed allocation, max_model_len."""
     running, k, q = e.running, e.k, 1 + e.k
-    if not running or not _deterministic(e) or len(running) * q > e.max_tokens:
+    if not running or not _deterministic(e) or len(running) * q > e.max_tokens or not _holds_what_it_decodes(e):
         return None
     if e.async_:  # one batch in flight: the previous step of these same requests
         if len(e.in_flight) != 1 or len(e.in_flight[0].entries) != len(running):
@@ -172,7 +180,7 @@ _STOP = object()  # the next schedule call would do something the replay does no
 def pipelined(e: _Engine, now: float, client: Client) -> float | None:
     """Replay the engine's loop over groups until the first step it does not model; None if
     not even one step could be replayed."""
-    if not e.running or not _deterministic(e):
+    if not e.running or not _deterministic(e) or not _holds_what_it_decodes(e):
         return None
     blocked = e.ff_blocked
     if blocked is not None and any(b is blocked for b in e.in_flight):
