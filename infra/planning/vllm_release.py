@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from infra.errors import UserError
 
@@ -133,6 +133,13 @@ FIRST_MODELLED = {
 }
 
 
+class SparseAttentionKernel(NamedTuple):
+    """How a release's sparse attention kernel runs a rank's query heads (the performance model)."""
+
+    absorbed_mla_prefill: bool = False  # MLA prefills in its decode (absorbed MQA) form
+    head_counts: tuple[int, ...] = ()  # the head counts it runs at (the smallest holding the rank's); (): as many as there are
+
+
 @dataclass(frozen=True)
 class Release:
     version: str
@@ -240,10 +247,8 @@ class Release:
 
     # --- Kernels (performance model) -----------------------------------------------
 
-    def sparse_attention_kernel(self, model_type: str, compute_capability: str) -> tuple[bool, tuple[int, ...]]:
-        """How vLLM's sparse attention kernel runs a rank's query heads, for the performance model:
-        (whether DeepSeek-V3.2's MLA prefills in the absorbed MQA form, the head counts the kernel
-        runs at: the smallest one at least the rank's heads; () for as many as the rank has).
+    def sparse_attention_kernel(self, model_type: str, compute_capability: str) -> SparseAttentionKernel:
+        """How vLLM's sparse attention kernel runs a rank's query heads, for the performance model.
 
         - DeepSeek-V3.2 up to 0.26 (CHANGES): every token through FlashMLA's sparse kernel in the
           absorbed form, heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13:
@@ -258,10 +263,10 @@ class Release:
         major = compute_capability.split(".")[0]
         if model_type == "deepseek_v32" and not self.at_least("0.27"):
             sm100 = major == "10" if self.at_least("0.13") else compute_capability == "10.0"
-            return True, (128,) if sm100 else (64, 128)
+            return SparseAttentionKernel(True, (128,) if sm100 else (64, 128))
         if model_type == "deepseek_v4":
-            return False, (8, 16, 32, 64, 128) if major == "12" else (64, 128)
-        return False, ()
+            return SparseAttentionKernel(False, (8, 16, 32, 64, 128) if major == "12" else (64, 128))
+        return SparseAttentionKernel()
 
     def check_model(self, model_type: str) -> None:
         first = FIRST_MODELLED.get(model_type)

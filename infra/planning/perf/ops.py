@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.gpus import GPU
 from infra.planning import memory
-from infra.planning.vllm_release import Release
+from infra.planning.vllm_release import Release, SparseAttentionKernel
 
 
 @dataclass(frozen=True)
@@ -227,11 +227,11 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
     return None, spec.compress_ratio
 
 
-def _absorbed_prefill(layer: LayerSpec, kernel: tuple[bool, tuple[int, ...]]) -> bool:
+def _absorbed_prefill(layer: LayerSpec, kernel: SparseAttentionKernel) -> bool:
     """Whether the layer's prefill runs in its decode (absorbed MQA) form: MLA where the release says
     so for the model (Release.sparse_attention_kernel: DeepSeek-V3.2's sparse MLA up to 0.26)."""
     attn = layer.attn
-    return bool(kernel[0] and is_mla(layer))
+    return kernel.absorbed_mla_prefill and is_mla(layer)
 
 
 def _kernel_heads(heads: int, supported: tuple[int, ...]) -> int:
@@ -240,7 +240,7 @@ def _kernel_heads(heads: int, supported: tuple[int, ...]) -> int:
     return next((h for h in supported if h >= heads), heads)
 
 
-def _head_dim(layer: LayerSpec | None, kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> float:
+def _head_dim(layer: LayerSpec | None, kernel: SparseAttentionKernel = SparseAttentionKernel()) -> float:
     """The prefill kernel's head size: the mean of its query-key and value widths (128 where
     the layer has no attention heads: the fraction as fitted)."""
     attn = layer.attn if layer else None
@@ -252,7 +252,7 @@ def _head_dim(layer: LayerSpec | None, kernel: tuple[bool, tuple[int, ...]] = (F
 
 
 def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
-                 kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> list[tuple]:  # fmt: skip
+                 kernel: SparseAttentionKernel = SparseAttentionKernel()) -> list[tuple]:  # fmt: skip
     """(threshold, divisor, reads_context, bytes/entry, flops/entry, prefill flops/entry,
     bytes/seq, flops/seq/token, prefill context flops) per pattern of one layer; `kernel`:
     Release.sparse_attention_kernel for the model and GPU."""
@@ -276,12 +276,12 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
         # One kernel for every token (bf16 cache: _bf16_flash_mla_kernel), decode and prefill, on the
         # padded heads; no latent expanded (the query absorbs kv_b_proj: its GEMM is per token).
         # ASSUMPTION: the FP8 (fp8_ds_mla) cache's decode kernel pads the same.
-        per_entry = prefill_per_entry = 2 * _kernel_heads(heads, kernel[1]) * (attn.qk_dim + attn.v_dim)
+        per_entry = prefill_per_entry = 2 * _kernel_heads(heads, kernel.head_counts) * (attn.qk_dim + attn.v_dim)
         expand = 0.0
     else:
         # DeepSeek-V4's kernels run the padded heads for decode and prefill (the release pads no
         # model whose prefill takes another form: un-absorbed MLA runs the rank's heads).
-        run = _kernel_heads(heads, kernel[1])
+        run = _kernel_heads(heads, kernel.head_counts)
         per_entry = 2 * run * (attn.qk_dim + attn.v_dim)
         prefill_per_entry = 2 * run * ((attn.prefill_qk_dim or attn.qk_dim) + (attn.prefill_v_dim or attn.v_dim))
     if attn.recurrent_dim:
@@ -306,7 +306,7 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
 
 
 def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_bytes: int,
-               kernel: tuple[bool, tuple[int, ...]] = (False, ())) -> list[AttentionTerm]:  # fmt: skip
+               kernel: SparseAttentionKernel = SparseAttentionKernel()) -> list[AttentionTerm]:  # fmt: skip
     counts: Counter = Counter()
     for layer in layers:
         for t in _layer_terms(layer, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, kernel=kernel):
@@ -321,7 +321,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
               expert_parallel: bool, kv_bytes: int, release: Release | None = None) -> StageOps:  # fmt: skip
     """`release`: the vLLM release whose attention kernels run (Release.sparse_attention_kernel); None:
     as many query heads as the rank has, and MLA prefilled un-absorbed."""
-    kernel = release.sparse_attention_kernel(arch.model_type, gpu.compute_capability) if release else (False, ())
+    kernel = release.sparse_attention_kernel(arch.model_type, gpu.compute_capability) if release else SparseAttentionKernel()
     model_bytes = memory.MODEL_DTYPE_BYTES.get(arch.model_dtype, 2)
     groups = [g for layer in layers for g in layer.params] + (list(arch.final) if last else [])
     gemms = _gemms(groups, tp=tp, gpu=gpu, expert_parallel=expert_parallel)

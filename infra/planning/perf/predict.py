@@ -112,8 +112,7 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
                         + "; ".join(errors or ev.errors))  # fmt: skip
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
     stages = model_stages(arch, tp=srv.tp, pp=srv.pp, gpu=gpu, expert_parallel=srv.expert_parallel, kv_bytes=kv_bytes,
-                          speculative=bool(srv.num_speculative_tokens),
-                          release=r)  # fmt: skip
+                          speculative=bool(srv.num_speculative_tokens), release=r)  # fmt: skip
     sizes = cudagraph.capture_sizes(
         r, max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
         decode_query_len=1 + srv.num_speculative_tokens, sm100=gpu.compute_capability.startswith("10"),
@@ -218,10 +217,10 @@ def same_run(a: Setup, trace: dict, b: Setup) -> bool:
         return False
     if a.pool.num_blocks != b.pool.num_blocks and trace["demand"] > min(a.pool.num_blocks, b.pool.num_blocks) - 1:
         return False
-    max_len, blocks_for, held_for = b.knobs.max_model_len, b.pool.blocks_for, b.pool.held_for or (lambda t, _: b.pool.blocks_for(t))
+    max_len, pool = b.knobs.max_model_len, b.pool
     for (tokens, in_flight), n in trace["blocks"].items():
         tokens = min(tokens, max_len)
-        if (blocks_for(tokens) if in_flight is None else held_for(tokens, in_flight)) != n:
+        if (pool.blocks_for(tokens) if in_flight is None else pool.held(tokens, in_flight)) != n:
             return False
     q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.stage_seconds
     batches = trace["batches"].items()

@@ -57,6 +57,9 @@ class KVPool:
     # blocks the window has passed at every allocate_slots). None: as charged at admission.
     held_for: Callable[[int, int], int] | None = None
 
+    def held(self, tokens: int, in_flight: int) -> int:
+        return self.blocks_for(tokens) if self.held_for is None else self.held_for(tokens, in_flight)
+
 
 class _Req:
     __slots__ = ("prompt", "max_out", "end", "sent", "num_tokens", "computed", "placeholders", "drafts", "prefill_end",
@@ -87,11 +90,8 @@ class _Blocks(dict):
 
     def __init__(self, pool: KVPool, max_len: int, in_flight: int | None = None):
         super().__init__()
-        self.max_len, self.in_flight = max_len, in_flight
-        if in_flight is None or pool.held_for is None:
-            self.blocks_for = pool.blocks_for
-        else:
-            self.blocks_for = lambda tokens: pool.held_for(tokens, in_flight)
+        self.max_len = max_len
+        self.blocks_for = pool.blocks_for if in_flight is None else lambda tokens: pool.held(tokens, in_flight)
 
     def __missing__(self, tokens: int) -> int:
         value = self[tokens] = self.blocks_for(min(tokens, self.max_len))
@@ -146,7 +146,7 @@ class _Engine:
         key = (min(tokens, self.max_model_len), in_flight)
         value = self.chunk_blocks.get(key)
         if value is None:
-            value = self.chunk_blocks[key] = _Blocks(self.pool, self.max_model_len, in_flight)[tokens]
+            value = self.chunk_blocks[key] = self.pool.held(*key)
         return value
 
     def schedule(self) -> tuple[list, list, list, float] | None:
