@@ -35,6 +35,8 @@ def _holds_what_it_decodes(e: _Engine) -> bool:
     """No running request holds more than its next decode needs: the replay only grows blocks,
     and a request still holding its last prefill chunk's gives some back at its next step
     (a sliding window, scheduler.KVPool.held_for), which the engine's own step does."""
+    if not e.gives_back:
+        return True
     blocks, floor = e.blocks, 1 + e.lookahead
     return all(r.blocks <= blocks[r.computed + floor] for r in e.running)
 
@@ -51,7 +53,7 @@ def single_stage(e: _Engine, now: float, client: Client) -> float | None:
     decode of 1 + k tokens), stopped before anything changes the batch: a finish, an arrival,
     a failed allocation, max_model_len."""
     running, k, q = e.running, e.k, 1 + e.k
-    if not running or not _deterministic(e) or len(running) * q > e.max_tokens or not _holds_what_it_decodes(e):
+    if not running or not _deterministic(e) or len(running) * q > e.max_tokens:
         return None
     if e.async_:  # one batch in flight: the previous step of these same requests
         if len(e.in_flight) != 1 or len(e.in_flight[0].entries) != len(running):
@@ -74,7 +76,7 @@ def single_stage(e: _Engine, now: float, client: Client) -> float | None:
         if steps < 2:  # a request finishes within a step: no run to skip, whatever the others
             return None
     steps = _steps_that_fit(e, steps, q + e.lookahead, advance)
-    if steps < 2:
+    if steps < 2 or not _holds_what_it_decodes(e):
         return None
     return _advance(e, now, client, steps, advance, limit)
 
@@ -180,13 +182,13 @@ _STOP = object()  # the next schedule call would do something the replay does no
 def pipelined(e: _Engine, now: float, client: Client) -> float | None:
     """Replay the engine's loop over groups until the first step it does not model; None if
     not even one step could be replayed."""
-    if not e.running or not _deterministic(e) or not _holds_what_it_decodes(e):
+    if not e.running or not _deterministic(e):
         return None
     blocked = e.ff_blocked
     if blocked is not None and any(b is blocked for b in e.in_flight):
         return None  # that batch still holds an entry no replay can move (_groups)
     groups = _groups(e)
-    if groups is None or not _admission_stays_shut(e, groups):
+    if groups is None or not _admission_stays_shut(e, groups) or not _holds_what_it_decodes(e):
         return None
     replay = _Pipeline(e, groups, now)
     if not replay.run(client.next_send()):

@@ -117,6 +117,9 @@ class _Engine:
         self.blocks = _Blocks(pool, max_model_len, self.decode_in_flight)
         self.admit_blocks = _Blocks(pool, max_model_len)
         self.chunk_blocks: dict[tuple[int, int], int] = {}
+        # Whether a request ever holds fewer blocks than admission charges (a sliding window shorter
+        # than max-model-len): only then does a step give blocks back, or the fast path wait for it.
+        self.gives_back = pool.held_for is not None and pool.held(max_model_len, 1) < pool.held(max_model_len, max_model_len)
         self.free = pool.num_blocks - 1  # block 0 is the null block
         self.max_seqs, self.max_tokens, self.max_model_len = max_num_seqs, max_num_batched_tokens, max_model_len
         self.async_, self.k, self.acceptance, self.rng = async_scheduling, k, acceptance, random.Random(seed)
@@ -154,6 +157,7 @@ class _Engine:
         self.step += 1
         budget, running, blocks, lookahead = self.max_tokens, self.running, self.blocks, self.lookahead
         async_, step, mml, k, pp = self.async_, self.step, self.max_model_len, self.k, self.pp
+        decoding, gives_back = self.decode_in_flight, self.gives_back
         entries, contexts, prefills = [], [], []
         start, limit, preempted = 0.0, "none", False
         # scheduler.py schedule: first the RUNNING requests, in order, while budget is left (a
@@ -174,8 +178,9 @@ class _Engine:
                 n, limit = budget, "token_budget"
             if n <= 0:  # e.g. a sync decode whose output has not returned yet
                 continue
-            need = self.held(before + n + lookahead, n + lookahead) - r.blocks
-            if need < 0:  # remove_skipped_blocks: a sliding window's blocks it has passed go back
+            slots = n + lookahead
+            need = (blocks[before + slots] if slots <= decoding else self.held(before + slots, slots)) - r.blocks
+            if need < 0 and gives_back:  # remove_skipped_blocks: a sliding window's blocks it has passed go back
                 self.free -= need
                 r.blocks += need
             elif need > 0:  # needing no new block never fails: the free count is never negative
