@@ -32,7 +32,7 @@ Every fenced ```sh block of README.md and docs/**/*.md is read:
   An unmarked block may not use aws, pulumi, kubectl, helm, docker or curl (mark it), and
   lines of other programs are not run.
 - bare `bin/plan` (set-up, then plan, synth and check) is not run; `scan` (checkov,
-  minutes), `perf --validate|--fit` (~10 s), `perf --compare-aiconfigurator` (installs
+  minutes), `perf --validate` (~10 s) and `perf --fit` (~2 min), `perf --compare-aiconfigurator` (installs
   venv-perf/) and `docs` (rewrites the docs) are parsed only: PARSED_ONLY says where each is
   tested instead.
 

@@ -83,6 +83,21 @@ def test_prefill_is_compute_bound_and_grows_with_the_context_before_it() -> None
     assert late.total_s > first.total_s * 1.2
 
 
+def test_a_serving_steps_share_of_the_kernels_compute_slows_prefill_not_a_small_decode() -> None:
+    """`serving_compute` scales the compute-bound rates only: a long prefill chunk's compute time
+    goes as its inverse (FLOPs over a lower ceiling), while a small decode batch, bound by the
+    bytes it reads, takes the same time at any share."""
+    s = predict.setup(load_model("llama-3.1-70b"), for_gpu("H100-SXM-80GB"),
+                      predict.Serving(tp=8, max_model_len=32768, max_num_batched_tokens=4096))  # fmt: skip
+    tables = predict.with_efficiency(s, DEFAULT.replace(serving_compute=1.0)).step
+    half = predict.with_efficiency(s, DEFAULT.replace(serving_compute=0.5)).step
+    chunk = tables.parts([], [(4096, 8000)], 1)[0]
+    slow = half.parts([], [(4096, 8000)], 1)[0]
+    assert chunk.bound == slow.bound == "compute"
+    assert slow.compute_s == pytest.approx(2 * chunk.compute_s, rel=1e-9)
+    assert half.stage_seconds([2000] * 4, [], 1) == pytest.approx(tables.stage_seconds([2000] * 4, [], 1), rel=1e-12)
+
+
 def test_pipeline_hop_between_nodes_goes_over_efa() -> None:
     """Whole-node stages on p5.48xlarge send activations over EFA (400 Gb/s per GPU), slower
     than NVLink inside a node."""

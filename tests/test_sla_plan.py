@@ -454,7 +454,7 @@ def test_the_performance_json_carries_the_capacity_under_the_issues_names(small)
     j = perf.performance_json(cap)
     assert j["sla"] == {"ttft_p99_ms": 250, "tpot_p99_ms": 40, "itl_p99_ms": 1000}
     assert {k: j["workload"][k] for k in ("preset", "input_tokens", "output_tokens", "spread", "prefix_cache_hit_rate")} == {
-        "preset": "sharegpt", "input_tokens": 219, "output_tokens": 201, "spread": 0.8, "prefix_cache_hit_rate": 0.0}
+        "preset": "sharegpt", "input_tokens": 219, "output_tokens": 200, "spread": 0.8, "prefix_cache_hit_rate": 0.0}
     c, at = j["sla_capacity"], cap.at
     assert (c["concurrency"], c["requests_per_s"], c["binding"], c["ceiling"]) == (cap.concurrency, cap.requests_per_s, cap.binding, cap.ceiling)
     assert c["closed_loop_requests_per_s"] == at.requests_per_s
@@ -482,7 +482,7 @@ def test_each_missed_term_is_named_in_the_refusal(small):
 
 
 def test_workload_descriptions_presets_and_lengths():
-    assert SHAREGPT.describe() == "sharegpt: 219 input / 201 output tokens, spread 0.8"
+    assert SHAREGPT.describe() == "sharegpt: 219 input / 200 output tokens, spread 0.8"
     assert perf.WorkloadSpec(2000, 100).describe() == "fixed: 2,000 input / 100 output tokens"
     assert perf.WorkloadSpec(2000, 100, 0.5, None, 0.25).describe() == (
         "lognormal: 2,000 input / 100 output tokens, spread 0.5, 25% of each prompt cached")
@@ -491,7 +491,7 @@ def test_workload_descriptions_presets_and_lengths():
     assert perf.WorkloadSpec.from_preset("sharegpt", 0.5).prefix_cache_hit_rate == 0.5
     from infra.planning.perf.workload import Workload
 
-    assert SHAREGPT.workload() == Workload.lognormal(219, 201, 0.8)
+    assert SHAREGPT.workload() == Workload.lognormal(219, 200, 0.8)
     assert perf.WorkloadSpec(10, 5).workload() == Workload.fixed(10, 5)
 
 

@@ -461,7 +461,7 @@ class WorkloadConfig(_Area):
 
     preset: Optional[Literal[tuple(PRESETS)]] = Field(  # type: ignore[valid-type]
         default="sharegpt",
-        description="A named length distribution (`sharegpt`: 219 input / 201 output tokens on average, lognormal; "
+        description="A named length distribution (`sharegpt`: 219 input / 200 output tokens on average, lognormal; "
         "infra/planning/performance.py cites where from); null = the lengths below.",
     )
     input_tokens: Optional[int] = Field(

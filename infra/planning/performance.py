@@ -25,12 +25,12 @@ from infra.planning.perf import predict
 from infra.planning.perf.workload import Workload, latency_ms
 
 # ShareGPT as `vllm bench serve --dataset-name sharegpt` sends it (ShareGPT_V3_unfiltered_
-# cleaned_split): mean input and output tokens over the 42 ShareGPT rows of
+# cleaned_split): mean input and output tokens over the 47 ShareGPT rows of
 # tests/fixtures/perf/measurements.jsonl (printed totals / successful requests; each row
-# cites its source), 219.5 and 200.8. ASSUMPTION: lognormal lengths with std / mean 0.8
+# cites its source), 219.4 and 200.4. ASSUMPTION: lognormal lengths with std / mean 0.8
 # around them (the sources print totals only; the dataset is not in the repo).
 SHAREGPT_INPUT_TOKENS = 219
-SHAREGPT_OUTPUT_TOKENS = 201
+SHAREGPT_OUTPUT_TOKENS = 200
 SHAREGPT_SPREAD = 0.8
 PRESETS = {"sharegpt": (SHAREGPT_INPUT_TOKENS, SHAREGPT_OUTPUT_TOKENS, SHAREGPT_SPREAD)}
 

@@ -136,9 +136,11 @@ class StepModel:
         self.hop_over_network = hop_over_network
         self.num_speculative_tokens = num_speculative_tokens
         self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
-        self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
-        self._peak["bf16_wo"] = hw.peak_flops("bf16") * eff.gemm_weight_only  # weight-only kernels (ops.gemm_kernel)
-        self._attn_peak = hw.peak_flops("bf16") * eff.attention
+        # Compute-bound work at the kernels' fractions, at what a serving step reaches of them.
+        served = eff.serving_compute
+        self._peak = {d: hw.peak_flops(d) * getattr(eff, f"gemm_{d}") * served for d in ("bf16", "fp8", "fp4") if _has(hw, d)}
+        self._peak["bf16_wo"] = hw.peak_flops("bf16") * eff.gemm_weight_only * served  # weight-only kernels (ops.gemm_kernel)
+        self._attn_peak = hw.peak_flops("bf16") * eff.attention * served
         self._moe_peak = {(d, k): self._peak[d] * getattr(eff, f"moe_gemm_{k}") for d in ("bf16", "fp8", "fp4") if d in self._peak
                           for k in ("bf16", "fp8", "4bit")}  # fmt: skip
         # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.

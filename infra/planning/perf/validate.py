@@ -177,14 +177,16 @@ def fit_loss(points: list[Point]) -> float:
     return sum(logs) / len(logs) if logs else 0.0
 
 
-def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 2, log=print) -> Efficiency:
+def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 4, log=print) -> Efficiency:
     """The SERVING-FITTED fields, on the fit rows only, in two stages of coordinate search
     (each field tried at x / f and x * f, the best kept, f halving in log each round):
     1. the engine's CPU time per step and the request's own latency, on the fit rows with
        a bounded load (a --max-concurrency or a rate);
-    2. with those held, the engine's CPU time per running sequence and the API server's
-       intake (shared among the requests it holds), on the burst fit rows (every prompt
-       at once): only a large batch shows the first, only a queue the second.
+    2. with those held, the engine's CPU time per running sequence, the share of the kernels'
+       compute rates a serving step reaches, and the API server's intake (shared among the
+       requests it holds), on the burst fit rows (every prompt at once): only a large batch
+       shows the first, only long prefill chunks and large batches the second, only a queue
+       the third.
     Fitting the per-step CPU time to the bursts too would charge every small-batch step
     with what only a burst shows."""
     fit_rows = [r for r in rows if r.get("role") == "fit"]
@@ -197,9 +199,11 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     bounded = [(r, s) for r, s in setups if not is_burst(r)]
     burst = [(r, s) for r, s in setups if is_burst(r)]
     best = _search(bounded, start, FITTED_FIELDS, rounds, log)
-    # The grid over the two figures every burst row shares, then over gpt-oss's intake alone (it
-    # moves its rows only), then the coordinate search over all three.
-    shared = _grid(burst, best, ("seq_overhead_s", "frontend_intake_s"), log)
+    # The grid over the two engine figures every burst row shares (they trade against each
+    # other), then over the intake, then over gpt-oss's intake alone (it moves its rows only),
+    # then the coordinate search over all four.
+    engine = _grid(burst, best, ("seq_overhead_s", "serving_compute"), log)
+    shared = _grid(burst, engine, ("frontend_intake_s",), log)
     best = _search(burst, _grid(burst, shared, ("frontend_intake_harmony_s",), log), BURST_FITTED_FIELDS, rounds, log)
     best = _search(bounded, best, FITTED_FIELDS, rounds, log)  # once more, the burst figures now held
     return best.replace(fitted_on=tuple(r["id"] for r, _ in setups))
