@@ -83,12 +83,14 @@ def test_prefill_is_compute_bound_and_grows_with_the_context_before_it() -> None
     assert late.total_s > first.total_s * 1.2
 
 
-def test_a_serving_steps_share_of_the_kernels_compute_slows_prefill_not_a_small_decode() -> None:
-    """`serving_compute` scales the compute-bound rates only: a long prefill chunk's compute time
-    goes as its inverse (FLOPs over a lower ceiling), while a small decode batch, bound by the
-    bytes it reads, takes the same time at any share."""
-    s = predict.setup(load_model("llama-3.1-70b"), for_gpu("H100-SXM-80GB"),
-                      predict.Serving(tp=8, max_model_len=32768, max_num_batched_tokens=4096))  # fmt: skip
+@pytest.mark.parametrize("model,ep", [("llama-3.1-70b", False), ("qwen3-32b-awq", False), ("qwen3-235b-a22b-fp8", True)])
+def test_a_serving_steps_share_of_the_kernels_compute_slows_prefill_not_a_small_decode(model: str, ep: bool) -> None:
+    """`serving_compute` scales the compute-bound rates only, whatever kernel runs them (bf16
+    GEMMs and attention; AWQ's weight-only kernels; FP8 GEMMs and fused MoE): a long prefill
+    chunk's compute time goes as its inverse (FLOPs over a lower ceiling), while a small decode
+    batch, bound by the bytes it reads, takes the same time at any share."""
+    s = predict.setup(load_model(model), for_gpu("H100-SXM-80GB"),
+                      predict.Serving(tp=8, expert_parallel=ep, max_model_len=32768, max_num_batched_tokens=4096))  # fmt: skip
     tables = predict.with_efficiency(s, DEFAULT.replace(serving_compute=1.0)).step
     half = predict.with_efficiency(s, DEFAULT.replace(serving_compute=0.5)).step
     chunk = tables.parts([], [(4096, 8000)], 1)[0]
