@@ -97,6 +97,9 @@ class Efficiency:
     # which it trades against (a slower prefill-heavy step leaves less for the per-token time to
     # carry; the bursts' ITL medians, near the kernel model's decode step, say that time is
     # small). The memory-bound decode of a small batch reads at `hbm` and does not take it.
+    # The burst rows' loss is flat along the valley where the two trade: `--fit` run again from
+    # these figures lands elsewhere in it (0.62 with 89-97 us and the intake at 6.9-7.5 ms, a loss
+    # within 1% of these; the validation medians within 2 points), so read both as +-10%.
     serving_compute: float = 0.681
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
