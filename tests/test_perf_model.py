@@ -475,6 +475,29 @@ def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: 
     assert added == pytest.approx(n * 10.0, rel=0.1)
 
 
+@pytest.mark.parametrize("model,path", [("gpt-oss-120b", "request_overhead_harmony_s"), ("qwen3-30b-a3b", "request_overhead_s")])
+def test_every_ttft_carries_the_request_overhead_of_its_models_chat_path(model: str, path: str) -> None:
+    """A request's own time outside the engine (the HTTP round trip, the first token streamed
+    back) is its chat path's, as the intake is: 10 ms more on the model's path adds 10 ms to
+    every TTFT, mean and p99, in the simulation and in the SLA search's points alike, and 10 ms
+    more on the other path adds nothing."""
+    from infra.planning import performance as perf
+
+    other = ({"request_overhead_s", "request_overhead_harmony_s"} - {path}).pop()
+    s, work = _setup(model), Workload.fixed(128, 16)
+
+    def ttfts(eff) -> tuple[float, float, float]:
+        t = predict.with_efficiency(s, eff)
+        res = predict.run(t, work, concurrency=4, request_rate=None, num_prompts=40)
+        point = perf.closed_loop(t, perf.WorkloadSpec(128, 16, 0.0), perf.Sla(10_000, 10_000), 4)
+        return res.ttft_ms.mean, res.ttft_ms.p99, point.ttft_p99_ms
+
+    base = ttfts(DEFAULT)
+    assert ttfts(DEFAULT.replace(**{other: getattr(DEFAULT, other) + 0.010})) == pytest.approx(base, rel=1e-9)
+    more = ttfts(DEFAULT.replace(**{path: getattr(DEFAULT, path) + 0.010}))
+    assert [b - a for a, b in zip(base, more)] == pytest.approx([10.0, 10.0, 10.0], rel=1e-6)
+
+
 def test_the_time_per_token_counts_every_position_an_mtp_step_verifies() -> None:
     """The fitted time per token a step hands on: one per decoding sequence without drafting,
     k + 1 with k drafted tokens (each verified position may be emitted), one per prefill chunk."""

@@ -209,7 +209,7 @@ def open_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, rate: float, *, promp
 
 def _point(s: predict.Setup, sla: Sla, reqs: list, *, concurrency, rate, preemptions: int, itl_p99_ms: float,
            requests_per_s: float) -> LoadPoint:  # fmt: skip
-    extra = s.step.eff.request_overhead_s  # predict.run adds it to its own TTFT figures
+    extra = predict.request_overhead(s)  # predict.run adds it to its own TTFT figures
     ttft = latency_ms([(first - sent + extra, 1) for sent, first, *_ in reqs])
     tpot = latency_ms([((last - first) / (out - 1), 1) for _, first, last, _, out in reqs if out > 1])
     itl_p99 = itl_p99_ms  # the whole run's chunk gaps (the simulation keeps no per-request ITL)

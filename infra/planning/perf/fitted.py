@@ -85,7 +85,7 @@ class Efficiency:
     # and stream. The one MTP measurement agrees (DeepSeek-V3.2 on 8 x H200, ShareGPT burst, with
     # and without one drafted token: median ITL 145 against 82 ms, x1.77; charged per token the
     # model's median ITL goes x1.74, 236 against 136 ms, per sequence x1.10; the row validates).
-    seq_overhead_s: float = 106e-6
+    seq_overhead_s: float = 97.2e-6
     # SERVING-FITTED: the share of the kernel-fitted compute rates above (GEMMs, fused MoE,
     # prefill attention) that a serving step's compute-bound work reaches. The tables time each
     # kernel alone, warm, at the clock a short run holds; a step with a long prefill chunk or a
@@ -97,13 +97,22 @@ class Efficiency:
     # which it trades against (a slower prefill-heavy step leaves less for the per-token time to
     # carry; the bursts' ITL medians, near the kernel model's decode step, say that time is
     # small). The memory-bound decode of a small batch reads at `hbm` and does not take it.
-    # The burst rows' loss is flat along the valley where the two trade: `--fit` run again from
-    # these figures lands elsewhere in it (0.62 with 89-97 us and the intake at 6.9-7.5 ms, a loss
-    # within 1% of these; the validation medians within 2 points), so read both as +-10%.
-    serving_compute: float = 0.681
+    # The burst rows' loss is flat along the valley where the two trade: `--fit` run from the
+    # previous figures landed at 0.68 and 106 us (intake 7.5 ms), from those at these, from these
+    # at 0.62 and 89 us, each within 1% of the others' loss and 2 points of their validation
+    # medians; so read both as +-10%.
+    serving_compute: float = 0.624
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
-    request_overhead_s: float = 40.0e-3
+    request_overhead_s: float = 47.6e-3
+    # SERVING-FITTED: the same for gpt-oss, whose chat requests take the API server's harmony
+    # path both ways (serving_chat.py of 0.10.2 and 0.11.0, `use_harmony`: rendered to token ids
+    # by openai_harmony with no chat template, its output parsed by harmony's streaming parser),
+    # as its intake below. One figure for both paths left every gpt-oss row at a bounded load
+    # 28-46 ms over its measured TTFT (+57% to +78%), the template path's off both ways
+    # (Qwen3-8B within 5 ms, DeepSeek-R1 33 ms under). Fitted on the one gpt-oss row with a
+    # bounded load.
+    request_overhead_harmony_s: float = 12.2e-3
     # SERVING-FITTED: the API server's time per request that does queue (chat template and
     # tokenization in its one process) before the engine sees it (workload.Client). Its one
     # event loop interleaves the requests it is taking in, so they share it: a lone request
@@ -118,7 +127,7 @@ class Efficiency:
     # not (TTFTs spread evenly from 0: p99 about 2x the mean).
     # Its size per request is not in the code: fitted, one for the models whose chat requests go
     # through the chat template and the tokenizer (`_preprocess_chat`) and one for gpt-oss below.
-    frontend_intake_s: float = 7.50e-3
+    frontend_intake_s: float = 6.88e-3
     # SERVING-FITTED: the same intake for gpt-oss, whose chat requests the API server renders with
     # openai_harmony straight to token ids, with no chat template and no tokenizer (serving_chat.py
     # of 0.10.2 and 0.11.0: `use_harmony = model_config.hf_config.model_type == "gpt_oss"`, then
@@ -139,7 +148,7 @@ class Efficiency:
 KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
                  "moe_floor_s", "attention", "attention_floor_s", "attention_half_dim", "hbm", "kernel_overhead_s",
                  "allreduce_latency_s", "allreduce_bw", "mla_floor_s")  # fmt: skip
-FITTED_FIELDS = ("step_overhead_s", "request_overhead_s")  # on the bounded-load fit rows
+FITTED_FIELDS = ("step_overhead_s", "request_overhead_s", "request_overhead_harmony_s")  # on the bounded-load fit rows
 # Then on the burst fit rows, the others held: what only a large batch or a queue shows
 # (at a bounded load a few sequences' time is small beside the GPU's step).
 BURST_FITTED_FIELDS = ("seq_overhead_s", "serving_compute", "frontend_intake_s", "frontend_intake_harmony_s")
@@ -147,6 +156,7 @@ BURST_FITTED_FIELDS = ("seq_overhead_s", "serving_compute", "frontend_intake_s",
 # ASSUMPTION: a sequence's CPU time per step under 1 ms, the API server's per request under 50 ms.
 # ASSUMPTION: a serving step's compute reaches at most the tables' rates, and at least a fifth.
 FIT_BOUNDS = {"step_overhead_s": (20e-6, 20e-3), "seq_overhead_s": (1e-6, 1e-3), "request_overhead_s": (0.0, 1.0),
+              "request_overhead_harmony_s": (0.0, 1.0),
               "serving_compute": (0.2, 1.0), "frontend_intake_s": (0.0, 50e-3), "frontend_intake_harmony_s": (0.0, 50e-3)}
 
 DEFAULT = Efficiency()

@@ -165,7 +165,7 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
     The API server takes requests in, `frontend_intake(s)` of its time each
     (chat template, tokenizing), sharing its one event loop among those it holds
     (workload.Client): a burst reaches the engine together, after all of it is taken in. Its time
-    that does not queue (`request_overhead_s`) is added to every TTFT. With DP each replica
+    that does not queue (`request_overhead(s)`) is added to every TTFT. With DP each replica
     has its own: vLLM 0.34 starts one API server per replica by default
     (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB).
 
@@ -174,7 +174,7 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
         s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
         seed=seed, prefix_hit_rate=prefix_cache_hit_rate, trace=trace, **_engine_args(s),
     )  # fmt: skip
-    extra_ms = s.step.eff.request_overhead_s * 1000
+    extra_ms = request_overhead(s) * 1000
     ttft = res.ttft_ms
     return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
 
@@ -200,10 +200,17 @@ def frontend_intake(s: Setup) -> float:
     return eff.frontend_intake_harmony_s if s.arch.model_type == "gpt_oss" else eff.frontend_intake_s
 
 
+def request_overhead(s: Setup) -> float:
+    """A request's time outside the engine that does not queue, added to its TTFT: by the API
+    server's path for the model's chat requests, as `frontend_intake`."""
+    eff = s.step.eff
+    return eff.request_overhead_harmony_s if s.arch.model_type == "gpt_oss" else eff.request_overhead_s
+
+
 def run_key(s: Setup) -> tuple:
     """What `run` takes from the setup besides the step model's stage times and the KV pool: two
     setups with the same key run a load alike when same_run says so."""
-    return tuple(sorted(_engine_args(s).items())) + (s.step.eff.request_overhead_s, s.step.hop_params)
+    return tuple(sorted(_engine_args(s).items())) + (request_overhead(s), s.step.hop_params)
 
 
 def same_run(a: Setup, trace: dict, b: Setup) -> bool:

@@ -180,8 +180,8 @@ def fit_loss(points: list[Point]) -> float:
 def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int = 4, log=print) -> Efficiency:
     """The SERVING-FITTED fields, on the fit rows only, in two stages of coordinate search
     (each field tried at x / f and x * f, the best kept, f halving in log each round):
-    1. the engine's CPU time per step and the request's own latency, on the fit rows with
-       a bounded load (a --max-concurrency or a rate);
+    1. the engine's CPU time per step and the request's own latency (one for each of the API
+       server's chat paths), on the fit rows with a bounded load (a --max-concurrency or a rate);
     2. with those held, the engine's CPU time per running sequence, the share of the kernels'
        compute rates a serving step reaches, and the API server's intake (shared among the
        requests it holds), on the burst fit rows (every prompt at once): only a large batch
@@ -198,7 +198,8 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
             log(f"fit row {r['id']} left out: {err}")
     bounded = [(r, s) for r, s in setups if not is_burst(r)]
     burst = [(r, s) for r, s in setups if is_burst(r)]
-    best = _search(bounded, start, FITTED_FIELDS, rounds, log)
+    # gpt-oss's request overhead moves its one bounded row only: a grid first, as its intake's.
+    best = _search(bounded, _grid(bounded, start, ("request_overhead_harmony_s",), log), FITTED_FIELDS, rounds, log)
     # The grid over the two engine figures every burst row shares (they trade against each
     # other), then over the intake, then over gpt-oss's intake alone (it moves its rows only),
     # then the coordinate search over all four.
