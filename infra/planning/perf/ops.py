@@ -230,7 +230,6 @@ def _cache_pattern(spec: CacheSpec, layer: LayerSpec) -> tuple[int | None, int]:
 def _absorbed_prefill(layer: LayerSpec, kernel: SparseAttentionKernel) -> bool:
     """Whether the layer's prefill runs in its decode (absorbed MQA) form: MLA where the release says
     so for the model (Release.sparse_attention_kernel: DeepSeek-V3.2's sparse MLA up to 0.26)."""
-    attn = layer.attn
     return kernel.absorbed_mla_prefill and is_mla(layer)
 
 

@@ -192,19 +192,25 @@ def _engine_args(s: Setup) -> dict:
     )  # fmt: skip
 
 
+def _harmony(s: Setup) -> bool:
+    """Whether the API server takes the model's chat requests by its harmony path: gpt-oss's are
+    rendered by openai_harmony and their output parsed by its streaming parser (vLLM's
+    serving_chat.py picks the path by model_type "gpt_oss", `use_harmony`), the others' go through
+    the chat template and the tokenizer."""
+    return s.arch.model_type == "gpt_oss"
+
+
 def frontend_intake(s: Setup) -> float:
-    """The API server's time to take one chat request in: gpt-oss's are rendered by openai_harmony
-    (vLLM's serving_chat.py picks that path by model_type "gpt_oss"), the others' by the chat
-    template and the tokenizer."""
+    """The API server's time to take one chat request in, on the model's chat path."""
     eff = s.step.eff
-    return eff.frontend_intake_harmony_s if s.arch.model_type == "gpt_oss" else eff.frontend_intake_s
+    return eff.frontend_intake_harmony_s if _harmony(s) else eff.frontend_intake_s
 
 
 def request_overhead(s: Setup) -> float:
-    """A request's time outside the engine that does not queue, added to its TTFT: by the API
-    server's path for the model's chat requests, as `frontend_intake`."""
+    """A request's time outside the engine that does not queue, added to its TTFT, on the
+    model's chat path."""
     eff = s.step.eff
-    return eff.request_overhead_harmony_s if s.arch.model_type == "gpt_oss" else eff.request_overhead_s
+    return eff.request_overhead_harmony_s if _harmony(s) else eff.request_overhead_s
 
 
 def run_key(s: Setup) -> tuple:
