@@ -106,13 +106,15 @@ def test_lengths_drawn_from_a_distribution_keep_their_means_and_vary() -> None:
     assert result.exit_code == 2 and "range ratio" in result.output
 
 
-def test_the_aiconfigurator_table_of_docs_planning_holds_the_models_figures() -> None:
-    """docs/planning.md sets prod's layout beside AIConfigurator at concurrency 4, 16, 64 and 128 (typed prose):
-    this model's column is what `python -m infra perf` prints for it today (mean TTFT and TPOT, output tokens/s per GPU)."""
+@pytest.mark.parametrize("page", ["docs/planning.md", "README.md"])
+def test_the_aiconfigurator_tables_hold_the_models_figures(page: str) -> None:
+    """docs/planning.md and the README set prod's layout beside AIConfigurator at concurrency 4, 16, 64 and 128
+    (typed prose): this model's column is what `python -m infra perf` prints for it today (mean TTFT and TPOT,
+    output tokens/s per GPU)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "planning.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
     rows = re.findall(r"^\| (\d+) \| ([\d,]+) / ([\d.]+), ([\d.]+) \| not covered \|", text, flags=re.M)
     assert [int(r[0]) for r in rows] == [4, 16, 64, 128]
     out = _perf("--model", "deepseek-v4-pro", "--instance-type", "p5.48xlarge", "--nodes", "4", "--tp", "8", "--pp", "4",
