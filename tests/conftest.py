@@ -88,7 +88,7 @@ def shared_run_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
 SLOWEST_FILES = (
     "test_scan.py", "test_sweep.py", "test_changes.py", "test_preflight.py", "test_sla_plan.py",
     "test_requirements.py", "test_names.py", "test_perf_validation.py", "test_synth.py", "test_aiconfigurator.py",
-    "test_rayspec.py", "test_diff.py", "test_scan_aws.py", "test_staging.py",
+    "test_rayspec.py", "test_diff.py", "test_scan_aws.py", "test_staging.py", "test_perf_fit.py",
 )
 
 
