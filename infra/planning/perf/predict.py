@@ -125,28 +125,16 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         hop_over_network=srv.pp > 1 and srv.tp * srv.pp > hw.gpus_per_node,
         num_speculative_tokens=srv.num_speculative_tokens,
     )  # fmt: skip
-    pool = KVPool(num_blocks=ev.num_blocks, blocks_for=_blocks_for(ev), held_for=_held_for(ev))
-    return Setup(arch, hw, layout, knobs, ev, step, pool, srv)
+    return Setup(arch, hw, layout, knobs, ev, step, _pool(ev), srv)
 
 
-def _blocks_for(ev: Evaluation):
-    """Blocks one request holds with N tokens in the cache: each group's blocks at that
-    length (kv_cache.request_blocks), the sliding windows' in-flight allowance included."""
-    groups, adm, r = list(ev.kv.groups), ev.admission, ev.knobs.release
-
-    @lru_cache(maxsize=65536)
-    def blocks_for(tokens: int) -> int:
-        return kv_cache.request_blocks(groups, adm, release=r, max_len=max(1, tokens))
-
-    return blocks_for
-
-
-def _held_for(ev: Evaluation):
-    """Blocks one request holds with N tokens of which `in_flight` are being computed: as
-    `_blocks_for`, but a sliding window holds its window and those tokens only. vLLM frees the
-    blocks a window has passed at each allocate_slots (v1/core/single_type_kv_cache_manager.py
-    SlidingWindowManager.remove_skipped_blocks, called from kv_cache_manager.py allocate_slots;
-    0.11.0 and 0.34.0); the admission cap charges the window plus every token in flight.
+def _pool(ev: Evaluation) -> KVPool:
+    """The layout's KV blocks, and what one request holds with N tokens of which `in_flight`
+    are being computed: each group's blocks at that length (kv_cache.request_blocks), a sliding
+    window only its window and those tokens. vLLM frees the blocks a window has passed at each
+    allocate_slots (v1/core/single_type_kv_cache_manager.py SlidingWindowManager.remove_skipped_blocks,
+    called from kv_cache_manager.py allocate_slots; 0.11.0 and 0.34.0). Admission charges the
+    same count at its own tokens in flight (the planner's Admission.sliding_tokens).
     ASSUMPTION: 0.34 frees on the processed-token basis (less the tokens of steps still in
     flight, a few a batch with async scheduling or PP): left out, under a block."""
     groups, adm, r = list(ev.kv.groups), ev.admission, ev.knobs.release
@@ -155,7 +143,10 @@ def _held_for(ev: Evaluation):
     def held_for(tokens: int, in_flight: int) -> int:
         return kv_cache.request_blocks(groups, replace(adm, sliding_tokens=in_flight), release=r, max_len=max(1, tokens))
 
-    return held_for
+    def blocks_for(tokens: int) -> int:
+        return held_for(tokens, adm.sliding_tokens)
+
+    return KVPool(num_blocks=ev.num_blocks, blocks_for=blocks_for, held_for=held_for)
 
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
