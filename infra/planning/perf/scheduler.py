@@ -179,6 +179,7 @@ class _Engine:
             if n <= 0:  # e.g. a sync decode whose output has not returned yet
                 continue
             slots = n + lookahead
+            # self.held, its decode branch inlined: this loop runs for every scheduled request.
             need = (blocks[before + slots] if slots <= decoding else self.held(before + slots, slots)) - r.blocks
             if need < 0 and gives_back:  # remove_skipped_blocks: a sliding window's blocks it has passed go back
                 self.free -= need
