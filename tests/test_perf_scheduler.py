@@ -335,19 +335,6 @@ def test_lognormal_lengths_have_the_given_mean():
     assert sum(o for _, o in pairs) / len(pairs) == pytest.approx(200, rel=0.03)
 
 
-def test_sharegpt_lengths_keep_vllm_bench_bounds_and_the_printed_means():
-    """datasets.py ShareGPTDataset.sample skips pairs is_valid_sequence rejects (prompt or
-    output < 4, prompt > 1024, both > 2048): every draw is within them, and the kept pairs'
-    means are the row's printed means."""
-    pairs = Workload.sharegpt(217, 201, 0.8).sample(20000, seed=0)
-    assert all(4 <= i <= 1024 and o >= 4 and i + o <= 2048 for i, o in pairs)
-    assert sum(i for i, _ in pairs) / len(pairs) == pytest.approx(217, rel=0.03)
-    assert sum(o for _, o in pairs) / len(pairs) == pytest.approx(201, rel=0.03)
-    assert Workload.sharegpt(217, 201, 0.8).sample(5, seed=1) == Workload.sharegpt(217, 201, 0.8).sample(5, seed=1)
-    # Unbounded, the same spread reaches past the bench's bounds.
-    assert max(i for i, _ in Workload.lognormal(217, 201, 0.8).sample(20000, seed=0)) > 1024
-
-
 def test_tpot_is_per_request_and_leaves_out_one_token_outputs():
     """benchmarks/serve.py calculate_metrics (0.10.2-0.13.0): TPOT = (latency - ttft) / (output - 1)
     per request with output > 1, mean over requests; throughput over the duration to the last token."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,6 +55,19 @@ def test_sla_misses_each_term():
     assert sla.misses(100.1, 10, 20) == ("ttft",)
     assert sla.misses(1, 10.1, 20.1) == ("tpot", "itl")
     assert perf.Sla(100, 10).misses(1, 1, 1e9) == ()  # no ITL term unless the SLA sets one
+
+
+def test_the_sharegpt_presets_lengths_are_the_datasets_and_its_spread_theirs():
+    """The preset draws ShareGPT's own pairs (perf/sharegpt.py), and the one spread figure it
+    carries (for the benchmark Job's uniform stand-in) is their std / mean, both lengths averaged."""
+    from infra.planning.perf import sharegpt
+
+    pairs = sharegpt.pairs()
+    cv = [statistics.pstdev(x) / statistics.fmean(x) for x in zip(*pairs)]
+    assert SHAREGPT.spread == pytest.approx(statistics.fmean(cv), abs=0.005) and SHAREGPT.spread > 1
+    assert SHAREGPT.workload().kind == "sharegpt"
+    sample = SHAREGPT.workload().sample(3000, seed=0)
+    assert statistics.fmean(o for _, o in sample) == pytest.approx(200, abs=0.5)
 
 
 def test_the_sharegpt_preset_is_the_mean_of_the_measured_sharegpt_runs():
@@ -454,7 +468,7 @@ def test_the_performance_json_carries_the_capacity_under_the_issues_names(small)
     j = perf.performance_json(cap)
     assert j["sla"] == {"ttft_p99_ms": 250, "tpot_p99_ms": 40, "itl_p99_ms": 1000}
     assert {k: j["workload"][k] for k in ("preset", "input_tokens", "output_tokens", "spread", "prefix_cache_hit_rate")} == {
-        "preset": "sharegpt", "input_tokens": 219, "output_tokens": 200, "spread": 0.8, "prefix_cache_hit_rate": 0.0}
+        "preset": "sharegpt", "input_tokens": 219, "output_tokens": 200, "spread": SHAREGPT.spread, "prefix_cache_hit_rate": 0.0}
     c, at = j["sla_capacity"], cap.at
     assert (c["concurrency"], c["requests_per_s"], c["binding"], c["ceiling"]) == (cap.concurrency, cap.requests_per_s, cap.binding, cap.ceiling)
     assert c["closed_loop_requests_per_s"] == at.requests_per_s
@@ -482,7 +496,7 @@ def test_each_missed_term_is_named_in_the_refusal(small):
 
 
 def test_workload_descriptions_presets_and_lengths():
-    assert SHAREGPT.describe() == "sharegpt: 219 input / 200 output tokens, spread 0.8"
+    assert SHAREGPT.describe() == "sharegpt: 219 input / 200 output tokens"
     assert perf.WorkloadSpec(2000, 100).describe() == "fixed: 2,000 input / 100 output tokens"
     assert perf.WorkloadSpec(2000, 100, 0.5, None, 0.25).describe() == (
         "lognormal: 2,000 input / 100 output tokens, spread 0.5, 25% of each prompt cached")
@@ -491,7 +505,8 @@ def test_workload_descriptions_presets_and_lengths():
     assert perf.WorkloadSpec.from_preset("sharegpt", 0.5).prefix_cache_hit_rate == 0.5
     from infra.planning.perf.workload import Workload
 
-    assert SHAREGPT.workload() == Workload.lognormal(219, 200, 0.8)
+    assert SHAREGPT.workload() == Workload.sharegpt(219, 200)
+    assert perf.WorkloadSpec(2000, 100, 0.5).workload() == Workload.lognormal(2000, 100, 0.5)
     assert perf.WorkloadSpec(10, 5).workload() == Workload.fixed(10, 5)
 
 

@@ -1,21 +1,26 @@
-"""ShareGPT lengths as `vllm bench serve --dataset-name sharegpt` keeps them (infra/planning/perf/workload.py
-`Workload.sharegpt`).
+"""ShareGPT's lengths as `vllm bench serve --dataset-name sharegpt` keeps and sends them
+(infra/planning/perf/sharegpt.py and `Workload.sharegpt`).
 
 The reference is vLLM's own filter, transcribed below from vllm/benchmarks/datasets.py `is_valid_sequence`
 (defaults min_len=4, max_prompt_len=1024, max_total_len=2048; a pair is dropped when prompt_len < min_len,
-output_len < min_len, prompt_len > max_prompt_len or prompt_len + output_len > max_total_len). The lengths'
-law is checked with arithmetic of its own: a lognormal's coefficient of variation is its `spread`, and the kept
-pairs' sample means are the workload's means.
+output_len < min_len, prompt_len > max_prompt_len or prompt_len + output_len > max_total_len), and the ShareGPT
+rows of tests/fixtures/perf/measurements.jsonl: what the bench printed for 1,000 of the dataset's pairs under
+three models' tokenizers.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 
+from infra.planning.perf import sharegpt, workload
 from infra.planning.perf.workload import Workload
+
+ROWS = Path(__file__).parent / "fixtures/perf/measurements.jsonl"
 
 
 def is_valid_sequence(prompt_len: int, output_len: int, min_len: int = 4, max_prompt_len: int = 1024,
@@ -29,93 +34,113 @@ def is_valid_sequence(prompt_len: int, output_len: int, min_len: int = 4, max_pr
     return not (prompt_too_short or output_too_short or prompt_too_long or combined_too_long)
 
 
-def test_the_pairs_kept_are_the_ones_vllm_keeps():
+def _sharegpt_rows() -> list[dict]:
+    return [r for r in map(json.loads, ROWS.read_text().splitlines()) if r["lengths"] == "sharegpt"]
+
+
+def test_the_filter_is_vllms():
     """Every edge of vLLM's filter: 3 / 4 / 5 tokens, a prompt of 1023 / 1024 / 1025, a sum of 2047 / 2048 / 2049."""
-    w = Workload.sharegpt(217, 201, 0.8)
     prompts = (1, 3, 4, 5, 217, 1000, 1023, 1024, 1025, 2000)
     outputs = (1, 3, 4, 5, 201, 1022, 1023, 1024, 1025, 1026, 1044, 1045, 1046, 2044, 2045)
     for prompt, output in itertools.product(prompts, outputs):
-        assert w.keeps(prompt, output) == is_valid_sequence(prompt, output), (prompt, output)
-    # The three edges, explicitly: the smallest pair kept, the longest prompt, the longest pair.
-    assert w.keeps(4, 4) and not w.keeps(3, 4) and not w.keeps(4, 3)
-    assert w.keeps(1024, 1024) and not w.keeps(1025, 4) and not w.keeps(1024, 1025)
+        assert sharegpt.keeps(prompt, output) == is_valid_sequence(prompt, output), (prompt, output)
 
 
-def test_each_bound_applies_on_its_own():
-    """A bound left at 0 is none; each set bound holds without the others."""
-    shortest = Workload("lognormal", 20, 20, spread=1.0, min_len=4).sample(2000, seed=0)
-    assert min(min(p) for p in shortest) >= 4
-    prompts = Workload("lognormal", 300, 100, spread=1.0, max_input=600).sample(2000, seed=0)
-    assert max(i for i, _ in prompts) <= 600
-    totals = Workload("lognormal", 500, 500, spread=1.0, max_total=1500).sample(2000, seed=0)
-    assert max(i + o for i, o in totals) <= 1500
-    # Unbounded, the same laws go past each of them.
-    unbounded = Workload.lognormal(20, 20, 1.0).sample(2000, seed=0)
-    assert min(min(p) for p in unbounded) < 4 and max(i for i, _ in Workload.lognormal(300, 100, 1.0).sample(2000, seed=0)) > 600
-    assert max(i + o for i, o in Workload.lognormal(500, 500, 1.0).sample(2000, seed=0)) > 1500
+def test_every_pair_in_the_data_is_one_vllm_keeps():
+    pairs = sharegpt.pairs()
+    assert len(pairs) > 10_000
+    assert all(is_valid_sequence(p, o) for p, o in pairs)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 100])
+def test_the_datas_means_are_those_the_bench_printed_for_sharegpt():
+    """The measured rows printed 215-219 input and 194-201 output tokens a request for their 1,000 pairs (three
+    tokenizers); the pairs here, under DeepSeek's, average within 5% of the rows' mean."""
+    rows = _sharegpt_rows()
+    assert len(rows) >= 30
+    pairs = sharegpt.pairs()
+    assert statistics.fmean(p for p, _ in pairs) == pytest.approx(statistics.fmean(r["isl"] for r in rows), rel=0.05)
+    assert statistics.fmean(o for _, o in pairs) == pytest.approx(statistics.fmean(r["osl"] for r in rows), rel=0.05)
+
+
+def test_extract_reads_a_dataset_cut_short_and_keeps_what_vllm_keeps():
+    """The wheel's copy of the dataset stops mid-conversation: the whole conversations before the cut are read;
+    single-turn ones are skipped (ShareGPTDataset.load_data); pairs outside vLLM's bounds are dropped."""
+    entries = [
+        {"id": "a", "conversations": [{"from": "human", "value": "p" * 10}, {"from": "gpt", "value": "r" * 20}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "only one turn"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "p" * 3}, {"from": "gpt", "value": "r" * 20}]},
+        {"id": "d", "conversations": [{"from": "human", "value": "p" * 1024}, {"from": "gpt", "value": "r" * 1024}]},
+        {"id": "e", "conversations": [{"from": "human", "value": "p" * 1024}, {"from": "gpt", "value": "r" * 1025}]},
+        {"id": "f", "conversations": [{"from": "human", "value": "cut"}, {"from": "gpt", "value": "in the mid"}]},
+    ]
+    text = json.dumps(entries, indent=2)
+    cut = text[: text.index('"id": "f"') + 12]  # inside the last conversation
+
+    def encode(texts):  # one token a character
+        return [len(t) for t in texts]
+
+    out = sharegpt.extract(cut, encode)
+    assert out == {"conversations_read": 4, "pairs": [[10, 20], [1024, 1024]]}
+    assert sharegpt.extract(text, encode)["conversations_read"] == 5  # whole, the last is read too
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
 def test_a_benchmark_of_n_prompts_sends_n(n):
-    """--num-prompts n: n requests, however many pairs the filter skipped on the way."""
-    assert len(Workload.sharegpt(217, 201, 0.8).sample(n, seed=3)) == n
+    assert len(Workload.sharegpt(217, 201).sample(n, seed=3)) == n
 
 
-def test_no_spread_is_the_means_themselves():
-    assert Workload.sharegpt(217, 201, 0.0).sample(50, seed=0) == [(217, 201)] * 50
+def test_a_sample_has_the_means_it_is_given_and_the_datas_shape():
+    """Scaled to the means (each length rounded, so within a token); the spread and the shortest replies are the
+    data's: a quarter of ShareGPT's replies are under about 26 tokens, which no lognormal of spread 0.8 gives."""
+    sample = Workload.sharegpt(217, 201).sample(2000, seed=0)
+    ins, outs = [p for p, _ in sample], [o for _, o in sample]
+    assert statistics.fmean(ins) == pytest.approx(217, abs=0.5)
+    assert statistics.fmean(outs) == pytest.approx(201, abs=0.5)
+    assert statistics.pstdev(outs) / statistics.fmean(outs) > 0.9
+    assert sorted(outs)[len(outs) // 4] < 40
+    lognormal = sorted(o for _, o in Workload.lognormal(217, 201, 0.8).sample(2000, seed=0))
+    assert lognormal[len(lognormal) // 4] > 80
 
 
-def test_the_spread_is_std_over_mean():
-    """Far from every bound (the prompt bound is 12 sigma above a mean of 300 at spread 0.1), the kept lengths are the
-    lognormal's: std / mean = spread."""
-    pairs = Workload.sharegpt(300, 300, 0.1).sample(20000, seed=0)
-    for lengths in ([i for i, _ in pairs], [o for _, o in pairs]):
-        assert statistics.pstdev(lengths) / statistics.fmean(lengths) == pytest.approx(0.1, rel=0.1)
+def test_the_seed_chooses_the_requests_and_a_sample_is_the_start_of_a_longer_one():
+    """ShareGPTDataset shuffles the dataset with its seed and takes pairs in turn: the same seed gives the same
+    requests, a larger --num-prompts adds to them (before scaling), another seed gives others."""
+    order = workload._sharegpt_order(0)
+    assert sorted(order) == sorted(sharegpt.pairs()) and order != list(sharegpt.pairs())
+    assert Workload.sharegpt(217, 201).sample(500, seed=5) == Workload.sharegpt(217, 201).sample(500, seed=5)
+    assert Workload.sharegpt(217, 201).sample(500, seed=5) != Workload.sharegpt(217, 201).sample(500, seed=6)
+    # At the means the first 1,000 of seed 7's order have, the sample is those pairs.
+    first = workload._sharegpt_order(7)[:1000]
+    means = [round(statistics.fmean(x)) for x in zip(*first)]
+    thousand = Workload.sharegpt(*means).sample(1000, seed=7)
+    assert all(abs(a - p) <= 1 + 0.005 * p and abs(b - o) <= 1 + 0.005 * o for (a, b), (p, o) in zip(thousand, first))
 
 
-def test_the_kept_mean_holds_near_the_prompt_bound():
-    """A prompt mean of 700 under the 1,024-token bound: vLLM drops the longest prompts, so the lengths are drawn
-    around a higher centre for the prompts it keeps to average 700 (a lognormal centred on 700 and filtered would
-    keep a mean some 15% lower)."""
-    pairs = Workload.sharegpt(700, 100, 0.5).sample(20000, seed=0)
-    assert all(is_valid_sequence(i, o) for i, o in pairs)
-    assert statistics.fmean(i for i, _ in pairs) == pytest.approx(700, rel=0.02)
-    assert statistics.fmean(o for _, o in pairs) == pytest.approx(100, rel=0.02)
-    filtered = [(i, o) for i, o in Workload.lognormal(700, 100, 0.5).sample(20000, seed=0) if is_valid_sequence(i, o)]
-    assert statistics.fmean(i for i, _ in filtered) < 0.9 * 700
+def test_past_the_last_pair_the_bench_oversamples():
+    """datasets.py maybe_oversample_requests: n beyond the pairs repeats some of them."""
+    n = len(sharegpt.pairs()) + 500
+    sample = Workload.sharegpt(222, 202).sample(n, seed=1)
+    assert len(sample) == n
+    assert len(set(sample[-500:]) - set(sample[:-500])) < 500
 
 
-def test_the_kept_mean_holds_near_the_four_token_floor():
-    """Replies of 16 tokens on average: vLLM drops those under 4 tokens, a sizeable share of such a law, and the
-    replies it keeps still average 16. Within 4%: lengths are whole tokens (a draw of 3.6 is kept as 4), which the
-    centring, taking the floor as a continuous bound, does not model (the kept mean runs about 2% low here)."""
-    pairs = Workload.sharegpt(217, 16, 0.8).sample(20000, seed=0)
-    assert min(o for _, o in pairs) == 4
-    assert statistics.fmean(o for _, o in pairs) == pytest.approx(16, rel=0.04)
+def test_the_orders_kept_per_process_are_bounded(monkeypatch):
+    monkeypatch.setattr(workload, "_SHAREGPT_ORDERS", {})
+    for seed in range(3 * workload._DRAWN_MAX):
+        Workload.sharegpt(100, 100).sample(10, seed)
+        assert len(workload._SHAREGPT_ORDERS) <= workload._DRAWN_MAX
+    assert Workload.sharegpt(100, 100).sample(10, 0) == Workload.sharegpt(100, 100).sample(10, 0)
 
 
-def test_the_kept_means_hold_at_a_wide_spread():
-    """std / mean 1.5: a skewed law (its median about half its mean), and
-    the kept pairs still average the given means."""
-    pairs = Workload.sharegpt(217, 201, 1.5).sample(20000, seed=0)
-    assert all(is_valid_sequence(i, o) for i, o in pairs)
-    assert statistics.fmean(i for i, _ in pairs) == pytest.approx(217, rel=0.03)
-    assert statistics.fmean(o for _, o in pairs) == pytest.approx(201, rel=0.03)
-
-
-@pytest.mark.parametrize("load", [Workload.sharegpt(220, 202, 1.2), Workload.lognormal(300, 150, 0.8)], ids=["bounded", "unbounded"])
-def test_a_sample_is_the_same_whatever_was_drawn_before_it(load, monkeypatch):
+@pytest.mark.parametrize("load", [Workload.lognormal(220, 202, 1.2), Workload.lognormal(300, 150, 0.8)])
+def test_a_lognormal_sample_is_the_same_whatever_was_drawn_before_it(load, monkeypatch):
     """A process keeps the pairs a seed gave (workload.py _lognormal_prefix); what it returns for
     (n, seed) is what a fresh process draws, whichever sizes and seeds were asked before."""
     import random
 
-    from infra.planning.perf import workload
-
     def fresh(n: int, seed: int) -> list[tuple[int, int]]:
         # Straight from a new generator: the definition the kept pairs must agree with.
         rng = random.Random(seed)
-        if load.bounded:
-            return load._bounded_lognormal(rng, n)
         return [(workload._lognormal(rng, load.input_len, load.spread), workload._lognormal(rng, load.output_len, load.spread))
                 for _ in range(n)]  # fmt: skip
 
@@ -129,9 +154,7 @@ def test_a_sample_is_the_same_whatever_was_drawn_before_it(load, monkeypatch):
     assert {seed: len(pairs) for (_, seed), (_, pairs) in workload._DRAWN.items()} == {0: 1500, 1: 700}
 
 
-def test_the_pairs_kept_per_process_are_bounded(monkeypatch):
-    from infra.planning.perf import workload
-
+def test_the_lognormal_pairs_kept_per_process_are_bounded(monkeypatch):
     monkeypatch.setattr(workload, "_DRAWN", {})
     loads = [Workload.lognormal(100 + i, 100, 0.5) for i in range(3 * workload._DRAWN_MAX)]
     sizes = []
@@ -140,3 +163,15 @@ def test_the_pairs_kept_per_process_are_bounded(monkeypatch):
         sizes.append(len(workload._DRAWN))
     assert max(sizes) == workload._DRAWN_MAX and min(sizes[workload._DRAWN_MAX:]) >= 1
     assert loads[0].sample(10, 0) == Workload.lognormal(100, 100, 0.5).sample(10, 0)
+
+
+def test_what_write_puts_down_is_what_pairs_reads(tmp_path, monkeypatch):
+    """bin/sharegpt-lengths writes extract's pairs with write; the planner reads them with pairs()."""
+    monkeypatch.setattr(sharegpt, "DATA", tmp_path / "data" / "pairs.json")
+    sharegpt.pairs.cache_clear()
+    try:
+        sharegpt.write({"conversations_read": 3, "pairs": [[10, 20], [1024, 1024], [4, 4]]})
+        assert sharegpt.pairs() == ((10, 20), (1024, 1024), (4, 4))
+        assert json.loads(sharegpt.DATA.read_text())["conversations_read"] == 3
+    finally:
+        sharegpt.pairs.cache_clear()

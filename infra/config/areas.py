@@ -461,8 +461,8 @@ class WorkloadConfig(_Area):
 
     preset: Optional[Literal[tuple(PRESETS)]] = Field(  # type: ignore[valid-type]
         default="sharegpt",
-        description="A named length distribution (`sharegpt`: 219 input / 200 output tokens on average, lognormal; "
-        "infra/planning/performance.py cites where from); null = the lengths below.",
+        description="A named length distribution (`sharegpt`: the ShareGPT dataset's own pairs, 219 input / 200 output "
+        "tokens on average; infra/planning/perf/sharegpt.py cites where from); null = the lengths below.",
     )
     input_tokens: Optional[int] = Field(
         default=None, ge=1, le=16_777_216, description="Mean input tokens per request (with preset null)."

@@ -18,21 +18,31 @@ Little's law over the measured requests: concurrency / mean end-to-end latency.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 
 from infra.errors import UserError
-from infra.planning.perf import predict
+from infra.planning.perf import predict, sharegpt
 from infra.planning.perf.workload import Workload, latency_ms
 
 # ShareGPT as `vllm bench serve --dataset-name sharegpt` sends it (ShareGPT_V3_unfiltered_
-# cleaned_split): mean input and output tokens over the 47 ShareGPT rows of
-# tests/fixtures/perf/measurements.jsonl (printed totals / successful requests; each row
-# cites its source), 219.4 and 200.4. ASSUMPTION: lognormal lengths with std / mean 0.8
-# around them (the sources print totals only; the dataset is not in the repo).
+# cleaned_split): the dataset's own pairs (perf/sharegpt.py, counted with DeepSeek's
+# tokenizer), scaled to the mean input and output tokens of the 47 ShareGPT rows of
+# tests/fixtures/perf/measurements.jsonl (printed totals / successful requests under
+# three models' tokenizers; each row cites its source), 219.4 and 200.4: the pairs' own
+# means, 222 and 202, are one tokenizer's.
 SHAREGPT_INPUT_TOKENS = 219
 SHAREGPT_OUTPUT_TOKENS = 200
-SHAREGPT_SPREAD = 0.8
-PRESETS = {"sharegpt": (SHAREGPT_INPUT_TOKENS, SHAREGPT_OUTPUT_TOKENS, SHAREGPT_SPREAD)}
+PRESETS = {"sharegpt": (SHAREGPT_INPUT_TOKENS, SHAREGPT_OUTPUT_TOKENS)}
+
+
+def sharegpt_spread() -> float:
+    """The pairs' std / mean, both lengths' averaged (1.08): the one figure of their spread that
+    what takes one needs (the benchmark Job's uniform stand-in, benchmark_load)."""
+    pairs = sharegpt.pairs()
+    cv = [statistics.pstdev(x) / statistics.fmean(x) for x in ([p for p, _ in pairs], [o for _, o in pairs])]
+    return round(statistics.fmean(cv), 2)
+
 
 # Requests a closed-loop point measures beyond its warm-up and drain (each `concurrency`
 # long): at least MIN_MEASURED, and MEASURED_PER_SLOT per concurrent request.
@@ -79,17 +89,19 @@ class WorkloadSpec:
     def from_preset(cls, name: str, prefix_cache_hit_rate: float = 0.0) -> "WorkloadSpec":
         if name not in PRESETS:
             raise UserError(f"unknown workload preset {name!r}; known: {', '.join(PRESETS)}")
-        i, o, s = PRESETS[name]
-        return cls(i, o, s, name, prefix_cache_hit_rate)
+        i, o = PRESETS[name]
+        return cls(i, o, sharegpt_spread(), name, prefix_cache_hit_rate)
 
     def workload(self) -> Workload:
+        if self.preset == "sharegpt":
+            return Workload.sharegpt(self.input_tokens, self.output_tokens)
         if self.spread:
             return Workload.lognormal(self.input_tokens, self.output_tokens, self.spread)
         return Workload.fixed(self.input_tokens, self.output_tokens)
 
     def describe(self) -> str:
         what = self.preset or ("lognormal" if self.spread else "fixed")
-        spread = f", spread {self.spread:g}" if self.spread else ""
+        spread = f", spread {self.spread:g}" if self.spread and not self.preset else ""
         hit = f", {self.prefix_cache_hit_rate:.0%} of each prompt cached" if self.prefix_cache_hit_rate else ""
         return f"{what}: {self.input_tokens:,} input / {self.output_tokens:,} output tokens{spread}{hit}"
 

@@ -43,15 +43,6 @@ MODELS = {
     "Qwen/Qwen3-8B": "models/Qwen--Qwen3-8B.json",
 }
 
-# ShareGPT lengths (vllm bench serve --dataset-name sharegpt): the pairs the bench keeps
-# (workload.Workload.sharegpt: datasets.py ShareGPTDataset.sample and is_valid_sequence of
-# the rows' releases) around the row's printed means. ASSUMPTION: lognormal with a spread
-# (std / mean, not the sigma of the log) of 0.8 within those bounds; the sources print only
-# the totals, and the dataset itself is not in the repo. Re-fitting the serving figures at
-# 0.5, 1.2 and 1.6 instead gives the fit rows' loss 0.049, 0.058 and 0.059 (0.052 here) and
-# validation medians within 3 points of these, none meeting the targets (docs/planning.md).
-SHAREGPT_SPREAD = 0.8
-
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
 # The issue's targets on the validation rows: median |error| and the worst ratio.
 TARGETS = {"ttft_ms": 0.30, "tpot_ms": 0.15, "output_tokens_per_s": 0.15}
@@ -121,7 +112,7 @@ def row_setup(row: dict, root: Path, eff: Efficiency = DEFAULT) -> predict.Setup
 def row_workload(row: dict) -> Workload:
     isl, osl = max(1, round(row["isl"])), max(1, round(row["osl"]))
     if row["lengths"] == "sharegpt":
-        return Workload.sharegpt(isl, osl, SHAREGPT_SPREAD)
+        return Workload.sharegpt(isl, osl)  # ShareGPT's own pairs at the row's printed means
     return Workload.fixed(isl, osl)
 
 

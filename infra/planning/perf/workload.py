@@ -3,9 +3,8 @@ times, the concurrency limit, and the metrics it reports.
 
 - Lengths: fixed, integer-uniform around a mean (`--random-range-ratio`, as
   benchmarks/datasets/utils.py get_sampling_params draws them for RandomDataset),
-  lognormal from a mean and a spread (optionally kept within the bounds `vllm bench serve`
-  keeps ShareGPT pairs within, `Workload.sharegpt`), or (input, output) pairs from a
-  JSON-lines file.
+  lognormal from a mean and a spread, ShareGPT's own pairs (`Workload.sharegpt`,
+  sharegpt.py), or (input, output) pairs from a JSON-lines file.
 - Send times of an open loop: benchmarks/serve.py get_request (burstiness 1, a Poisson
   process): cumulative exponential gaps, rescaled so the last request is sent at
   exactly num_prompts / rate.
@@ -23,8 +22,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from infra.errors import UserError
+from infra.planning.perf import sharegpt
 
-KINDS = ("fixed", "uniform", "lognormal", "pairs")
+KINDS = ("fixed", "uniform", "lognormal", "sharegpt", "pairs")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class Workload:
 
     `kind` says how lengths are drawn: "fixed" (input_len, output_len), "uniform"
     (range_ratio around them), "lognormal" (means input_len, output_len and
-    coefficient of variation `spread` = std / mean) or "pairs" (the given pairs, in order).
+    coefficient of variation `spread` = std / mean), "sharegpt" (ShareGPT's pairs scaled
+    to the means input_len, output_len) or "pairs" (the given pairs, in order).
     """
 
     kind: str = "fixed"
@@ -42,11 +43,6 @@ class Workload:
     range_ratio: float = 0.0
     spread: float = 0.0
     pairs: tuple[tuple[int, int], ...] = ()
-    # Lognormal only: the pairs a benchmark keeps (0: no bound), as datasets.py
-    # is_valid_sequence keeps ShareGPT pairs; the means are those of the kept pairs.
-    min_len: int = 0
-    max_input: int = 0
-    max_total: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -74,24 +70,13 @@ class Workload:
         return cls("lognormal", input_mean, output_mean, spread=spread)
 
     @classmethod
-    def sharegpt(cls, input_mean: int, output_mean: int, spread: float) -> Workload:
-        """ShareGPT as `vllm bench serve --dataset-name sharegpt` samples it (vLLM 0.10.2, 0.11.0
-        and 0.13.0 alike: vllm/benchmarks/datasets.py ShareGPTDataset.sample): each conversation's
-        first turn is the prompt and its reply's token count the request's max_tokens, and a pair
-        is skipped unless is_valid_sequence(prompt_len, output_len) holds: prompt and output at
-        least 4 tokens (min_len), the prompt at most 1024 (max_prompt_len), both together at most
-        2048 (max_total_len). Lognormal around the kept pairs' means, within those bounds."""
-        return cls("lognormal", input_mean, output_mean, spread=spread, min_len=SHAREGPT_MIN_LEN,
-                   max_input=SHAREGPT_MAX_PROMPT, max_total=SHAREGPT_MAX_TOTAL)  # fmt: skip
-
-    @property
-    def bounded(self) -> bool:
-        return bool(self.min_len or self.max_input or self.max_total)
-
-    def keeps(self, prompt: int, output: int) -> bool:
-        """datasets.py is_valid_sequence with this workload's bounds (0: none)."""
-        return (prompt >= self.min_len and output >= self.min_len and not (self.max_input and prompt > self.max_input)
-                and not (self.max_total and prompt + output > self.max_total))  # fmt: skip
+    def sharegpt(cls, input_mean: int, output_mean: int) -> Workload:
+        """ShareGPT as `vllm bench serve --dataset-name sharegpt` sends it: the pairs its
+        ShareGPTDataset keeps (sharegpt.py), shuffled with the seed and taken in turn, each
+        length scaled so that the sample's means are these (its model's tokenizer counts a
+        few percent apart from the pairs' DeepSeek one). vLLM shuffles the whole dataset with
+        its seed: the same law, not the same requests."""
+        return cls("sharegpt", input_mean, output_mean)
 
     @classmethod
     def from_jsonl(cls, path: str) -> Workload:
@@ -108,6 +93,8 @@ class Workload:
             return [(rng.randint(*ins), max(1, rng.randint(*outs))) for _ in range(n)]
         if self.kind == "lognormal":
             return self._lognormal_prefix(n, seed)
+        if self.kind == "sharegpt":
+            return self._sharegpt(n, seed)
         # A custom dataset is taken in file order; when it is shorter than n,
         # datasets.py maybe_oversample_requests adds random.choices of it.
         pairs = list(self.pairs[:n])
@@ -122,64 +109,42 @@ class Workload:
             _DRAWN.clear()
         rng, drawn = _DRAWN.setdefault((self, seed), (random.Random(seed), []))
         if len(drawn) < n:
-            more = n - len(drawn)
-            if self.bounded:
-                drawn.extend(self._bounded_lognormal(rng, more))
-            else:
-                drawn.extend((_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread))
-                             for _ in range(more))  # fmt: skip
+            drawn.extend((_lognormal(rng, self.input_len, self.spread), _lognormal(rng, self.output_len, self.spread))
+                         for _ in range(n - len(drawn)))  # fmt: skip
         return drawn[:n]
 
-    def _bounded_lognormal(self, rng: random.Random, n: int) -> list[tuple[int, int]]:
-        """n pairs drawn as ShareGPTDataset.sample takes them: in turn, skipping those the bounds
-        reject. Each length's lognormal is centred so that the mean of the draws kept within its
-        own bounds is the given mean (the bound on the sum, rarely reached, is left to skipping)."""
-        sigma = math.sqrt(math.log1p(self.spread * self.spread))
-        hi_in = self.max_input or math.inf
-        hi_out = (self.max_total - self.min_len) if self.max_total else math.inf
-        mu_in = _truncated_mu(self.input_len, sigma, self.min_len, hi_in)
-        mu_out = _truncated_mu(self.output_len, sigma, self.min_len, hi_out)
-        out: list[tuple[int, int]] = []
-        while len(out) < n:
-            pair = (max(1, round(rng.lognormvariate(mu_in, sigma))), max(1, round(rng.lognormvariate(mu_out, sigma))))
-            if self.keeps(*pair):
-                out.append(pair)
-        return out
+    def _sharegpt(self, n: int, seed: int) -> list[tuple[int, int]]:
+        """The first n of the seed's order of the pairs (datasets.py maybe_oversample_requests
+        draws random.choices of them past the last), scaled to the means."""
+        order = _sharegpt_order(seed)
+        taken = order[:n]
+        if n > len(order):
+            taken += random.Random(seed).choices(order, k=n - len(order))
+        if not taken:
+            return []
+        scale_in = self.input_len * len(taken) / sum(p for p, _ in taken)
+        scale_out = self.output_len * len(taken) / sum(o for _, o in taken)
+        return [(max(1, round(p * scale_in)), max(1, round(o * scale_out))) for p, o in taken]
 
 
 # Workload._lognormal_prefix: (workload, seed) -> (its generator, the pairs drawn so far), a few per process.
 _DRAWN: dict[tuple[Workload, int], tuple[random.Random, list[tuple[int, int]]]] = {}
 _DRAWN_MAX = 16
 
-# vllm/benchmarks/datasets.py is_valid_sequence defaults (the same in 0.10.2, 0.11.0, 0.13.0).
-SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+
+def _sharegpt_order(seed: int) -> list[tuple[int, int]]:
+    """ShareGPT's pairs shuffled with the seed (datasets.py ShareGPTDataset.load_data shuffles
+    the dataset with its seed), kept per seed: a search samples one seed at many sizes."""
+    order = _SHAREGPT_ORDERS.get(seed)
+    if order is None:
+        if len(_SHAREGPT_ORDERS) >= _DRAWN_MAX:
+            _SHAREGPT_ORDERS.clear()
+        order = _SHAREGPT_ORDERS[seed] = list(sharegpt.pairs())
+        random.Random(seed).shuffle(order)
+    return order
 
 
-def _truncated_mu(mean: float, sigma: float, low: float, high: float) -> float:
-    """mu of a lognormal(mu, sigma) whose draws within [low, high] have the given mean
-    (bisection on the closed form of the truncated lognormal's mean)."""
-    if sigma == 0:
-        return math.log(mean)
-
-    def phi(x: float) -> float:
-        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-
-    def kept_mean(mu: float) -> float:
-        a = (math.log(max(low, 1e-9)) - mu) / sigma
-        b = (math.log(high) - mu) / sigma if math.isfinite(high) else math.inf
-        mass = phi(b) - phi(a)
-        if mass <= 1e-12:
-            return low if a > 0 else high
-        return math.exp(mu + sigma * sigma / 2) * (phi(b - sigma) - phi(a - sigma)) / mass
-
-    lo, hi = math.log(mean) - 10 * sigma - 10, math.log(mean) + 10 * sigma + 10
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if kept_mean(mid) < mean:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+_SHAREGPT_ORDERS: dict[int, list[tuple[int, int]]] = {}
 
 
 def _uniform_bounds(mean: int, ratio: float) -> tuple[int, int]:
