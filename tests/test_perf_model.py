@@ -231,7 +231,9 @@ def test_an_mla_models_decode_step_takes_at_least_its_layers_measured_attention_
     128 tokens of context: tests/fixtures/perf/kernels/mla_decode_h200_sxm.csv, a table
     the constants are not fitted on). The step holds those and its MoE and all-reduces
     too, and each MLA layer pays the module's fitted floor once, with CUDA graphs or
-    without (the rest of the module's time is its kernels' floors and reads)."""
+    without (the rest of the module's time is its kernels' floors and reads), and its time
+    per decoding sequence (16 heads a rank) for each sequence decoding: a prefill chunk's
+    tokens do not pay it."""
     from pathlib import Path
 
     from infra.planning.perf.calibrate import read
@@ -244,12 +246,18 @@ def test_an_mla_models_decode_step_takes_at_least_its_layers_measured_attention_
     assert st.stages[0].mla_layers == 61 and _setup("qwen3-235b-a22b", tp=8).step.stages[0].mla_layers == 0
     step = st.parts([128], [], 1)[0].total_s
     assert step - DEFAULT.seq_overhead_s >= 61 * module
-    # Each MLA layer pays the module's floor once, inside or outside a CUDA graph.
-    plain = StepModel([replace(stage, mla_layers=0) for stage in st.stages], st.hw, tp=8, eff=st.eff,
+    # Each MLA layer pays the module's floor once, inside or outside a CUDA graph, and its time
+    # per sequence for each decoding one.
+    assert st.stages[0].mla_heads == 61 * 16
+    plain = StepModel([replace(stage, mla_layers=0, mla_heads=0) for stage in st.stages], st.hw, tp=8, eff=st.eff,
                       async_scheduling=st.async_scheduling, graph_max_tokens=st.graph_max_tokens)  # fmt: skip
-    for contexts, prefills in (([128], []), ([], [(st.graph_max_tokens + 1, 0)])):
-        added = st.parts(contexts, prefills, 1)[0].total_s - plain.parts(contexts, prefills, 1)[0].total_s
-        assert added == pytest.approx(61 * DEFAULT.mla_floor_s, rel=1e-6)
+    per_seq = 61 * (DEFAULT.mla_seq_s + 16 * DEFAULT.mla_seq_head_s)
+    for contexts, prefills, decoding in (([128], [], 1), ([128] * 40, [], 40), ([], [(st.graph_max_tokens + 1, 0)], 0)):
+        for parts in (st.parts, st.stage_seconds):
+            total = parts(contexts, prefills, 1)[0]
+            base = (plain.parts if parts == st.parts else plain.stage_seconds)(contexts, prefills, 1)[0]
+            added = getattr(total, "total_s", total) - getattr(base, "total_s", base)
+            assert added == pytest.approx(61 * DEFAULT.mla_floor_s + decoding * per_seq, rel=1e-6), (len(contexts), prefills)
 
 
 def test_async_scheduling_hides_the_cpu_step_behind_the_gpu_but_not_the_time_per_sequence() -> None:

@@ -23,10 +23,11 @@ Each fit is one named physical figure:
   SM 9.0), from the SGLang port's INT4 table in the same wheel, at the n_half of A100's own
   fused-MoE fit; and `gemm_weight_only` (dense FP8 / INT4 weights, Marlin there) that share of
   the bf16 GEMM ceiling;
-- `mla_floor_s`: vLLM's whole MLA attention module in decode (projections, latent norm,
-  absorbed BMMs, the MLA kernel, o_proj; timed in a CUDA graph) at its smallest reads,
+- `mla_floor_s`, `mla_seq_s`, `mla_seq_head_s`: vLLM's whole MLA attention module in decode
+  (projections, latent norm, absorbed BMMs, the MLA kernel, o_proj; timed in a CUDA graph)
   beyond reading its weights and latent cache and the kernel and attention floors the
-  model already charges the module;
+  model already charges the module: a floor a layer, and a time per decoding sequence
+  and per sequence and head (at short contexts, 1-256 sequences, 16-128 heads);
 - `allreduce_latency_s`, `allreduce_bw`: vLLM's custom all-reduce in a CUDA graph at
   <= 16 KB, and NCCL's bus bandwidth at >= 64 MB over NVLink per direction.
 """
@@ -191,18 +192,39 @@ def mla_module_bytes(heads: int) -> float:
     return fp8 + 2 * bf16
 
 
+MLA_SEQ_MAX_CONTEXT = 512  # fit_mla's rows: contexts this short, where the cache reads are small
+
+
 def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: float, gpu) -> dict:
-    """The module's time at batch x context <= 4,096 (bf16 latent cache, FP8 block GEMMs,
-    every head count) less its reads at `hbm` and the fixed costs the step model already
-    charges an MLA layer's attention (ops.MLA_MODULE_KERNELS kernel floors and one decode
-    attention floor): the median of what is left."""
+    """The module's time (bf16 latent cache, FP8 block GEMMs) less its reads at `hbm` and the
+    fixed costs the step model already charges an MLA layer's attention (ops.MLA_MODULE_KERNELS
+    kernel floors and one decode attention floor), at contexts up to MLA_SEQ_MAX_CONTEXT and
+    every batch (1-256) and head count (16, 32, 128) the table has: what is left grows with the
+    batch, and faster with more heads. Least squares on floor + batch x (per_seq + heads x
+    per_head): `mla_floor_s` a layer, `mla_seq_s` and `mla_seq_head_s` a decoding token."""
     bw = gpu.hbm_bandwidth_bytes_per_s * hbm
-    left = [
-        r["latency_us"] * 1e-6 - (mla_module_bytes(int(r["heads"])) + r["batch"] * r["context_len"] * MLA_V3_CACHE_BYTES) / bw
-        - MLA_MODULE_KERNELS * kernel_floor - attention_floor
-        for r in rows if r["kv_cache_dtype"] == "bfloat16" and r["gemm_type"] == "fp8_block" and r["batch"] * r["context_len"] <= 4096
+    points = [
+        (r["batch"], r["batch"] * r["heads"],
+         r["latency_us"] * 1e-6 - (mla_module_bytes(int(r["heads"])) + r["batch"] * r["context_len"] * MLA_V3_CACHE_BYTES) / bw
+         - MLA_MODULE_KERNELS * kernel_floor - attention_floor)
+        for r in rows if r["kv_cache_dtype"] == "bfloat16" and r["gemm_type"] == "fp8_block" and r["context_len"] <= MLA_SEQ_MAX_CONTEXT
     ]  # fmt: skip
-    return {"mla_floor_s": statistics.median(left)}
+    floor, per_seq, per_head = _least_squares([(1.0, b, bh) for b, bh, _ in points], [y for *_, y in points])
+    return {"mla_floor_s": floor, "mla_seq_s": per_seq, "mla_seq_head_s": per_head}
+
+
+def _least_squares(xs: list[tuple[float, ...]], ys: list[float]) -> list[float]:
+    """The coefficients minimising sum (y - c . x)^2: the normal equations, by Gauss-Jordan."""
+    n = len(xs[0])
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(n)] + [sum(x[i] * y for x, y in zip(xs, ys))] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] for i in range(n)]
 
 
 def fit_allreduce(rows: list[dict], gpu) -> dict:

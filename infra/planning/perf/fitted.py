@@ -55,12 +55,21 @@ class Efficiency:
     kernel_overhead_s: float = 2.08e-6
     # KERNEL-FITTED: vLLM's MLA attention module in decode, timed whole in a CUDA graph
     # (AIConfigurator's collector/vllm/collect_mla_module.py captures generation rows in a
-    # graph): its time at the smallest reads beyond its weights' and latent cache's reads,
-    # MLA_MODULE_KERNELS kernel floors and one attention floor. Paid once per MLA layer a
-    # step. ASSUMPTION: DeepSeek-V3.2's module (the same projections and an indexer; no
+    # graph): its time beyond its weights' and latent cache's reads, MLA_MODULE_KERNELS kernel
+    # floors and one attention floor, less the per-sequence terms below (the intercept of
+    # calibrate.fit_mla's fit). Paid once per MLA layer a step. ASSUMPTION: DeepSeek-V3.2's module (the same projections and an indexer; no
     # table of its own) pays it too. DeepSeek-V4's attention is not MLA here (ops.is_mla:
     # no latent expansion) and pays only its kernels' floors: no table covers it.
-    mla_floor_s: float = 49.2e-6
+    mla_floor_s: float = 50.7e-6
+    # KERNEL-FITTED: the same module's time per decoding sequence beyond its reads, and per sequence
+    # and query head on the rank (its table at contexts up to 512, 1-256 sequences, 16-128 heads:
+    # calibrate.fit_mla; H200's table gives 91.7 ns and 4.91 ns). At 16 heads a rank, 170 ns a
+    # sequence and layer: 10 ms a step for DeepSeek-R1's 61 layers at 1,000 sequences. ASSUMPTION:
+    # linear past the table's 256 sequences; paid by decoding tokens only (a prefill chunk's are
+    # one large batch of the same GEMMs); DeepSeek-V3.2's pays it at the heads it has, not the 64 its
+    # sparse kernel pads them to.
+    mla_seq_s: float = 91.9e-9
+    mla_seq_head_s: float = 4.89e-9
     # KERNEL-FITTED: vLLM's custom all-reduce in a CUDA graph at <= 16 KB, and NCCL's bus
     # bandwidth at >= 64 MB over TP 8, as a fraction of NVLink per direction.
     allreduce_latency_s: float = 4.59e-6
@@ -149,7 +158,7 @@ class Efficiency:
 
 KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
                  "moe_floor_s", "attention", "attention_floor_s", "attention_half_dim", "hbm", "kernel_overhead_s",
-                 "allreduce_latency_s", "allreduce_bw", "mla_floor_s")  # fmt: skip
+                 "allreduce_latency_s", "allreduce_bw", "mla_floor_s", "mla_seq_s", "mla_seq_head_s")  # fmt: skip
 FITTED_FIELDS = ("step_overhead_s", "request_overhead_s", "request_overhead_harmony_s")  # on the bounded-load fit rows
 # Then on the burst fit rows, the others held: what only a large batch or a queue shows
 # (at a bounded load a few sequences' time is small beside the GPU's step).

@@ -120,6 +120,9 @@ class StageOps:
     draft: "StageOps | None" = None  # the MTP layer(s) on the last stage
     kernels: int = 0  # kernels the stage's layers launch per step (layer_kernels)
     mla_layers: int = 0  # layers whose attention is vLLM's MLA module (is_mla): each pays mla_floor_s
+    # Their query heads on the rank, summed over those layers: each decoding token pays mla_seq_s a
+    # layer and mla_seq_head_s a head (fitted.py).
+    mla_heads: int = 0
 
 
 def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
@@ -337,6 +340,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
         kernels=sum(layer_kernels(layer) for layer in layers),
         mla_layers=sum(1 for layer in layers if is_mla(layer)),
+        mla_heads=sum(max(1, layer.attn.heads // tp) for layer in layers if is_mla(layer)),
     )
 
 

@@ -174,6 +174,10 @@ class StepModel:
         per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
         self._fixed_graphed = [s.kernels * per_kernel + s.mla_layers * eff.mla_floor_s for s in self.stages]
         self._fixed_eager = [fixed + s.layers * eager for fixed, s in zip(self._fixed_graphed, self.stages)]
+        # Each stage's time per decoding token in its MLA modules beyond their reads (their tables'
+        # per-sequence slope: the absorbed BMMs, rotary and norms of each query, per head and not).
+        self._mla_per_token = [s.mla_layers * eff.mla_seq_s + s.mla_heads * eff.mla_seq_head_s for s in self.stages]
+        self._has_mla = any(self._mla_per_token)
         self._vectors = []
         for w in self._weights:
             vector = [0.0] * len(keys)
@@ -210,6 +214,9 @@ class StepModel:
             unit[i] = (c if c >= m else m) + floor
         fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
         out = [base + sum(map(mul, vector, unit)) for base, vector in zip(fixed, self._vectors)]
+        if self._has_mla and n_decode:
+            decoding = n_decode * query_len
+            out = [t + per_token * decoding for t, per_token in zip(out, self._mla_per_token)]
         out[-1] += self._draft_seconds(decode_contexts)
         cpu = eff.step_overhead_s
         out[0] = (max(out[0], cpu) if self.async_scheduling else out[0] + cpu) + eff.seq_overhead_s * _emitted(n_decode, query_len, prefills)
@@ -277,6 +284,7 @@ class StepModel:
                 comm += weight * x
                 fixed += weight * f
             overhead = fixed + stage_fixed[i]
+            compute += self._mla_per_token[i] * n_decode * query_len
             gpu = compute + memory + comm + overhead
             if i == self.pp - 1:
                 gpu += self._draft_seconds(decode_contexts)
