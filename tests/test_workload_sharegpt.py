@@ -122,6 +122,7 @@ def test_past_the_last_pair_the_bench_oversamples():
     sample = Workload.sharegpt(222, 202).sample(n, seed=1)
     assert len(sample) == n
     assert len(set(sample[-500:]) - set(sample[:-500])) < 500
+    assert len(Workload.sharegpt(222, 202).sample(len(sharegpt.pairs()) + 1, seed=1)) == len(sharegpt.pairs()) + 1
 
 
 def test_the_orders_kept_per_process_are_bounded(monkeypatch):

@@ -214,12 +214,11 @@ def fit_mla(rows: list[dict], kernel_floor: float, attention_floor: float, hbm: 
 
 
 def _least_squares(xs: list[tuple[float, ...]], ys: list[float]) -> list[float]:
-    """The coefficients minimising sum (y - c . x)^2: the normal equations, by Gauss-Jordan."""
+    """The coefficients minimising sum (y - c . x)^2: the normal equations, by Gauss-Jordan (their
+    matrix is symmetric positive definite for independent columns: no pivot is ever zero)."""
     n = len(xs[0])
     a = [[sum(x[i] * x[j] for x in xs) for j in range(n)] + [sum(x[i] * y for x, y in zip(xs, ys))] for i in range(n)]
     for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        a[col], a[pivot] = a[pivot], a[col]
         for r in range(n):
             if r != col:
                 f = a[r][col] / a[col][col]
