@@ -106,6 +106,24 @@ def test_lengths_drawn_from_a_distribution_keep_their_means_and_vary() -> None:
     assert result.exit_code == 2 and "range ratio" in result.output
 
 
+def test_the_sharegpt_dataset_sends_sharegpts_own_lengths() -> None:
+    """--dataset sharegpt: the dataset's pairs (infra/planning/perf/sharegpt.py), at their own
+    means or scaled to --isl/--osl; their spread makes TPOTs differ (short replies see the
+    prefill-heavy steps); anything else beside it is one line and exit 2."""
+    from infra.planning.perf import sharegpt
+
+    base = ("--model", "qwen3-30b-a3b", "--gpu", "H100-SXM-80GB", "--concurrency", "8", "--num-prompts", "200")
+    for means, flags in ((sharegpt.means(), ()), ((400, 100), ("--isl", "400", "--osl", "100"))):
+        p = _perf(*base, "--dataset", "sharegpt", *flags)["points"][0]
+        mean_out = p["output_tokens_per_s"] * p["duration_s"] / 200
+        assert mean_out == pytest.approx(means[1], rel=0.02), flags
+        assert p["tpot_ms"]["p99"] > p["tpot_ms"]["p50"] and p["ttft_ms"]["p99"] > p["ttft_ms"]["p50"], flags
+    for extra, words in ((("--dataset", "random"), "not one of: sharegpt"), (("--dataset", "ShareGPT"), "not one of: sharegpt"), (("--dataset", "sharegpt", "--isl", "400"), "both --isl and --osl"),
+                         (("--dataset", "sharegpt", "--length-spread", "0.8"), "draws its own lengths")):  # fmt: skip
+        result = runner.invoke(app, ["perf", *base, *extra])
+        assert result.exit_code == 2 and words in result.output, extra
+
+
 @pytest.mark.parametrize("page", ["docs/planning.md", "README.md"])
 def test_the_aiconfigurator_tables_hold_the_models_figures(page: str) -> None:
     """docs/planning.md and the README set prod's layout beside AIConfigurator at concurrency 4, 16, 64 and 128

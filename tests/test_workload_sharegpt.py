@@ -60,6 +60,9 @@ def test_the_datas_means_are_those_the_bench_printed_for_sharegpt():
     pairs = sharegpt.pairs()
     assert statistics.fmean(p for p, _ in pairs) == pytest.approx(statistics.fmean(r["isl"] for r in rows), rel=0.05)
     assert statistics.fmean(o for _, o in pairs) == pytest.approx(statistics.fmean(r["osl"] for r in rows), rel=0.05)
+    # What `perf --dataset sharegpt` scales to without --isl/--osl: prompt first, then reply.
+    assert sharegpt.means() == (round(statistics.fmean(p for p, _ in pairs)), round(statistics.fmean(o for _, o in pairs)))
+    assert sharegpt.means()[0] > sharegpt.means()[1]
 
 
 def test_extract_reads_a_dataset_cut_short_and_keeps_what_vllm_keeps():

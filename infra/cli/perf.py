@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.errors import UserError
-from infra.planning.perf import predict, validate
+from infra.planning.perf import predict, sharegpt, validate
 from infra.planning.perf.hardware import hardware
 from infra.planning.perf.scheduler import SimResult
 from infra.planning.perf.workload import Workload
@@ -116,7 +116,8 @@ def perf(
     osl: Optional[int] = typer.Option(None, help="Output tokens per request."),
     workload: Optional[Path] = typer.Option(None, help='JSON lines of {"input_tokens": N, "output_tokens": M}.'),
     random_range_ratio: Optional[float] = typer.Option(None, "--random-range-ratio", help="Lengths uniform within ISL/OSL x (1 +- R), as vllm bench serve's random dataset."),
-    length_spread: Optional[float] = typer.Option(None, "--length-spread", help="Lengths lognormal around ISL/OSL with std / mean S (a ShareGPT-like spread)."),
+    length_spread: Optional[float] = typer.Option(None, "--length-spread", help="Lengths lognormal around ISL/OSL with std / mean S."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="sharegpt: ShareGPT's own lengths, as vllm bench serve --dataset-name sharegpt sends them (scaled to --isl/--osl if given)."),
     concurrency: Optional[str] = typer.Option(None, help="Closed loop at C requests in flight; a list (1,4,16,64) sweeps."),
     request_rate: Optional[str] = typer.Option(None, "--request-rate", help="Open loop, Poisson arrivals at R requests/s; a list sweeps."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help=f"Requests per point (default {PROMPTS_PER_CONCURRENCY} x C, at least {MIN_PROMPTS})."),
@@ -164,7 +165,16 @@ def perf(
         rates = _numbers(request_rate, float, "--request-rate")
         if bool(concurrencies) == bool(rates):
             raise UserError("give one of --concurrency C[,C...] or --request-rate R[,R...]")
-        if workload is not None:
+        if dataset is not None:
+            if dataset != "sharegpt":
+                raise UserError(f"--dataset {dataset!r} is not one of: sharegpt")
+            if workload is not None or random_range_ratio is not None or length_spread is not None:
+                raise UserError("--dataset sharegpt draws its own lengths: give no --workload, --random-range-ratio or --length-spread")
+            if bool(isl) != bool(osl) or (isl is not None and isl < 1) or (osl is not None and osl < 1):
+                raise UserError("with --dataset sharegpt give both --isl and --osl (the means to scale to, at least 1 each) or neither")
+            means = (isl, osl) if isl else sharegpt.means()
+            load = Workload.sharegpt(*means)
+        elif workload is not None:
             if isl or osl or random_range_ratio is not None or length_spread is not None:
                 raise UserError("give --workload FILE or --isl and --osl (with a spread), not both")
             load = Workload.from_jsonl(str(workload))

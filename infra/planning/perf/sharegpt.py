@@ -48,6 +48,12 @@ def pairs() -> tuple[tuple[int, int], ...]:
     return tuple((p, o) for p, o in json.loads(DATA.read_text())["pairs"])
 
 
+def means() -> tuple[int, int]:
+    """The pairs' mean prompt and reply tokens, rounded (222 and 202)."""
+    data = pairs()
+    return round(sum(p for p, _ in data) / len(data)), round(sum(o for _, o in data) / len(data))
+
+
 def conversations(text: str) -> list:
     """The whole conversations of a ShareGPT JSON array, also of one cut short (the wheel's
     copy is): everything up to the last complete top-level entry."""
