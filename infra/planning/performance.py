@@ -27,9 +27,9 @@ from infra.planning.perf.workload import Workload, latency_ms
 
 # ShareGPT as `vllm bench serve --dataset-name sharegpt` sends it (ShareGPT_V3_unfiltered_
 # cleaned_split): the dataset's own pairs (perf/sharegpt.py, counted with DeepSeek's
-# tokenizer), scaled to the mean input and output tokens of the 47 ShareGPT rows of
+# tokenizer), scaled to the mean input and output tokens of the 49 ShareGPT rows of
 # tests/fixtures/perf/measurements.jsonl (printed totals / successful requests under
-# three models' tokenizers; each row cites its source), 219.4 and 200.4: the pairs' own
+# three models' tokenizers; each row cites its source), 219.3 and 200.4: the pairs' own
 # means, 222 and 202, are one tokenizer's.
 SHAREGPT_INPUT_TOKENS = 219
 SHAREGPT_OUTPUT_TOKENS = 200

@@ -16,7 +16,7 @@ most 2,048). data/sharegpt_v3_pairs.json holds those pairs, in the file's order:
   its tokenizer_config adds no BOS, as V3's does not), counted as the bench counts
   (`tokenizer(text).input_ids`, nothing added).
 
-15,545 pairs: prompts average 222 tokens, replies 202 (the 47 ShareGPT rows of
+15,545 pairs: prompts average 222 tokens, replies 202 (the 49 ShareGPT rows of
 tests/fixtures/perf/measurements.jsonl, each 1,000 pairs under its model's tokenizer, print
 219 and 200 on average). The shape is far from a lognormal: a quarter of the replies are
 under 26 tokens and the longest near 1,900.

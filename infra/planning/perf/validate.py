@@ -41,6 +41,7 @@ MODELS = {
     "Qwen/Qwen3-32B": "models/Qwen--Qwen3-32B.json",
     "Qwen/Qwen3-32B-FP8": "models/Qwen--Qwen3-32B-FP8.json",
     "Qwen/Qwen3-8B": "models/Qwen--Qwen3-8B.json",
+    "Qwen/Qwen3-14B": "models/Qwen--Qwen3-14B.json",
 }
 
 METRICS = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
