@@ -18,7 +18,6 @@ Little's law over the measured requests: concurrency / mean end-to-end latency.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field, replace
 
 from infra.errors import UserError
@@ -34,15 +33,6 @@ from infra.planning.perf.workload import Workload, latency_ms
 SHAREGPT_INPUT_TOKENS = 219
 SHAREGPT_OUTPUT_TOKENS = 200
 PRESETS = {"sharegpt": (SHAREGPT_INPUT_TOKENS, SHAREGPT_OUTPUT_TOKENS)}
-
-
-def sharegpt_spread() -> float:
-    """The pairs' std / mean, both lengths' averaged (1.08): the one figure of their spread that
-    what takes one needs (the benchmark Job's uniform stand-in, benchmark_load)."""
-    pairs = sharegpt.pairs()
-    cv = [statistics.pstdev(x) / statistics.fmean(x) for x in ([p for p, _ in pairs], [o for _, o in pairs])]
-    return round(statistics.fmean(cv), 2)
-
 
 # Requests a closed-loop point measures beyond its warm-up and drain (each `concurrency`
 # long): at least MIN_MEASURED, and MEASURED_PER_SLOT per concurrent request.
@@ -90,7 +80,7 @@ class WorkloadSpec:
         if name not in PRESETS:
             raise UserError(f"unknown workload preset {name!r}; known: {', '.join(PRESETS)}")
         i, o = PRESETS[name]
-        return cls(i, o, sharegpt_spread(), name, prefix_cache_hit_rate)
+        return cls(i, o, sharegpt.spread(), name, prefix_cache_hit_rate)  # the preset's pairs' spread
 
     def workload(self) -> Workload:
         if self.preset == "sharegpt":

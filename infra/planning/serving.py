@@ -219,7 +219,7 @@ def vllm_args(
 #   benchmarks/mfu_step_cost.py times the wheel's own loop (taken by ast, vLLM not imported):
 #   0.3-0.8 us per scheduled request on a development machine (Python 3.11), 0.1 ms at 256
 #   requests, as much again with sliding-window layers. That is under 1% of the fitted
-#   97 us per token a step hands on (perf/fitted.py `seq_overhead_s`), below what
+#   69 us per token a step hands on (perf/fitted.py `seq_overhead_s`), below what
 #   the fit resolves (ASSUMPTION: the engine's CPU is of the same class): the performance
 #   model is left as is.
 # - The figures travel in `SchedulerStats.perf_stats` to the API server, where
