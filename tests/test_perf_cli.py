@@ -68,6 +68,8 @@ def test_prods_model_and_layout_with_concurrency_and_with_request_rate() -> None
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10"], "one of --concurrency"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--instance-type", "p5.48xlarge", "--isl", "10", "--osl", "10", "--concurrency", "1"], "one of --gpu"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--concurrency", "1"], "--isl"),
+        (["--fit", "--write-summary"], "--validate alone"),
+        (["--write-summary"], "--validate alone"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_status_2(args: list[str], message: str) -> None:

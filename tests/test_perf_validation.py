@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.catalog.models import load_model
-from infra.planning.perf import validate
+from infra.planning.perf import published_error, validate
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "perf"
 ROWS = validate.load_rows(ROOT / "measurements.jsonl")
@@ -60,6 +60,35 @@ def test_the_fit_rows_are_not_the_validation_rows(points) -> None:
     s = validate.summary(points)
     assert s["fit"]["points"] + s["validate"]["points"] == len(ROWS)
     assert set(validate.DEFAULT.fitted_on) <= {r["id"] for r in ROWS if r["role"] == "fit"}
+
+
+def test_the_errors_the_plan_quotes_are_what_the_validation_computes(points) -> None:
+    """The plan's `model error` line reads infra/planning/perf/data/validation_summary.json:
+    after a refit or a new row, `python -m infra perf --validate --write-summary` rewrites it."""
+    computed = published_error.record(validate.summary(points, ROWS))
+    assert published_error.load() == computed
+    validation = [p for p in points if p.role == "validate" and not p.refused]
+    assert computed["validate"]["points"] == len(validation)
+    deepseek = [p for p in validation if p.id.startswith(("gps-dsr1", "gps-dsv32"))]
+    assert computed["family:deepseek"]["points"] == len(deepseek) > 0
+    assert computed["family:deepseek"]["median_error"]["tpot_ms"] == round(validate.median_error(deepseek, "tpot_ms"), 4)
+
+
+def test_a_written_summary_reads_back_as_the_record_of_it(points, tmp_path) -> None:
+    path = tmp_path / "summary.json"
+    published_error.write(validate.summary(points, ROWS), path)
+    assert published_error.load(path) == published_error.record(validate.summary(points, ROWS))
+
+
+def test_the_plans_model_error_line_names_its_own_family_or_says_it_has_none() -> None:
+    stored = published_error.load()
+    line = published_error.describe(published_error.model_error("deepseek_v4"))
+    tpot = stored["family:deepseek"]["median_abs_error"]["tpot_ms"]
+    assert f"on the {stored['family:deepseek']['points']} of its model family (deepseek) TPOT {100 * tpot:.0f}%" in line
+    assert f"on {stored['validate']['points']} published runs" in line
+    bias = stored["validate_bounded"]["median_error"]["tpot_ms"]
+    assert f"a median {100 * abs(bias):.0f}% {'low' if bias < 0 else 'high'}" in line
+    assert "none of the published runs is of this model's family" in published_error.describe(published_error.model_error("kimi_linear"))
 
 
 @pytest.mark.xfail(strict=True, reason="the model misses the issue's error targets on the validation rows (see docs/planning.md, Performance)")

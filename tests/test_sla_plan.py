@@ -465,7 +465,7 @@ def test_the_benchmark_load_stands_in_for_the_workload(small):
 
 def test_the_performance_json_carries_the_capacity_under_the_issues_names(small):
     cap = perf.sla_capacity(small, SHAREGPT, perf.Sla(250, 40, 1000))
-    j = perf.performance_json(cap)
+    j = perf.performance_json(cap, "deepseek_v4")
     assert j["sla"] == {"ttft_p99_ms": 250, "tpot_p99_ms": 40, "itl_p99_ms": 1000}
     assert {k: j["workload"][k] for k in ("preset", "input_tokens", "output_tokens", "spread", "prefix_cache_hit_rate")} == {
         "preset": "sharegpt", "input_tokens": 219, "output_tokens": 200, "spread": SHAREGPT.spread, "prefix_cache_hit_rate": 0.0}
@@ -482,9 +482,13 @@ def test_the_performance_json_carries_the_capacity_under_the_issues_names(small)
         assert (p["meets_sla"], p["misses"], p["preemptions"]) == (q.meets, list(q.misses), q.preemptions)
         assert p["itl_ms"] == {"p99": q.itl_p99_ms} and p["request_rate"] is None
     assert j["single_request"]["concurrency"] == 1 and j["beyond"]["meets_sla"] is False and j["refusal"] == ""
-    none = perf.performance_json(perf.sla_capacity(small, SHAREGPT, perf.Sla(1, 1)))
+    none = perf.performance_json(perf.sla_capacity(small, SHAREGPT, perf.Sla(1, 1)), "kimi_linear")
     assert none["sla_capacity"]["concurrency"] == 0 and none["sla_capacity"]["ttft_ms"] is None
     assert none["sla_capacity"]["output_tokens_per_s"] == 0.0 and none["refusal"].startswith("TTFT p99 at concurrency 1")
+    # The model's error on published runs: of DeepSeek's family for DeepSeek-V4 (V3 and V3.2 runs),
+    # none for a family no published run is of.
+    assert j["model_error"]["family"]["name"] == "deepseek" and j["model_error"]["family"]["rows"] > 0
+    assert none["model_error"]["family"] is None and none["model_error"]["all"] == j["model_error"]["all"]
 
 
 def test_each_missed_term_is_named_in_the_refusal(small):

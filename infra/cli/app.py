@@ -27,6 +27,7 @@ from rich.table import Table
 
 from infra.errors import UserError
 from infra.planning import Plan, PlanRequest, make_plan
+from infra.planning.perf import published_error
 from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_CHOICES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import supported_range
 
@@ -222,6 +223,7 @@ def _render_performance(data: dict, console: Console) -> None:
     t.add_row("--max-num-seqs", f"{v['max_num_seqs']:,} (set by {escape(v['max_num_seqs_bound'])})")
     if data.get("runner_up"):
         t.add_row("runner-up", escape(data["runner_up"]["why"]))
+    t.add_row("model error", escape(published_error.describe(perf["model_error"])))
     console.print(t)
     t = _table("Predicted curve (closed loop, steady state)", "concurrency", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "req/s",
                "out tok/s", "per GPU", "SLA")

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infra.errors import UserError
-from infra.planning.perf import predict, sharegpt, validate
+from infra.planning.perf import predict, published_error, sharegpt, validate
 from infra.planning.perf.hardware import hardware
 from infra.planning.perf.scheduler import SimResult
 from infra.planning.perf.workload import Workload
@@ -136,12 +136,15 @@ def perf(
     chart: Optional[Path] = typer.Option(None, help="Draw output tokens/s per GPU against tokens/s per user to FILE (.png or .svg)."),
     do_validate: bool = typer.Option(False, "--validate", help="Predict every published measurement in tests/fixtures/perf/ and print the errors."),
     do_fit: bool = typer.Option(False, "--fit", help="Re-fit the fitted fractions on the fit rows and print them."),
+    write_summary: bool = typer.Option(False, "--write-summary", help="With --validate: keep its medians where the plan reads them (infra/planning/perf/data/validation_summary.json)."),
     compare_aiconfigurator: bool = typer.Option(False, "--compare-aiconfigurator", help="Put NVIDIA AIConfigurator's estimate beside each point (installs venv-perf/ on first use)."),
 ) -> None:
     """Predict TTFT, TPOT and throughput of vLLM serving for a layout and a load, offline."""
     console = Console()
+    if write_summary and (do_fit or not do_validate):
+        _fail("--write-summary goes with --validate alone: the plan quotes the errors of the figures in fitted.py, not of a refit")
     if do_validate or do_fit:
-        _validate(console, fit_first=do_fit, as_json=as_json)
+        _validate(console, fit_first=do_fit, as_json=as_json, write_summary=write_summary)
         return
     try:
         if not model:
@@ -297,7 +300,7 @@ def _render(console: Console, s: predict.Setup, points: list[dict], compared, sl
         console.print(t)
 
 
-def _validate(console: Console, *, fit_first: bool, as_json: bool) -> None:
+def _validate(console: Console, *, fit_first: bool, as_json: bool, write_summary: bool = False) -> None:
     try:
         rows = validate.load_rows(MEASUREMENTS / "measurements.jsonl")
         eff = validate.DEFAULT
@@ -308,6 +311,9 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool) -> None:
     except UserError as err:
         _fail(str(err))
     summary = validate.summary(points, rows)
+    if write_summary:
+        published_error.write(summary)
+        Console(stderr=True).print(f"wrote {published_error.SUMMARY.relative_to(REPO)}")
     if as_json:
         sys.stdout.write(json.dumps({"points": [asdict(p) for p in points], "summary": summary}, indent=2) + "\n")
         return

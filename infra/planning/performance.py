@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from infra.errors import UserError
-from infra.planning.perf import predict, sharegpt
+from infra.planning.perf import predict, published_error, sharegpt
 from infra.planning.perf.workload import Workload, latency_ms
 
 # ShareGPT as `vllm bench serve --dataset-name sharegpt` sends it (ShareGPT_V3_unfiltered_
@@ -381,8 +381,9 @@ def _point_json(p: LoadPoint, gpus: int) -> dict:
     }
 
 
-def performance_json(c: Capacity) -> dict:
-    """The plan's `performance` section (names tools read: docs/planning.md, "Performance")."""
+def performance_json(c: Capacity, model_type: str) -> dict:
+    """The plan's `performance` section (names tools read: docs/planning.md, "Performance");
+    `model_type`: the model's, for the model's error on published runs of its family."""
     w = c.workload
     at = _point_json(c.at, c.gpus) if c.at else None
     capacity = {
@@ -407,6 +408,8 @@ def performance_json(c: Capacity) -> dict:
         "beyond": _point_json(c.beyond, c.gpus) if c.beyond else None,
         "curve": [_point_json(p, c.gpus) for p in c.curve],
         "refusal": c.refusal() if not c.concurrency else "",
+        # How near the model has come to published runs it was not fitted on (perf/published_error.py).
+        "model_error": published_error.model_error(model_type),
     }
 
 

@@ -257,7 +257,7 @@ class Plan:
             "cold_start_cost": asdict(self.cold_start_cost),
             "objective": self.request.objective,
             "runner_up": self.runner_up,
-            "performance": {**performance_json(self.performance), "benchmark": asdict(self.benchmark) if self.benchmark else None}
+            "performance": {**performance_json(self.performance, self.model.model_type), "benchmark": asdict(self.benchmark) if self.benchmark else None}
             if self.performance else None,
         }
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from infra.catalog.models import load_model
 from infra.errors import UserError
-from infra.planning.perf import predict
+from infra.planning.perf import predict, published_error
 from infra.planning.perf.fitted import BURST_FITTED_FIELDS, DEFAULT, FIT_BOUNDS, FITTED_FIELDS, Efficiency
 from infra.planning.perf.hardware import for_gpu
 from infra.planning.perf.workload import Workload
@@ -57,6 +57,7 @@ class Point:
     predicted: dict
     measured: dict
     refused: str = ""  # why the model could not be set up as the source ran it (the memory plan's refusal)
+    family: str = ""  # published_error.family of the model's model_type (of predicted rows)
 
     def error(self, metric: str) -> float | None:
         p, m = self.predicted.get(metric), self.measured.get(metric)
@@ -145,7 +146,7 @@ def predict_row(row: dict, root: Path, eff: Efficiency = DEFAULT, seed: int = 0)
         s = row_setup(row, root, eff)
     except UserError as err:
         return Point(row["id"], role, {}, measured(row), refused=str(err))
-    return Point(row["id"], role, _simulate(row, s, seed), measured(row))
+    return Point(row["id"], role, _simulate(row, s, seed), measured(row), family=published_error.family(s.arch.model_type))
 
 
 def predict_rows(rows: list[dict], root: Path, eff: Efficiency = DEFAULT) -> list[Point]:
@@ -154,6 +155,12 @@ def predict_rows(rows: list[dict], root: Path, eff: Efficiency = DEFAULT) -> lis
 
 def median_abs_error(points: list[Point], metric: str) -> float | None:
     errors = [abs(e) for p in points if (e := p.error(metric)) is not None]
+    return statistics.median(errors) if errors else None
+
+
+def median_error(points: list[Point], metric: str) -> float | None:
+    """The signed median error: below 0 the model predicts less than was measured."""
+    errors = [e for p in points if (e := p.error(metric)) is not None]
     return statistics.median(errors) if errors else None
 
 
@@ -263,11 +270,15 @@ def summary(points: list[Point], rows: list[dict] | None = None) -> dict:
         burst = {r["id"] for r in rows if is_burst(r)}
         groups["validate_bounded"] = [p for p in groups["validate"] if p.id not in burst]
         groups["validate_burst"] = [p for p in groups["validate"] if p.id in burst]
+        # Per model family (DeepSeek's, Qwen3's, ...): the plan quotes its own model's.
+        for name in sorted({p.family for p in groups["validate"] if p.family}):
+            groups[f"family:{name}"] = [p for p in groups["validate"] if p.family == name]
     for role, group in groups.items():
         out[role] = {
             "points": len(group),
             "refused": [p.id for p in group if p.refused],
             "median_abs_error": {k: median_abs_error(group, k) or 0.0 for k in METRICS},
+            "median_error": {k: median_error(group, k) or 0.0 for k in METRICS},
             "worst_ratio": {k: worst_ratio(group, k) for k in METRICS},
         }
     v = out["validate"]
