@@ -76,8 +76,28 @@ def test_the_errors_the_plan_quotes_are_what_the_validation_computes(points) -> 
 
 def test_a_written_summary_reads_back_as_the_record_of_it(points, tmp_path) -> None:
     path = tmp_path / "summary.json"
-    published_error.write(validate.summary(points, ROWS), path)
-    assert published_error.load(path) == published_error.record(validate.summary(points, ROWS))
+    summary = validate.summary(points, ROWS)
+    published_error.write(summary, path)
+    assert published_error.load(path) == published_error.record(summary)
+    # Written again (a refit): read back anew, not the figures read before.
+    fewer = validate.summary([p for p in points if not p.id.startswith("gps-dsv32")], ROWS)
+    published_error.write(fewer, path)
+    assert published_error.load(path) == published_error.record(fewer) != published_error.record(summary)
+
+
+def _group(rows: int, tpot: float, ttft: float, out: float, bias: float) -> dict:
+    return {"rows": rows, "median_abs_error": {"tpot_ms": tpot, "ttft_ms": ttft, "output_tokens_per_s": out},
+            "median_error": {"tpot_ms": bias, "ttft_ms": 0.0, "output_tokens_per_s": 0.0},
+            "worst_ratio": {"tpot_ms": 4.36, "ttft_ms": 2.5, "output_tokens_per_s": 2.2}}  # fmt: skip
+
+
+def test_the_model_error_line_puts_each_figure_in_its_place() -> None:
+    e = {"all": _group(111, 0.19, 0.23, 0.18, 0.02), "bounded": _group(6, 0.10, 0.17, 0.06, 0.11),
+         "family": {"name": "deepseek", **_group(14, 0.31, 0.12, 0.04, -0.27)}}  # fmt: skip
+    line = published_error.describe(e)
+    assert "on 111 published runs it was not fitted on: TPOT 19% (a median 2% high), TTFT 23%, output tokens/s 18%, worst x4.4" in line
+    assert "on the 6 at a bounded load, as here, TPOT 10% (a median 11% high), TTFT 17%, output tokens/s 6%" in line
+    assert "on the 14 of its model family (deepseek) TPOT 31% (a median 27% low), TTFT 12%, output tokens/s 4%" in line
 
 
 def test_the_plans_model_error_line_names_its_own_family_or_says_it_has_none() -> None:
