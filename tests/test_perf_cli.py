@@ -144,3 +144,14 @@ def test_the_aiconfigurator_tables_hold_the_models_figures(page: str) -> None:
         assert round(p["ttft_ms"]["mean"]) == int(ttft.replace(",", "")), c
         assert round(p["tpot_ms"]["mean"], 1) == float(tpot), c
         assert round(p["output_tokens_per_s_per_gpu"], 1) == float(per_gpu), c
+
+
+def test_a_moe_model_under_data_parallel_carries_the_plans_warning() -> None:
+    """The model simulates DP replicas as independent, where vLLM shards a MoE model's experts
+    over TP x DP and steps the replicas together: the output says so, a dense model's does not."""
+    base = ("--gpu", "H100-SXM-80GB", "--tp", "1", "--dp", "8", "--isl", "500", "--osl", "100", "--concurrency", "8",
+            "--num-prompts", "40")  # fmt: skip
+    [w] = _perf("--model", "qwen3-30b-a3b", *base)["setup"]["warnings"]
+    assert w.startswith("data parallel 8 with a MoE model") and "over all 8 GPUs" in w and w.endswith("--dp 1 gives a layout both account for")
+    assert _perf("--model", "qwen3-0.6b", *base)["setup"]["warnings"] == []
+    assert _perf("--model", "qwen3-30b-a3b", *base[:4], "--dp", "1", *base[6:])["setup"]["warnings"] == []

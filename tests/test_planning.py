@@ -271,3 +271,22 @@ def test_deepseek_v4_refuses_a_kv_dtype_its_packed_layout_refuses():
     layout = Layout(tp=8, pp=1, dp=1, expert_parallel=False, kv_cache_dtype="bfloat16")
     assert any("packed" in e for e in layout_errors(arch, g7e, 1, layout))
     assert not any("packed" in e for e in layout_errors(arch, g7e, 1, Layout(8, 1, 1, False, "auto")))
+
+
+def test_a_moe_model_under_data_parallel_is_planned_with_a_warning_of_what_the_figures_leave_out() -> None:
+    """vLLM shards a MoE model's experts over TP x DP GPUs and steps the replicas together
+    (its tokens exchanged every MoE layer); the plan's memory and performance take the replicas
+    as independent, and say so, naming EFA when the replicas span nodes."""
+    two_nodes = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=2, dp=4, tp=4))
+    lay = two_nodes.evaluation.layout
+    assert (lay.tp, lay.dp) == (4, 4) and two_nodes.feasible
+    [w] = [w for w in two_nodes.warnings if w.startswith("data parallel")]
+    assert "over all 16 GPUs (TP x DP)" in w and "over EFA between nodes" in w
+    one_node = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, dp=2, tp=4))
+    [w] = [w for w in one_node.warnings if w.startswith("data parallel")]
+    assert "over all 8 GPUs (TP x DP)" in w and "EFA" not in w
+    # The same model without data parallel, and a dense model with it, carry no such warning.
+    single = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, tp=8))
+    dense = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, dp=8, tp=1))
+    assert dense.evaluation.layout.dp == 8
+    assert not [w for w in single.warnings + dense.warnings if w.startswith("data parallel")]

@@ -21,6 +21,7 @@ from rich.table import Table
 from infra.errors import UserError
 from infra.planning.perf import predict, published_error, sharegpt, validate
 from infra.planning.perf.hardware import hardware
+from infra.planning.plan import dp_moe_warning
 from infra.planning.perf.scheduler import SimResult
 from infra.planning.perf.workload import Workload
 from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_METHODS
@@ -93,6 +94,8 @@ def setup_json(s: predict.Setup) -> dict:
                  "max_model_len": k.max_model_len, "async_scheduling": k.async_scheduling,
                  "num_speculative_tokens": k.num_speculative_tokens, "kv_cache_dtype": lay.kv_cache_dtype},  # fmt: skip
         "kv_blocks": s.pool.num_blocks,
+        # What the figures leave out for this layout (the plan's warning of the same).
+        "warnings": [dp_moe_warning(lay, s.hw.gpus_per_node, "--dp 1")] if lay.dp > 1 and s.arch.num_experts else [],
         "efficiency": {key: v for key, v in asdict(s.step.eff).items() if key != "fitted_on"},
         "hardware_source": s.hw.source,
     }
@@ -234,6 +237,8 @@ def perf(
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     _render(console, s, points, compared, sla_ttft_ms, sla_tpot_ms)
+    for w in setup_json(s)["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if chart is not None:
         console.print(f"chart written to {escape(str(chart))}", soft_wrap=True)  # a path the user copies: never broken across lines
 
