@@ -49,3 +49,14 @@ def test_plan_tables_show_groups_and_graphs():
     assert "KV cache groups" in out and "compressor_state" in out
     assert "of which CUDA graphs" in out
     assert "chosen:" in out and "in-flight tokens" in out
+
+
+def test_an_sla_capacity_no_poisson_rate_meets_is_said_in_words():
+    """Kimi K3 on prod's nodes meets the SLA at a small closed-loop concurrency, and no Poisson
+    rate from 60% of that loop's request rate up meets it: the table says so, not "0.00 requests/s"."""
+    data = plan_json("--stack", "prod", "--model", "kimi-k3")
+    cap = data["performance"]["sla_capacity"]
+    assert cap["concurrency"] > 0 and cap["requests_per_s"] == 0.0
+    text = " ".join(run("plan", "--stack", "prod", "--model", "kimi-k3").stdout.split())
+    assert f"{cap['concurrency']:,} concurrent requests, but no Poisson rate at 60% of their request rate or above meets it" in text.replace("│ ", "")
+    assert "0.00 requests/s (Poisson)" not in text

@@ -28,6 +28,7 @@ from rich.table import Table
 from infra.errors import UserError
 from infra.planning import Plan, PlanRequest, make_plan
 from infra.planning.perf import published_error
+from infra.planning.performance import RATE_LOW
 from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_CHOICES, WEIGHT_FORMAT_CHOICES
 from infra.planning.vllm_release import supported_range
 
@@ -211,8 +212,9 @@ def _render_performance(data: dict, console: Console) -> None:
     if not cap["concurrency"]:
         t.add_row("SLA capacity", f"[red]none[/red]: {escape(perf['refusal'])}")
     else:
-        t.add_row("SLA capacity", f"{cap['concurrency']:,} concurrent requests, or {cap['requests_per_s']:,.2f} requests/s (Poisson); "
-                  f"then {escape(cap['binding'])} binds")
+        rate = (f"or {cap['requests_per_s']:,.2f} requests/s (Poisson)" if cap["requests_per_s"] else
+                f"but no Poisson rate at {RATE_LOW:.0%} of their request rate or above meets it")
+        t.add_row("SLA capacity", f"{cap['concurrency']:,} concurrent requests, {rate}; then {escape(cap['binding'])} binds")
         t.add_row("throughput there", f"{cap['closed_loop_requests_per_s']:,.2f} requests/s, {cap['input_tokens_per_s']:,.0f} input + "
                   f"{cap['output_tokens_per_s']:,.0f} output tokens/s ({cap['output_tokens_per_s_per_gpu']:,.1f} output per GPU)")
         t.add_row("latency there", f"TTFT p50 {cap['ttft_ms']['p50']:,.0f} / p99 {cap['ttft_ms']['p99']:,.0f} ms, "
