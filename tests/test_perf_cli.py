@@ -155,3 +155,20 @@ def test_a_moe_model_under_data_parallel_carries_the_plans_warning() -> None:
     assert w.startswith("data parallel 8 with a MoE model") and "over all 8 GPUs" in w and w.endswith("--dp 1 gives a layout both account for")
     assert _perf("--model", "qwen3-0.6b", *base)["setup"]["warnings"] == []
     assert _perf("--model", "qwen3-30b-a3b", *base[:4], "--dp", "1", *base[6:])["setup"]["warnings"] == []
+
+
+def test_validate_prints_each_model_familys_medians(monkeypatch) -> None:
+    """`perf --validate` closes with a line per role and per model family of the validation rows
+    (the plan quotes its own family's): rows of two families, each line with its own figures."""
+    from infra.planning.perf import validate
+
+    def point(id_: str, role: str, family: str, ratio: float) -> validate.Point:
+        measured = {"ttft_ms": 100.0, "tpot_ms": 10.0, "output_tokens_per_s": 1000.0}
+        return validate.Point(id_, role, {k: v * ratio for k, v in measured.items()}, measured, family=family)
+
+    points = [point("a", "validate", "deepseek", 1.5), point("b", "validate", "qwen3", 1.1), point("c", "fit", "qwen3", 1.0)]
+    monkeypatch.setattr(validate, "load_rows", lambda path: [{"id": p.id, "concurrency": 4} for p in points])
+    monkeypatch.setattr(validate, "predict_rows", lambda rows, root, eff=None: points)
+    out = " ".join(runner.invoke(app, ["perf", "--validate"]).output.split())
+    assert "family:deepseek (1 rows): median |error| ttft_ms 50% (worst x1.50)" in out
+    assert "family:qwen3 (1 rows): median |error| ttft_ms 10% (worst x1.10)" in out

@@ -336,7 +336,8 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool, write_summary
     for p in points:
         if p.refused:
             console.print(f"[yellow]not predicted:[/yellow] {escape(p.id)}: {escape(p.refused)}", soft_wrap=True)
-    for role in ("fit", "validate", "validate_bounded", "validate_burst"):
+    families = sorted(role for role in summary if role.startswith("family:"))
+    for role in ("fit", "validate", "validate_bounded", "validate_burst", *families):
         s = summary[role]
         console.print(
             f"{role} ({s['points']} rows): median |error| "
