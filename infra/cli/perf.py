@@ -21,7 +21,7 @@ from rich.table import Table
 from infra.errors import UserError
 from infra.planning.perf import predict, published_error, sharegpt, validate
 from infra.planning.perf.hardware import hardware
-from infra.planning.plan import dp_moe_warning
+from infra.planning.plan import dp_moe_warnings
 from infra.planning.perf.scheduler import SimResult
 from infra.planning.perf.workload import Workload
 from infra.planning.request import KV_CACHE_DTYPES, SPECULATIVE_METHODS
@@ -82,6 +82,10 @@ def point_json(s: predict.Setup, res: SimResult, *, concurrency, rate, isl: floa
     }
 
 
+def _warnings(s: predict.Setup) -> list[str]:
+    return dp_moe_warnings(s.arch, s.layout, s.hw.gpus_per_node, "--dp 1")
+
+
 def setup_json(s: predict.Setup) -> dict:
     k, lay = s.knobs, s.layout
     return {
@@ -95,7 +99,7 @@ def setup_json(s: predict.Setup) -> dict:
                  "num_speculative_tokens": k.num_speculative_tokens, "kv_cache_dtype": lay.kv_cache_dtype},  # fmt: skip
         "kv_blocks": s.pool.num_blocks,
         # What the figures leave out for this layout (the plan's warning of the same).
-        "warnings": [dp_moe_warning(lay, s.hw.gpus_per_node, "--dp 1")] if lay.dp > 1 and s.arch.num_experts else [],
+        "warnings": _warnings(s),
         "efficiency": {key: v for key, v in asdict(s.step.eff).items() if key != "fitted_on"},
         "hardware_source": s.hw.source,
     }
@@ -237,7 +241,7 @@ def perf(
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
     _render(console, s, points, compared, sla_ttft_ms, sla_tpot_ms)
-    for w in setup_json(s)["warnings"]:
+    for w in _warnings(s):
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if chart is not None:
         console.print(f"chart written to {escape(str(chart))}", soft_wrap=True)  # a path the user copies: never broken across lines
@@ -336,7 +340,7 @@ def _validate(console: Console, *, fit_first: bool, as_json: bool, write_summary
     for p in points:
         if p.refused:
             console.print(f"[yellow]not predicted:[/yellow] {escape(p.id)}: {escape(p.refused)}", soft_wrap=True)
-    families = sorted(role for role in summary if role.startswith("family:"))
+    families = sorted(role for role in summary if role.startswith(published_error.FAMILY))
     for role in ("fit", "validate", "validate_bounded", "validate_burst", *families):
         s = summary[role]
         console.print(

@@ -639,21 +639,23 @@ def make_plan(req: PlanRequest) -> Plan:
     return plan
 
 
-def dp_moe_warning(lay: Layout, gpus_per_node: int, fix: str = "gpu-serving:serving.dataParallel 1") -> str:
-    """What the plan's figures leave out for a MoE model under data parallel: vLLM 0.34.0 shards
+def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str = "gpu-serving:serving.dataParallel 1") -> list[str]:
+    """What the figures leave out for a MoE model under data parallel (none otherwise): vLLM 0.34.0 shards
     its experts over all TP x DP GPUs, with expert parallel or without
     (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make,
     flatten_tp_across_dp_and_pcp), and the replicas exchange each MoE layer's tokens in step
     (config/parallel.py: all2all_backend "allgather_reducescatter" by default)."""
+    if lay.dp <= 1 or not arch.num_experts:
+        return []
     across = lay.tp * lay.dp > gpus_per_node
-    return (
+    return [
         f"data parallel {lay.dp} with a MoE model: vLLM shards every MoE layer's experts over all "
         f"{lay.tp * lay.dp} GPUs (TP x DP) and the replicas step through each such layer together, exchanging its "
         f"tokens (an all-gather and a reduce-scatter{', over EFA between nodes' if across else ''}); the memory plan "
         "and the performance model take each replica as holding and running its own experts, so the KV capacity "
         "here is under-stated and the latency and throughput are those of independent replicas (docs/planning.md, "
         f"Performance); {fix} gives a layout both account for"
-    )
+    ]
 
 
 def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evaluation) -> list[str]:
@@ -666,8 +668,7 @@ def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evalua
         )
     if req.kv_cache_dtype is None and lay.kv_cache_dtype != "auto":
         out.append(f"KV cache in {lay.kv_cache_dtype}: the model's own dtype leaves no room at this max-model-len")
-    if lay.dp > 1 and arch.num_experts:
-        out.append(dp_moe_warning(lay, itype.gpu_count))
+    out.extend(dp_moe_warnings(arch, lay, itype.gpu_count))
     if ev.stages:
         tight = ev.constrained
         r = ev.knobs.release

@@ -15,9 +15,11 @@ from functools import cache
 from pathlib import Path
 
 SUMMARY = Path(__file__).resolve().parent / "data" / "validation_summary.json"
-# The roles kept: every validation row, and those at a bounded load (a --max-concurrency or a
-# finite rate, as the plan's closed loop at its SLA capacity) apart from the bursts.
+# The roles kept (validate.summary): the fit rows, every validation row, and the validation rows
+# at a bounded load (a --max-concurrency or a finite rate, as the plan's closed loop at its SLA
+# capacity) and in bursts; and the validation rows of each model family, under FAMILY + its name.
 ROLES = ("validate", "validate_bounded", "validate_burst", "fit")
+FAMILY = "family:"
 FIGURES = ("median_abs_error", "median_error", "worst_ratio")
 
 
@@ -34,7 +36,7 @@ def record(summary: dict) -> dict:
     return {
         role: {"points": summary[role]["points"] - len(summary[role]["refused"]),
                **{f: {k: round(v, 4) for k, v in summary[role][f].items()} for f in FIGURES}}
-        for role in summary if role in ROLES or role.startswith("family:")
+        for role in summary if role in ROLES or role.startswith(FAMILY)
     }  # fmt: skip
 
 
@@ -53,7 +55,7 @@ def model_error(model_type: str) -> dict:
     all validation rows, those at a bounded load, and those of the plan's model family (None
     when no published run is of it)."""
     s = load()
-    own = s.get(f"family:{family(model_type)}")
+    own = s.get(FAMILY + family(model_type))
     return {
         "source": "python -m infra perf --validate (tests/fixtures/perf/measurements.jsonl)",
         "all": {"rows": s["validate"]["points"], **{f: s["validate"][f] for f in FIGURES}},

@@ -153,14 +153,18 @@ def predict_rows(rows: list[dict], root: Path, eff: Efficiency = DEFAULT) -> lis
     return [predict_row(r, root, eff) for r in rows]
 
 
+def _errors(points: list[Point], metric: str) -> list[float]:
+    return [e for p in points if (e := p.error(metric)) is not None]
+
+
 def median_abs_error(points: list[Point], metric: str) -> float | None:
-    errors = [abs(e) for p in points if (e := p.error(metric)) is not None]
+    errors = [abs(e) for e in _errors(points, metric)]
     return statistics.median(errors) if errors else None
 
 
 def median_error(points: list[Point], metric: str) -> float | None:
     """The signed median error: below 0 the model predicts less than was measured."""
-    errors = [e for p in points if (e := p.error(metric)) is not None]
+    errors = _errors(points, metric)
     return statistics.median(errors) if errors else None
 
 
@@ -272,7 +276,7 @@ def summary(points: list[Point], rows: list[dict] | None = None) -> dict:
         groups["validate_burst"] = [p for p in groups["validate"] if p.id in burst]
         # Per model family (DeepSeek's, Qwen3's, ...): the plan quotes its own model's.
         for name in sorted({p.family for p in groups["validate"] if p.family}):
-            groups[f"family:{name}"] = [p for p in groups["validate"] if p.family == name]
+            groups[published_error.FAMILY + name] = [p for p in groups["validate"] if p.family == name]
     for role, group in groups.items():
         out[role] = {
             "points": len(group),
