@@ -113,6 +113,67 @@ def test_model_variants_argv_passes(tmp_path, model, instance):
     assert reference.check_serve_argv(argv, VERSION) == []
 
 
+# ---- data parallel over nodes ------------------------------------------------------------------------
+
+
+def _ray_dp_placement(gpus_per_node: list[int], world_size: int, dp: int, local: int) -> list[int]:
+    """DP ranks per node as vLLM 0.34.0 places them with `--data-parallel-backend ray`: a transcription
+    of v1/engine/utils.py CoreEngineActorManager.create_dp_placement_groups under its default
+    VLLM_RAY_DP_PACK_STRATEGY "strict" (the head, first, must hold `local` ranks of `world_size`
+    GPUs; another node takes `local` ranks when they fit and is skipped otherwise; fewer than `dp`
+    placement groups in all is an error)."""
+    placed = []
+    for index, gpus in enumerate(gpus_per_node):
+        fit = gpus // world_size
+        if fit < local:
+            if index == 0:
+                raise ValueError(f"Not enough resources to allocate {local} DP ranks on DP master node")
+            placed.append(0)
+            continue
+        placed.append(min(local, dp - sum(placed)))
+        if sum(placed) == dp:
+            break
+    if sum(placed) < dp:
+        raise ValueError(f"Not enough resources to allocate {dp} placement groups")
+    return placed
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.mark.parametrize("model, instance, nodes, tp", [("qwen3-30b-a3b", "p5.48xlarge", 2, 4),
+                                                         ("gpt-oss-120b", "p5.48xlarge", 2, 8),
+                                                         ("qwen3-0.6b", "g6e.12xlarge", 3, 1)])  # fmt: skip
+def test_data_parallel_over_nodes_starts_every_rank_where_vllm_places_it(model, instance, nodes, tp):
+    from infra.catalog.instances import get_instance_type
+    from infra.planning import PlanRequest
+
+    plan = make_plan(PlanRequest(model=model, instance_type=instance, nodes=nodes, tp=tp, pp=1))
+    argv = list(plan.serving_args)
+    assert reference.check_serve_argv(["vllm", "serve", "/models/x", *argv], VERSION) == []
+    dp, gpn = int(_flag(argv, "--data-parallel-size")), get_instance_type(instance).gpu_count
+    assert dp == nodes * gpn // tp > 1
+    # One command on the head starts them all, through Ray, at the head's address (not 127.0.0.1).
+    assert _flag(argv, "--data-parallel-backend") == "ray"
+    local = int(_flag(argv, "--data-parallel-size-local"))
+    # Every node runs as many ranks as it has room for: all GPUs serve.
+    assert _ray_dp_placement([gpn] * nodes, tp, dp, local) == [gpn // tp] * nodes
+    # Left to vLLM's default (every rank local), the head could not hold them.
+    with pytest.raises(ValueError, match="DP master node"):
+        _ray_dp_placement([gpn] * nodes, tp, dp, dp)
+
+
+def test_data_parallel_on_one_node_keeps_vllms_default_backend():
+    from infra.planning import PlanRequest
+
+    plan = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, tp=2))
+    argv = list(plan.serving_args)
+    assert _flag(argv, "--data-parallel-size") == "4"
+    # "mp": every rank's engine on the head, where all its GPUs are.
+    assert "--data-parallel-backend" not in argv and "--data-parallel-size-local" not in argv
+
+
 # ---- the generator ------------------------------------------------------------------------------------
 
 MINI = {

@@ -505,7 +505,7 @@ class ServingConfig(_Area):
         default=None, ge=1, le=128, description="`--pipeline-parallel-size`; null = planner decides."
     )
     data_parallel: Optional[int] = Field(
-        default=None, ge=1, le=512, description="`--data-parallel-size`: model replicas on the GPUs left after TP (never with PP > 1); null = planner decides."
+        default=None, ge=1, le=512, description="`--data-parallel-size`: model replicas on the GPUs left after TP (never with PP > 1); over several nodes with `--data-parallel-backend ray` and the replicas per node as `--data-parallel-size-local`, so the head starts every node's; null = planner decides."
     )
     expert_parallel: Optional[StrictBool] = Field(
         default=None, description="`--enable-expert-parallel` for MoE models; null = planner decides."

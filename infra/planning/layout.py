@@ -11,10 +11,12 @@ Placement rules (why):
 - Expert parallelism, when on, spreads whole experts over the TP ranks of a
   stage (EP size = TP, inside the node); its all-to-all uses NVLink, never EFA.
 - Data parallelism fills the GPUs left over after TP with replicas of the
-  model, served by one engine (`--data-parallel-size`), each replica with a
-  full copy of the weights (for MoE models vLLM can shard experts across
-  replicas; the plan does not count on it). vLLM runs data parallelism only
-  without pipeline parallelism, so a layout has PP > 1 or DP > 1, not both.
+  model, served by one `vllm serve` (`--data-parallel-size`; the ranks of
+  other nodes started through Ray, serving.data_parallel_over_nodes), each
+  replica with a full copy of the weights (for MoE models vLLM shards the
+  experts across replicas; the plan does not count on it and says so,
+  plan.dp_moe_warnings). vLLM runs data parallelism only without pipeline
+  parallelism, so a layout has PP > 1 or DP > 1, not both.
 """
 
 from __future__ import annotations

@@ -610,6 +610,7 @@ def make_plan(req: PlanRequest) -> Plan:
         async_scheduling=None if knobs.async_scheduling == default_async else knobs.async_scheduling,
         # The estimated FLOPs / bytes counters, where they measure this model as served (serving.py).
         mfu_metrics=serving.mfu_metrics_gap(arch, speculative=speculative is not None, dp=lay.dp) is None,
+        nodes=nodes,
     )
     plan = Plan(
         request=req,

@@ -160,6 +160,7 @@ def vllm_args(
     speculative: dict | None = None,
     async_scheduling: bool | None = None,
     mfu_metrics: bool = False,
+    nodes: int = 1,
 ) -> list[str]:
     """Arguments of `vllm serve` for the whole cluster.
 
@@ -181,6 +182,8 @@ def vllm_args(
     ]  # fmt: skip
     if dp > 1:
         args += ["--data-parallel-size", str(dp)]
+        if nodes > 1 and dp % nodes == 0:  # uneven only in a layout the plan refuses (TP not dividing a node)
+            args += data_parallel_over_nodes(dp, nodes)
     if expert_parallel:
         args.append("--enable-expert-parallel")
     args += [
@@ -202,6 +205,22 @@ def vllm_args(
         "--distributed-executor-backend", "ray",
     ]  # fmt: skip
     return args
+
+
+def data_parallel_over_nodes(dp: int, nodes: int) -> list[str]:
+    """The flags that let one `vllm serve` on the head start data-parallel ranks on every node
+    (vLLM 0.34.0; docs/serving/data_parallel_deployment.md, "This DP mode can also be used
+    with Ray"). Without them the default "mp" backend starts every rank's engine on the head
+    (engine/arg_utils.py: data_parallel_size_local defaults to data_parallel_size) with
+    127.0.0.1 as the DP address (ParallelConfig.master_addr), where every worker's world group
+    meets (distributed/parallel_state.py init_distributed_environment, data_parallel_size > 1):
+    the Ray workers the ranks on the other pods get cannot reach it, and the engine never
+    starts. With the "ray" backend the head's IP is the address (arg_utils.py: get_ip(), i.e.
+    VLLM_HOST_IP, the pod IP) and v1/engine/utils.py create_dp_placement_groups gives the head
+    `--data-parallel-size-local` ranks and every other node as many (VLLM_RAY_DP_PACK_STRATEGY
+    "strict", its default: a rank's TP GPUs on one node, as the layout rules keep them), so
+    the flag is the ranks per node: the head refuses to start with fewer GPUs than it asks for."""
+    return ["--data-parallel-size-local", str(dp // nodes), "--data-parallel-backend", "ray"]
 
 
 # --- --enable-mfu-metrics ---------------------------------------------------------------
