@@ -136,6 +136,36 @@ def test_tp_larger_than_a_node_is_refused():
     assert any("larger than a node" in e for e in plan.errors)
 
 
+@pytest.mark.parametrize("model, instance, nodes", [("deepseek-v4-flash", "p5.48xlarge", 3), ("qwen3-30b-a3b", "p5.48xlarge", 5),
+                                                   ("gpt-oss-120b", "p5.48xlarge", 7), ("mixtral-8x7b", "p5e.48xlarge", 5)])  # fmt: skip
+def test_data_parallel_moe_layouts_split_experts_only_where_they_divide(model, instance, nodes):
+    """vLLM 0.34 splits a routed expert's intermediate columns over TP x DP without expert parallel
+    (fused_moe/config.py flatten_tp_across_dp_and_pcp) and asserts they divide (FusedMoEConfig
+    __post_init__). On these node counts the searched plan used to pick a split that does not."""
+    from infra.catalog.instances import get_instance_type
+    from infra.planning.layout import Layout, layout_errors
+
+    plan = make_plan(PlanRequest(model=model, instance_type=instance, nodes=nodes))
+    lay, inter = plan.evaluation.layout, plan.model.moe_intermediate_size
+    assert plan.feasible
+    assert lay.dp == 1 or lay.expert_parallel or inter % (lay.tp * lay.dp) == 0, lay
+    # Every data-parallel split the search could try without expert parallel: refused exactly
+    # when TP x DP does not divide the columns, with the figures.
+    gpn = get_instance_type(instance).gpu_count
+    for tp in (1, 2, 4, 8):
+        dp = nodes * gpn // tp
+        errors = layout_errors(plan.model, get_instance_type(instance), nodes, Layout(tp, 1, dp, False, "auto"))
+        named = [e for e in errors if "intermediate columns over" in e]
+        assert bool(named) == (inter % (tp * dp) != 0), (tp, dp, errors)
+        if named:
+            assert f"{inter:,} intermediate columns over all {tp * dp} GPUs (TP {tp} x DP {dp})" in named[0]
+            assert "expertParallel true" in named[0]
+        # With expert parallel the experts stay whole: nothing to divide.
+        if tp > 1:
+            with_ep = layout_errors(plan.model, get_instance_type(instance), nodes, Layout(tp, 1, dp, True, "auto"))
+            assert not [e for e in with_ep if "intermediate columns over" in e]
+
+
 def test_tp_must_divide_the_heads():
     # Qwen3-0.6B has 16 query heads and 8 KV heads: TP 3 divides neither.
     plan = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g5.12xlarge", nodes=3, tp=3))

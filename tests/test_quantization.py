@@ -436,4 +436,11 @@ def test_block_fp8_experts_that_vllm_refuses_at_tp8_need_expert_parallel():
     refused = layout_errors(arch, itype, 1, Layout(tp=8, pp=1, dp=1, expert_parallel=False, kv_cache_dtype="auto"))
     assert any("FP8 block 128x128" in e for e in refused)
     assert layout_errors(arch, itype, 1, Layout(tp=8, pp=1, dp=1, expert_parallel=True, kv_cache_dtype="auto")) == []
-    assert layout_errors(arch, itype, 1, Layout(tp=4, pp=1, dp=2, expert_parallel=False, kv_cache_dtype="auto")) == []
+    # With data parallel vLLM 0.34 splits the experts over TP x DP (fused_moe/config.py
+    # flatten_tp_across_dp_and_pcp): TP 4 x DP 2 leaves the same 192 columns as TP 8.
+    refused = layout_errors(arch, itype, 1, Layout(tp=4, pp=1, dp=2, expert_parallel=False, kv_cache_dtype="auto"))
+    assert any("TP 4 x DP 2 leaves 192" in e and "FP8 block 128x128" in e for e in refused), refused
+    assert layout_errors(arch, itype, 1, Layout(tp=4, pp=1, dp=2, expert_parallel=True, kv_cache_dtype="auto")) == []
+    # The block_k check follows the attention's TP alone: TP 1 x DP 8 leaves 192, not a multiple of block_n.
+    refused = layout_errors(arch, itype, 1, Layout(tp=1, pp=1, dp=8, expert_parallel=False, kv_cache_dtype="auto"))
+    assert any("TP 1 x DP 8 leaves 192" in e for e in refused), refused

@@ -169,6 +169,7 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
             f"a model replica spans {nodes // max(layout.dp, 1)} {itype.name} nodes, which have no EFA: "
             "the stack runs multi-node replicas over EFA only; pick an EFA instance type or one node per replica"
         )
+    errors.extend(moe_data_parallel_errors(arch, layout))
     errors.extend(fp8_block_moe_errors(arch, layout))
     if arch.model_type == "deepseek_v4" and layout.kv_cache_dtype not in DSV4_PACKED_KV_DTYPES:
         # models/deepseek_v4/nvidia/model.py _select_dsv4_attn_cls: without --attention-backend,
@@ -187,16 +188,48 @@ def layout_errors(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layo
 DSV4_PACKED_KV_DTYPES = ("auto", "fp8", "fp8_ds_mla")
 
 
+def expert_shards(layout: Layout) -> int:
+    """The GPUs each routed expert's intermediate columns are split over without expert parallel:
+    vLLM 0.34.0 flattens TP across DP for MoE layers (model_executor/layers/fused_moe/config.py
+    FusedMoEParallelConfig.make, flatten_tp_across_dp_and_pcp: tp_size = dp_size x tp_size), so
+    with DP > 1 every GPU of the engine holds a slice of every expert."""
+    return layout.tp * layout.dp
+
+
+def _split(layout: Layout) -> str:
+    return f"tensor parallel {layout.tp}" if layout.dp == 1 else f"TP {layout.tp} x DP {layout.dp}"
+
+
+def moe_data_parallel_errors(arch: ModelArch, layout: Layout) -> list[str]:
+    """vLLM 0.34.0 asserts that a routed expert's intermediate size divides over the GPUs its
+    columns are split over (fused_moe/config.py FusedMoEConfig.__post_init__: `assert
+    self.intermediate_size % tp_size == 0`, tp_size the flattened one of expert_shards) and
+    stops at start-up when it does not. TP alone always divides it in the catalog; TP x DP over
+    a node count such as 3 or 5 need not (2,048 over 4 x 6 GPUs)."""
+    if not arch.num_experts or layout.expert_parallel or layout.dp == 1:
+        return []
+    shards, inter = expert_shards(layout), arch.moe_intermediate_size
+    if inter % shards == 0:
+        return []
+    return [
+        f"data parallel {layout.dp} with a MoE model splits each routed expert's {inter:,} intermediate columns over "
+        f"all {shards} GPUs ({_split(layout)}) without expert parallel, and {shards} does not divide {inter:,}: vLLM "
+        "stops at start-up; turn expert parallel on (gpu-serving:serving.expertParallel true) or use another "
+        "node count"
+    ]
+
+
 def fp8_block_moe_errors(arch: ModelArch, layout: Layout) -> list[str]:
     """vLLM refuses block-FP8 experts whose intermediate size per rank is not a multiple of
     the block (model_executor/layers/quantization/utils/fp8_utils.py validate_fp8_block_shape_moe,
-    called by fp8.py Fp8MoEMethod.create_weights): block_n always, block_k once TP > 1.
-    With expert parallel the experts are whole on each rank, so the size is the full one."""
+    called by fp8.py Fp8MoEMethod.create_weights): block_n always, block_k once the attention's
+    TP > 1 (its get_tensor_model_parallel_world_size). The size per rank is the expert's over
+    expert_shards (TP x DP); with expert parallel the experts are whole on each rank."""
     for inter, (block_n, block_k) in _fp8_block_experts(arch):
-        per_rank = inter if layout.expert_parallel else inter // layout.tp
+        per_rank = inter if layout.expert_parallel else inter // expert_shards(layout)
         if per_rank % block_n or (layout.tp > 1 and per_rank % block_k):
             return [
-                f"tensor parallel {layout.tp} leaves {per_rank} of the experts' {inter} intermediate columns per "
+                f"{_split(layout)} leaves {per_rank} of the experts' {inter} intermediate columns per "
                 f"GPU, not a multiple of the checkpoint's FP8 block {block_n}x{block_k}: vLLM refuses it; "
                 "turn expert parallel on or use a smaller TP"
             ]
