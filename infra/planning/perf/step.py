@@ -166,9 +166,9 @@ class StepModel:
         self._moe_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "moe"]
         self._attn_units = [(i, u[1:-1], u[-1]) for i, u in enumerate(keys) if u[0] == "attn"]
         self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
-        self._by_size: dict[tuple[int, int], list[float]] = {}  # _batch_units
-        self._attn_floors = [(i, term, eff.attention_floor_s if term[1] else 0.0, self._attn_peak * scale)
-                             for i, term, scale in self._attn_units]  # fmt: skip
+        self._by_size: dict[tuple[int, int], list[float]] = {}  # _stage_bases
+        self._attn_floors = [(term, eff.attention_floor_s if term[1] else 0.0, self._attn_peak * scale)
+                             for _, term, scale in self._attn_units]  # fmt: skip
         # Each stage's per-kernel and per-layer fixed costs, with CUDA graphs and eager: the
         # one place both the fast path and `parts` take them from.
         per_kernel, eager = eff.kernel_overhead_s, eff.eager_layer_overhead_s
@@ -184,6 +184,9 @@ class StepModel:
             for k, weight in w:
                 vector[k] += weight
             self._vectors.append(vector)
+        # Each stage's weights of the attention units alone (what changes with the contexts, step
+        # by step); the rest of a stage's sum depends on the batch's sizes only (_stage_bases).
+        self._attn_weights = [tuple(vector[i] for i, _, _ in self._attn_units) for vector in self._vectors]
         # The MTP drafter (the last stage's `draft`) is a model of its own, run k times a
         # decode step inside the target's step: no CPU step of its own.
         draft = self.stages[-1].draft if num_speculative_tokens else None
@@ -191,19 +194,24 @@ class StepModel:
             [draft], hw, tp=tp, eff=eff.replace(step_overhead_s=0.0, seq_overhead_s=0.0),
             async_scheduling=async_scheduling, graph_max_tokens=graph_max_tokens,
         )  # fmt: skip
+        # The target's _threshold_sums hold the drafter's when its thresholds are among the target's.
+        self._draft_takes_sums = self._draft is not None and set(self._draft._thresholds) <= set(self._thresholds)
 
     # --- the fast path: what the scheduler simulation calls every step ---------------
 
-    def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[float]:
-        """Each stage's `parts(...).total_s`, without building them (the simulation's hot path)."""
+    def stage_seconds(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1,
+                      sums: dict | None = None) -> list[float]:  # fmt: skip
+        """Each stage's `parts(...).total_s`, without building them (the simulation's hot path).
+        `sums`: _threshold_sums of these contexts when the caller has them (the MTP drafter's
+        thresholds are among the target's)."""
         n_decode = len(decode_contexts)
         tokens = n_decode * query_len + sum(new for new, _ in prefills)
-        sampled = n_decode + len(prefills)
-        sums = _threshold_sums(decode_contexts, self._thresholds)
+        if sums is None:
+            sums = _threshold_sums(decode_contexts, self._thresholds)
         eff = self.eff
-        unit = self._batch_units(tokens, sampled).copy()
         bw = self._bw
-        for i, term, floor, peak in self._attn_floors:  # _attention and _roofline, spelt out (~10^5 calls a plan)
+        attn = []
+        for term, floor, peak in self._attn_floors:  # _attention and _roofline, spelt out (~10^5 calls a plan)
             thr, div, b_entry, f_entry, _, b_seq, f_seq, _ = term
             entries = sums[thr] / div if div else 0.0
             nbytes = entries * b_entry + n_decode * b_seq
@@ -211,27 +219,31 @@ class StepModel:
             if prefills:
                 flops, nbytes = _prefill_attention(term, prefills, flops, nbytes)
             c, m = flops / peak, nbytes / bw
-            unit[i] = (c if c >= m else m) + floor
-        fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
-        out = [base + sum(map(mul, vector, unit)) for base, vector in zip(fixed, self._vectors)]
+            attn.append((c if c >= m else m) + floor)
+        bases = self._stage_bases(tokens, n_decode + len(prefills))
+        out = [base + sum(map(mul, weights, attn)) for base, weights in zip(bases, self._attn_weights)]
         if self._has_mla and n_decode:
             decoding = n_decode * query_len
             out = [t + per_token * decoding for t, per_token in zip(out, self._mla_per_token)]
-        out[-1] += self._draft_seconds(decode_contexts)
+        if self._draft is not None and n_decode:
+            out[-1] += self._draft_seconds(decode_contexts, sums)
         cpu = eff.step_overhead_s
         out[0] = (max(out[0], cpu) if self.async_scheduling else out[0] + cpu) + eff.seq_overhead_s * _emitted(n_decode, query_len, prefills)
         return out
 
-    def _batch_units(self, tokens: int, sampled: int) -> list[float]:
-        """The unit terms that depend on the batch's sizes only (GEMMs, MoE layers, all-reduces),
-        attention's left at 0: memoised, batches of the same sizes recur every few steps."""
+    def _stage_bases(self, tokens: int, sampled: int) -> list[float]:
+        """Each stage's fixed costs and the unit terms that depend on the batch's sizes only
+        (GEMMs, MoE layers, all-reduces), weighted: memoised, batches of the same sizes recur
+        every few steps."""
         key = (tokens, sampled)
-        unit = self._by_size.get(key)
-        if unit is None:
+        bases = self._by_size.get(key)
+        if bases is None:
             if len(self._by_size) > 1 << 16:
                 self._by_size.clear()
-            unit = self._by_size[key] = self._size_units(tokens, sampled)
-        return unit
+            unit = self._size_units(tokens, sampled)
+            fixed = self._fixed_graphed if tokens <= self.graph_max_tokens else self._fixed_eager
+            bases = self._by_size[key] = [f + sum(map(mul, vector, unit)) for f, vector in zip(fixed, self._vectors)]
+        return bases
 
     def _size_units(self, tokens: int, sampled: int) -> list[float]:
         eff = self.eff
@@ -320,12 +332,14 @@ class StepModel:
         peak = self._moe_peak[compute, kernel] * (inter / (inter + half) if inter else 1.0)
         return _roofline(tokens * flops, peak, distinct * bytes_per_expert, self._bw)
 
-    def _draft_seconds(self, decode_contexts: Sequence[int]) -> float:
+    def _draft_seconds(self, decode_contexts: Sequence[int], sums: dict | None = None) -> float:
         """The MTP drafter proposes k tokens, one forward of its layer(s) per token (vLLM
-        v1/spec_decode/eagle.py propose): k passes of the draft model at the decode batch."""
+        v1/spec_decode/eagle.py propose): k passes of the draft model at the decode batch.
+        `sums`: the target's _threshold_sums of the same contexts, which hold the drafter's."""
         if self._draft is None or not decode_contexts:
             return 0.0
-        return self.num_speculative_tokens * self._draft.stage_seconds(decode_contexts, (), 1)[0]
+        shared = sums if self._draft_takes_sums else None
+        return self.num_speculative_tokens * self._draft.stage_seconds(decode_contexts, (), 1, shared)[0]
 
     def _attention(self, term: tuple, sums: dict, prefills: Sequence[tuple[int, int]], query_len: int,
                    n_decode: int, peak: float) -> tuple[float, float]:  # fmt: skip
