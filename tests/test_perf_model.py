@@ -164,7 +164,9 @@ def test_stage_seconds_is_the_total_of_the_parts(model: str, kw: dict) -> None:
     """The simulation's fast path gives what the breakdown adds up to."""
     hw = for_instance(get_instance_type("p5.48xlarge")) if kw.get("pp") else for_gpu("H100-SXM-80GB")
     s = predict.setup(load_model(model), hw, predict.Serving(max_model_len=8192, **kw))
-    for contexts, prefills in (([1000, 3000, 40], [(512, 0)]), ([], [(8192, 0)]), ([5] * 700, []), ([2000], [(100, 3000)])):
+    # The last: 600 one-token chunks, each sampling: a compute-bound LM head.
+    for contexts, prefills in (([1000, 3000, 40], [(512, 0)]), ([], [(8192, 0)]), ([5] * 700, []), ([2000], [(100, 3000)]),
+                               ([], [(1, 1000)] * 600)):
         fast = s.step.stage_seconds(contexts, prefills, 1)
         slow = [p.total_s for p in s.step.parts(contexts, prefills, 1)]
         assert fast == pytest.approx(slow, rel=1e-9)

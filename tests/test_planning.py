@@ -166,6 +166,44 @@ def test_data_parallel_moe_layouts_split_experts_only_where_they_divide(model, i
             assert not [e for e in with_ep if "intermediate columns over" in e]
 
 
+def test_single_gpu_nodes_whose_count_does_not_divide_the_experts_serve_with_expert_parallel():
+    """One GPU per node leaves TP 1: five replicas split Qwen3-30B-A3B's 768 columns five ways,
+    which vLLM refuses, and expert parallel over TP 1 x DP 5 is the layout it starts
+    (fused_moe/config.py FusedMoEParallelConfig.make: use_ep when DP x TP > 1, ep_size the
+    flattened TP x DP; its docstring's "TP = 1, DP = 2 and EP = True" case). Four nodes split
+    the columns evenly and need no expert parallel; five serve at least as many sequences."""
+    four = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="g7e.2xlarge", nodes=4, max_model_len=4096))
+    five = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="g7e.2xlarge", nodes=5, max_model_len=4096,
+                                 weight_format=four.weight_format))  # fmt: skip
+    assert four.feasible and five.feasible, five.errors
+    assert (four.evaluation.layout.dp, four.evaluation.layout.expert_parallel) == (4, False)
+    lay = five.evaluation.layout
+    assert (lay.tp, lay.dp, lay.expert_parallel, lay.ep) == (1, 5, True, 5)
+    assert "--enable-expert-parallel" in five.serving_args
+    assert five.evaluation.max_concurrency >= four.evaluation.max_concurrency
+
+
+def test_a_moe_whose_experts_tp_does_not_divide_is_refused(tmp_path):
+    """The same assert with TP alone (no catalog model has such a size: one is made by editing
+    Qwen3-30B-A3B's config.json): 772 columns split 4 ways, not 8."""
+    import json
+
+    from infra.catalog.instances import get_instance_type
+    from infra.catalog.models import CONFIG_DIR, load_model
+    from infra.planning.layout import Layout, layout_errors
+
+    config = json.loads((CONFIG_DIR / "qwen3-30b-a3b.json").read_text())
+    config["moe_intermediate_size"] = 772
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    arch = load_model(str(tmp_path / "config.json"))
+    p5 = get_instance_type("p5.48xlarge")
+    tp8 = layout_errors(arch, p5, 1, Layout(8, 1, 1, False, "auto"))
+    assert any("772 intermediate columns over all 8 GPUs (tensor parallel 8)" in e for e in tp8), tp8
+    assert not [e for e in layout_errors(arch, p5, 1, Layout(8, 1, 1, True, "auto")) if "intermediate columns" in e]
+    assert not [e for e in layout_errors(arch, get_instance_type("g6e.12xlarge"), 1, Layout(4, 1, 1, False, "auto"))
+                if "intermediate columns" in e]  # fmt: skip
+
+
 def test_tp_must_divide_the_heads():
     # Qwen3-0.6B has 16 query heads and 8 KV heads: TP 3 divides neither.
     plan = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g5.12xlarge", nodes=3, tp=3))

@@ -41,8 +41,10 @@ class Layout:
 
     @property
     def ep(self) -> int:
-        """Expert-parallel group size (1 when experts are tensor-sharded)."""
-        return self.tp if self.expert_parallel else 1
+        """Expert-parallel group size: every GPU of the engine, TP x DP (vLLM 0.34.0
+        fused_moe/config.py FusedMoEParallelConfig.make: ep_size is the TP size flattened
+        across DP); 1 when experts are tensor-sharded."""
+        return self.tp * self.dp if self.expert_parallel else 1
 
 
 @dataclass(frozen=True)
@@ -204,18 +206,17 @@ def moe_data_parallel_errors(arch: ModelArch, layout: Layout) -> list[str]:
     """vLLM 0.34.0 asserts that a routed expert's intermediate size divides over the GPUs its
     columns are split over (fused_moe/config.py FusedMoEConfig.__post_init__: `assert
     self.intermediate_size % tp_size == 0`, tp_size the flattened one of expert_shards) and
-    stops at start-up when it does not. TP alone always divides it in the catalog; TP x DP over
-    a node count such as 3 or 5 need not (2,048 over 4 x 6 GPUs)."""
-    if not arch.num_experts or layout.expert_parallel or layout.dp == 1:
+    stops at start-up when it does not. TP alone divides it for every catalog model; TP x DP
+    over a node count such as 3 or 5 need not (2,048 over 4 x 6 GPUs)."""
+    if not arch.num_experts or layout.expert_parallel:
         return []
     shards, inter = expert_shards(layout), arch.moe_intermediate_size
     if inter % shards == 0:
         return []
     return [
-        f"data parallel {layout.dp} with a MoE model splits each routed expert's {inter:,} intermediate columns over "
-        f"all {shards} GPUs ({_split(layout)}) without expert parallel, and {shards} does not divide {inter:,}: vLLM "
-        "stops at start-up; turn expert parallel on (gpu-serving:serving.expertParallel true) or use another "
-        "node count"
+        f"without expert parallel vLLM splits each routed expert's {inter:,} intermediate columns over all {shards} "
+        f"GPUs ({_split(layout)}), and {shards} does not divide {inter:,}: it stops at start-up; turn expert parallel "
+        "on (gpu-serving:serving.expertParallel true) or use another TP or node count"
     ]
 
 

@@ -355,7 +355,7 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     if req.expert_parallel is not None:
         eps = [req.expert_parallel]
     kvs = [req.kv_cache_dtype] if req.kv_cache_dtype else ["auto"] + (["fp8"] if itype.gpu.supports_fp8 else [])
-    return [Layout(tp, pp, dp, ep, kv) for tp, pp, dp in pairs for ep in eps for kv in kvs if not (ep and tp == 1)]
+    return [Layout(tp, pp, dp, ep, kv) for tp, pp, dp in pairs for ep in eps for kv in kvs if not (ep and tp * dp == 1)]
 
 
 def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs) -> list[tuple[int, bool]]:
