@@ -113,7 +113,9 @@ def test_prod_json_is_one_object_and_vllm_args_match_layout():
 
 
 def test_ad_hoc_agrees_with_stack(prod):
-    assert plan_json(*AD_HOC)["layout"] == prod["layout"]
+    # Without a workload the ad-hoc plan holds the most sequences (replicas sharing V4-Pro's
+    # experts); given the pipeline depth prod's SLA search chose, it lays the model out alike.
+    assert plan_json(*AD_HOC, "--pp", str(prod["layout"]["pp"]))["layout"] == prod["layout"]
 
 
 def test_forced_layout_warns_that_stages_share_a_node():

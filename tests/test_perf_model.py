@@ -654,3 +654,58 @@ def test_a_sliding_window_holds_its_window_while_decoding() -> None:
     assert res.mean_batch_size > 1.2 * pool.num_blocks / pool.blocks_for(415)
     dense = _setup("llama-3.1-70b", tp=4)
     assert all(dense.pool.held_for(n, 3) == dense.pool.blocks_for(n) for n in (100, 415, 5000))
+
+
+def test_replicas_sharing_a_moe_models_experts_read_their_share_and_exchange_tokens() -> None:
+    """vLLM 0.34 splits a MoE model's experts over TP x DP GPUs and each MoE layer runs every
+    replica's tokens, gathered before the experts and scattered after (fused_moe/config.py
+    FusedMoEParallelConfig.make; device_communicators/all2all.py AgRsAll2AllManager). A decode
+    step of one sequence per replica: each GPU reads at most its eighth of the experts (of
+    Qwen3-30B-A3B's 128 experts, 8 tokens x top-8 touch at most 64), and pays the exchange."""
+    arch = load_model("qwen3-30b-a3b")
+    alone = _setup("qwen3-30b-a3b", tp=1)
+    shared = _setup("qwen3-30b-a3b", tp=1, dp=8, expert_parallel=True)
+    moe_layers = sum(1 for layer in arch.layers if layer.moe)
+    routed = sum(memory.group_bytes_per_rank(g, 1, 1) for layer in arch.layers for g in layer.params
+                 if g.role.value == "routed_expert")  # fmt: skip
+    assert routed > 0
+    [one] = alone.step.parts([1024], [])
+    [each] = shared.step.parts([1024], [])
+    bw = alone.step.hw.gpu.hbm_bandwidth_bytes_per_s
+    # Bytes read at the achieved bandwidth, so at least bytes / peak: the lone replica reads the
+    # eight experts its token routes to in every layer, a shared GPU at most 8 of its 16.
+    assert one.memory_s >= 8 / 128 * routed / bw
+    assert each.memory_s < one.memory_s
+    # Within one node the exchange is NVLink's: two collectives per MoE layer, each at least the
+    # link's latency (the fitted all-reduce latency is a floor the same way).
+    assert each.communication_s >= 2 * moe_layers * shared.step.eff.allreduce_latency_s
+    assert one.communication_s == 0.0  # TP 1: no all-reduce, no replicas
+
+
+def test_replicas_across_nodes_exchange_a_moe_layers_tokens_over_efa() -> None:
+    """Four p5.48xlarge as TP 8 x DP 4: the DP group spans nodes, so every MoE layer's gather and
+    scatter cross EFA: at least two of aws-ofi-nccl's 75 us latencies per MoE layer a step, and
+    more with more tokens (the other replicas' hidden states in, the outputs back)."""
+    hw = for_instance(get_instance_type("p5.48xlarge"))
+    arch = load_model("deepseek-v4-pro")
+    s = predict.setup(arch, hw, predict.Serving(tp=8, dp=4, expert_parallel=True, max_model_len=8192))
+    assert s.step.exchange_over_network
+    moe_layers = sum(1 for layer in arch.layers if layer.moe)
+    [small] = s.step.parts([1024], [])
+    [large] = s.step.parts([1024] * 64, [])
+    assert small.communication_s >= 2 * moe_layers * 75e-6
+    # 63 more tokens per replica, from 3 other replicas: at least their bf16 hidden states in and out.
+    assert large.communication_s - small.communication_s >= 3 * 63 * 2 * arch.hidden_size * 2 * moe_layers / hw.network_bytes_per_s
+
+
+def test_a_closed_loop_of_fewer_requests_than_replicas_leaves_the_other_replicas_idle() -> None:
+    """At concurrency 1 of DP 8 only one replica has tokens: its MoE layers run its own (prefill
+    chunks of 8 x 512 tokens would be compute-bound), only the exchange's latency is left of the
+    others. The setup's model takes all 8 as busy; at_load(1) as the run at concurrency 1 does."""
+    s = _setup("qwen3-30b-a3b", tp=1, dp=8, expert_parallel=True)
+    busy, lone = s.step, s.step.at_load(1)
+    assert busy.at_load(8) is busy and lone.moe_load == 1 and busy.moe_load == 8
+    [b] = busy.parts([], [(512, 0)])
+    [a] = lone.parts([], [(512, 0)])
+    assert a.total_s < b.total_s and a.communication_s < b.communication_s
+    assert a.communication_s > 0  # the idle replicas still take part in each collective

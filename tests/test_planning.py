@@ -79,8 +79,8 @@ def _prod(**kw) -> PlanRequest:
     return PlanRequest(**base)
 
 
-def test_deepseek_v4_pro_on_four_p5_is_tp8_pp4():
-    plan = make_plan(_prod())
+def test_deepseek_v4_pro_on_four_p5_at_tp8_pp4():
+    plan = make_plan(_prod(pp=4))
     data = plan.to_json_dict()
     assert data["feasible"], data["errors"]
     assert (data["layout"]["tp"], data["layout"]["pp"], data["layout"]["dp"]) == (8, 4, 1)
@@ -95,6 +95,21 @@ def test_deepseek_v4_pro_on_four_p5_is_tp8_pp4():
     # The per-rank budget is that of the stage with the least room.
     tight = min(plan.stages, key=lambda s: s.max_sequences)
     assert data["per_rank"]["kv_cache_bytes"] == tight.kv_cache_bytes
+
+
+def test_the_most_sequences_for_deepseek_v4_pro_come_from_replicas_sharing_the_experts():
+    """objective max-kv: replicas hold the most sequences, since vLLM splits a MoE model's experts
+    over all TP x DP GPUs (fused_moe/config.py FusedMoEParallelConfig.make) and only attention and
+    the dense layers are copied per replica: each GPU of 32 holds 1/32 of the 384 experts."""
+    pp4, best = make_plan(_prod(pp=4)), make_plan(_prod())
+    assert pp4.feasible and best.feasible, best.errors
+    lay = best.evaluation.layout
+    assert lay.pp == 1 and lay.tp * lay.dp == 32
+    assert best.evaluation.max_concurrency > pp4.evaluation.max_concurrency
+    # Routed experts are ~96% of V4-Pro's 850.7 GB: at most 850.7 / 32 GB of them per GPU, plus the
+    # rest (under 40 GB) over TP 2 or more.
+    assert best.constrained.weights_bytes < 850.7e9 / 32 + 40e9 / lay.tp
+    assert "--data-parallel-size" in best.serving_args
 
 
 def test_kimi_k3_fp8_is_refused_with_the_numbers():
@@ -343,16 +358,16 @@ def test_deepseek_v4_refuses_a_kv_dtype_its_packed_layout_refuses():
 
 def test_a_moe_model_under_data_parallel_is_planned_with_a_warning_of_what_the_figures_leave_out() -> None:
     """vLLM shards a MoE model's experts over TP x DP GPUs and steps the replicas together
-    (its tokens exchanged every MoE layer); the plan's memory and performance take the replicas
-    as independent, and say so, naming EFA when the replicas span nodes."""
+    (its tokens exchanged every MoE layer); the plan counts both but takes the replicas as evenly
+    loaded, and says so, naming EFA when the replicas span nodes."""
     two_nodes = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=2, dp=4, tp=4))
     lay = two_nodes.evaluation.layout
     assert (lay.tp, lay.dp) == (4, 4) and two_nodes.feasible
     [w] = [w for w in two_nodes.warnings if w.startswith("data parallel")]
-    assert "over all 16 GPUs (TP x DP)" in w and "over EFA between nodes" in w
+    assert "over all 16 GPUs, TP x DP" in w and "over EFA between nodes" in w and "evenly loaded" in w
     one_node = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, dp=2, tp=4))
     [w] = [w for w in one_node.warnings if w.startswith("data parallel")]
-    assert "over all 8 GPUs (TP x DP)" in w and "EFA" not in w
+    assert "over all 8 GPUs, TP x DP" in w and "EFA" not in w
     # The same model without data parallel, and a dense model with it, carry no such warning.
     single = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, tp=8))
     dense = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, dp=8, tp=1))

@@ -88,7 +88,9 @@ def _per_request(in_flight: int) -> list[int]:
 
 
 def _prod(**kw) -> PlanRequest:
-    return PlanRequest(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4, max_model_len=L, **kw)
+    # Prod's layout, TP 8 x PP 4 (what its SLA objective picks; without a workload the planner
+    # would hold more sequences with replicas sharing the experts).
+    return PlanRequest(model="deepseek-v4-pro", instance_type="p5.48xlarge", nodes=4, max_model_len=L, **{"pp": 4, **kw})
 
 
 def test_layer_counts_from_the_config():

@@ -53,6 +53,14 @@ def test_more_nodes_never_lowers_capacity(req):
         # may leave no room for one request at all (seen: DeepSeek-V4-Flash, 6 -> 7 x g5.48xlarge).
         assert any("no room for one sequence" in e for e in larger.errors), larger.errors
         return
+    moe_replicas = bool(smaller.model.num_experts) and max(smaller.evaluation.layout.dp, larger.evaluation.layout.dp) > 1
+    if moe_replicas and (not larger.feasible or larger.evaluation.max_concurrency < smaller.evaluation.max_concurrency):
+        # Replicas of a MoE model share its experts, but each one's MoE layers run every replica's
+        # tokens (activations grow with DP, memory.activation_peak_bytes) and a replica count that
+        # does not divide the experts' columns needs expert parallel and its buffers: one more node
+        # can leave each GPU less room (seen: Qwen3-30B-A3B, 6 -> 7 x g5.2xlarge). A memory refusal.
+        assert larger.feasible or all("gpu-memory-utilization" not in e for e in larger.errors), larger.errors
+        return
     assert larger.feasible
     big = larger.evaluation
     if windowed and (big.layout.pp, big.layout.dp) != (small.layout.pp, small.layout.dp):
@@ -113,6 +121,9 @@ def test_higher_utilization_never_lowers_kv(req, more):
             gpu_memory_utilization=min(req.gpu_memory_utilization + more, 0.97),
             tp=lay.tp, pp=lay.pp, dp=lay.dp, expert_parallel=lay.expert_parallel,
             weight_format=low.weight_format, max_num_seqs=low.max_num_seqs,
+            # and the chunk the search chose (replicas of a MoE model may take a smaller one)
+            max_num_batched_tokens=low.evaluation.knobs.max_num_batched_tokens,
+            async_scheduling=low.evaluation.knobs.async_scheduling,
         )  # fmt: skip
     )
     if not high.feasible:

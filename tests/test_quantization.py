@@ -313,8 +313,13 @@ def test_qwen3_235b_fp8_is_planned_in_fp8():
 def test_qwen3_235b_fp8_fits_tp4_on_p5():
     plan = make_plan(PlanRequest(model="qwen3-235b-a22b-fp8", instance_type="p5.48xlarge", nodes=1, tp=4))
     assert plan.feasible, plan.errors
-    assert plan.layout.tp == 4 and plan.layout.dp == 2
-    assert plan.constrained.weights_bytes / GiB == pytest.approx(55.12, abs=0.05)
+    assert plan.layout.tp == 4 and plan.layout.dp == 2 and plan.layout.expert_parallel
+    # vLLM's expert-parallel group is TP x DP = 8 GPUs (fused_moe/config.py FusedMoEParallelConfig
+    # .make): 16 of the 128 experts on each, where a lone TP 4 replica would hold 32 (55.12 GiB in
+    # all). One expert, by hand: 3 x 4096 x 1536 FP8 weights and a float32 scale per 128 x 128
+    # block (24 x 32 for gate and up, 32 x 12 for down), in each of the 94 layers.
+    expert = 3 * 4096 * 1536 + (24 * 32 + 32 * 12) * 4
+    assert plan.constrained.weights_bytes / GiB == pytest.approx(55.12 - 16 * 94 * expert / GiB, abs=0.05)
     # Its Hugging Face id resolves to the same entry.
     assert load_model("Qwen/Qwen3-235B-A22B-FP8").name == "qwen3-235b-a22b-fp8"
 

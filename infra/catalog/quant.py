@@ -269,10 +269,13 @@ def group_bytes(
 ) -> int:
     """Bytes one rank holds of a quantised parameter group (`Linear` / `Experts` shapes).
 
-    Routed experts: with expert parallel a rank holds experts / expert_shards whole
-    experts, without it every expert with inter / TP of its intermediate size
-    (FusedMoE). gpt-oss MXFP4 experts are padded for the GPU's MoE kernel
-    (`mxfp4_moe_backend`); with `compute_capability` None they are not.
+    Routed experts are split over `expert_shards` ranks, vLLM's TP flattened across DP
+    (TP x DP; fused_moe/config.py FusedMoEParallelConfig.make): with expert parallel a rank
+    holds whole experts, the fullest ceil(experts / expert_shards) (expert_map_manager.py
+    determine_expert_map gives the remainder to the first ranks), without it every expert
+    with inter / expert_shards of its intermediate size (FusedMoE). gpt-oss MXFP4 experts
+    are padded for the GPU's MoE kernel (`mxfp4_moe_backend`); with `compute_capability`
+    None they are not.
     """
     from infra.catalog.arch import Experts, Linear
 
@@ -283,9 +286,9 @@ def group_bytes(
             total += linear_bytes(s, parts, k, shape.inputs)
         elif isinstance(shape, Experts):
             if expert_parallel:
-                experts, inter = shape.experts // expert_shards, shape.inter
+                experts, inter = -(-shape.experts // expert_shards), shape.inter
             else:
-                experts, inter = shape.experts, shape.inter // tp
+                experts, inter = shape.experts, shape.inter // expert_shards
             if s.kind == "gpt_oss_mxfp4":
                 total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter, mxfp4_moe_backend(compute_capability))
             else:

@@ -8,14 +8,16 @@ Placement rules (why):
   layout each pipeline stage is one whole node (TP = GPUs per node). A layout
   with stages inside one node is accepted when asked for explicitly, with a
   warning.
-- Expert parallelism, when on, spreads whole experts over the TP ranks of a
-  stage (EP size = TP, inside the node); its all-to-all uses NVLink, never EFA.
+- Expert parallelism, when on, spreads whole experts over vLLM's expert group,
+  the TP ranks of a stage and, with replicas, every replica's (EP size = TP x
+  DP); without it each expert's columns are split over the same GPUs.
 - Data parallelism fills the GPUs left over after TP with replicas of the
   model, served by one `vllm serve` (`--data-parallel-size`; the ranks of
-  other nodes started through Ray, serving.data_parallel_over_nodes), each
-  replica with a full copy of the weights (for MoE models vLLM shards the
-  experts across replicas; the plan does not count on it and says so,
-  plan.dp_moe_warnings). vLLM runs data parallelism only without pipeline
+  other nodes started through Ray, serving.data_parallel_over_nodes). A dense
+  model's replicas each hold the whole model; a MoE model's share its experts
+  (over TP x DP GPUs) and run each MoE layer together, exchanging its tokens
+  (over EFA when they span nodes; plan.dp_moe_warnings says how far the
+  performance model follows). vLLM runs data parallelism only without pipeline
   parallelism, so a layout has PP > 1 or DP > 1, not both.
 """
 
@@ -294,15 +296,18 @@ def _is_mla_layer(layer) -> bool:
     return any(c.spec_class in ("mla", "sliding_mla") for c in layer.caches)
 
 
-def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_parallel: bool = False, compute_capability: float | None = None) -> int:
+def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = None, expert_parallel: bool = False,
+                     compute_capability: float | None = None) -> int:  # fmt: skip
     """The MTP draft layers' weights on one rank of the last stage: vLLM loads them with
     the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
-    DeviceMemoryProfiler); embedding and LM head are shared with the target."""
+    DeviceMemoryProfiler); embedding and LM head are shared with the target. Their experts
+    are split like the target's (`expert_shards`, TP alone by default)."""
     groups = [g for layer in arch.mtp_layers for g in layer.params]
     return int(sum(
-        memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=compute_capability)
+        memory.group_bytes_per_rank(g, tp, expert_shards or tp, expert_parallel=expert_parallel,
+                                    compute_capability=compute_capability, num_experts=arch.num_experts)
         for g in groups
-    ))
+    ))  # fmt: skip
 
 
 def stage_figures(
@@ -314,23 +319,28 @@ def stage_figures(
     *,
     expert_parallel: bool = False,
     compute_capability: float | None = None,
+    expert_shards: int | None = None,
 ) -> list[StageFigures]:
-    """`expert_parallel` and the GPU's `compute_capability` only change quantised
-    experts that vLLM pads for the GPU's MoE kernel (gpt-oss MXFP4)."""
+    """`expert_shards`: the GPUs each routed expert is split over, TP x DP (layout.expert_shards;
+    TP alone by default). `expert_parallel` and the GPU's `compute_capability` only change
+    how quantised experts are split and padded for the GPU's MoE kernel (gpt-oss MXFP4)."""
     cache = _model_cache(arch)
     if "quantised" not in cache:
         cache["quantised"] = any(g.scheme is not None for layer in arch.layers for g in layer.params)
-    if not cache["quantised"]:
-        expert_parallel, compute_capability = False, None  # the same figures either way
+    shards = expert_shards or tp
+    if not arch.num_experts:
+        shards = tp  # nothing is split by it
+    if not cache["quantised"] and (not arch.num_experts or arch.num_experts % shards == 0):
+        expert_parallel, compute_capability = False, None  # the same figures either way (an even split)
     quant = dict(expert_parallel=expert_parallel, compute_capability=compute_capability)
-    key = ("stages", pp, tp, kv_bytes, speculative, expert_parallel, compute_capability)
+    key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, compute_capability)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
-        wkey = ("weights", pp, tp, speculative, expert_parallel, compute_capability)  # not the KV dtype
+        wkey = ("weights", pp, tp, shards, speculative, expert_parallel, compute_capability)  # not the KV dtype
         if wkey not in cache:
             cache[wkey] = [
-                memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=tp, **quant)
-                + (mtp_weight_bytes(arch, tp, **quant) if speculative and i == len(groups) - 1 else 0)
+                memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=shards, **quant)
+                + (mtp_weight_bytes(arch, tp, expert_shards=shards, **quant) if speculative and i == len(groups) - 1 else 0)
                 for i, layers in enumerate(groups)
             ]
         out = []
@@ -434,11 +444,12 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     figures = stage_figures(
         arch, layout.pp, layout.tp, kv_bytes, bool(spec_tokens),
         expert_parallel=layout.expert_parallel, compute_capability=float(gpu.compute_capability),
+        expert_shards=expert_shards(layout),
     )
     for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(
             arch, fig.layers, last=i == len(figures) - 1, tp=layout.tp,
-            max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,
+            max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs, dp=layout.dp,
         )  # fmt: skip
         pool = cudagraph.graph_bytes(layers=fig.graph_layers, mla_layers=fig.mla_graph_layers, graphs=graphs, estimate=False)
         estimate = (
@@ -451,7 +462,7 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
                 release=r, stage=i, layers=len(fig.layers), visible=gpu.visible_memory_bytes,
                 utilization=knobs.gpu_memory_utilization, weights=fig.weights, activation=activation, comm=comm,
                 cudagraph=pool, cudagraph_estimate=estimate, kv_bytes_per_token=fig.kv_per_token,
-                kv_bytes_per_block=kvl.bytes_per_block[i], distributed=layout.tp * layout.pp > 1,
+                kv_bytes_per_block=kvl.bytes_per_block[i], distributed=engine_gpus(arch, layout) > 1,
                 request_blocks=need, tokens_for=tokens_for,
             )  # fmt: skip
         )
@@ -460,12 +471,26 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     return ev
 
 
+def engine_gpus(arch: ModelArch, layout: Layout) -> int:
+    """The GPUs that hold one copy of the weights between them: a replica's (TP x PP), and for a
+    MoE model with DP every replica's, whose MoE layers split the experts over TP x DP (vLLM
+    0.34.0 fused_moe/config.py FusedMoEParallelConfig.make) and whose NCCL groups span them all
+    (each MoE layer gathers the DP ranks' tokens, distributed/device_communicators/all2all.py
+    AgRsAll2AllManager)."""
+    return layout.tp * layout.pp * (layout.dp if arch.num_experts else 1)
+
+
+def _split_name(arch: ModelArch, layout: Layout) -> str:
+    shared = arch.num_experts and layout.dp > 1
+    return f"TP {layout.tp} x PP {layout.pp}" + (f" x DP {layout.dp}" if shared else "")
+
+
 def weights_bound_errors(arch: ModelArch, itype: InstanceType, layout: Layout, knobs: Knobs) -> list[str]:
-    """A replica's GPUs hold every parameter at least once (TP/PP/EP only split them), so
-    weights over the replica's usable memory cannot fit on any of its ranks; refused
-    before the per-stage budget is built (most of a full catalog search)."""
+    """The engine's GPUs hold every parameter at least once (TP/PP/EP and a MoE's DP only split
+    them), so weights over their usable memory cannot fit on any of its ranks; refused before
+    the per-stage budget is built (most of a full catalog search)."""
     gpu, util = itype.gpu, knobs.gpu_memory_utilization
-    gpus = layout.tp * layout.pp
+    gpus = engine_gpus(arch, layout)
     usable = int(util * gpu.visible_memory_bytes)
     total = total_weight_bytes(arch)
     if total <= gpus * usable:
@@ -476,11 +501,11 @@ def weights_bound_errors(arch: ModelArch, itype: InstanceType, layout: Layout, k
 def _weights_do_not_fit(arch: ModelArch, itype: InstanceType, layout: Layout, util: float, usable: int,
                         fullest: int | None = None) -> str:
     """The refusal when the weights do not fit, with the replica's memory (and the fullest GPU's weights)."""
-    gpu, gpus = itype.gpu, layout.tp * layout.pp
+    gpu, gpus = itype.gpu, engine_gpus(arch, layout)
     where = f", {_gb(fullest)} on the fullest GPU at" if fullest is not None else " at"
     return (
         f"the weights do not fit: {arch.name} in {arch.weight_format} needs {_gb(total_weight_bytes(arch))} of "
-        f"weights{where} TP {layout.tp} x PP {layout.pp}; {gpus} x {gpu.name} hold "
+        f"weights{where} {_split_name(arch, layout)}; {gpus} x {gpu.name} hold "
         f"{_gb(gpus * gpu.visible_memory_bytes)} as CUDA reports it ({_gb(gpu.visible_memory_bytes)} each), "
         f"{_gb(gpus * usable)} usable at gpu-memory-utilization {util:.2f} ({_gb(usable)} each)"
     )  # fmt: skip

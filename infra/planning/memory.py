@@ -126,8 +126,15 @@ def group_bytes_per_rank(
     *,
     expert_parallel: bool = False,
     compute_capability: float | None = None,
+    num_experts: int = 0,
 ) -> float:
     """Bytes of one parameter group on one rank.
+
+    Routed experts are split over `expert_shards` ranks: TP x DP, vLLM's TP flattened
+    across DP for its MoE layers (fused_moe/config.py FusedMoEParallelConfig.make), by
+    intermediate columns or, with expert parallel, by whole experts, of which the fullest
+    rank holds ceil(`num_experts` / expert_shards) (expert_map_manager.py
+    determine_expert_map; an even split when `num_experts` is 0).
 
     A quantised group (one with a vLLM scheme and shapes) costs what vLLM creates
     for its shapes on the rank (infra.catalog.quant.group_bytes): scales per block
@@ -147,6 +154,8 @@ def group_bytes_per_rank(
     if group.shard in (Shard.TP, Shard.VOCAB):
         return total / tp
     if group.shard == Shard.EXPERT:
+        if expert_parallel and num_experts:
+            return total * -(-num_experts // expert_shards) / num_experts
         return total / expert_shards
     return total
 
@@ -173,7 +182,8 @@ def stage_weight_bytes(
     return int(
         sum(
             group_bytes_per_rank(
-                g, tp, expert_shards, expert_parallel=expert_parallel, compute_capability=compute_capability
+                g, tp, expert_shards, expert_parallel=expert_parallel, compute_capability=compute_capability,
+                num_experts=arch.num_experts,
             )
             for g in groups
         )
@@ -271,14 +281,19 @@ def activation_peak_bytes(
     tp: int,
     max_num_batched_tokens: int,
     max_num_seqs: int,
+    dp: int = 1,
 ) -> int:
-    """Torch activation peak of vLLM's profile run on one rank (see module constants)."""
+    """Torch activation peak of vLLM's profile run on one rank (see module constants). With DP
+    a MoE layer runs on every DP rank's tokens at once: vLLM 0.34.0 gathers them all before the
+    experts (distributed/device_communicators/all2all.py AgRsAll2AllManager.dispatch, an
+    all_gatherv of the sizes forward_context.py DPMetadata.sp_local_sizes gives, unchunked),
+    and each rank profiles max-num-batched-tokens together."""
     tokens = max_num_batched_tokens
     residual = 2 * tokens * arch.hidden_size  # hidden states and residual
     dense = (residual + _dense_transient_elements(arch, tokens, tp)) * ACTIVATION_BYTES_PER_ELEMENT
     forward = max(dense, tokens * FORWARD_FLOOR_BYTES_PER_TOKEN)
     if arch.num_experts and any(layer.moe for layer in layers):
-        forward += _moe_elements(arch, tokens) * ACTIVATION_BYTES_PER_ELEMENT
+        forward += _moe_elements(arch, tokens * dp) * ACTIVATION_BYTES_PER_ELEMENT
     sampler = 0
     if last:
         # Logits are gathered to the full vocabulary in float32 for sampling.

@@ -361,7 +361,8 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
 def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs) -> list[tuple[int, bool]]:
     """(max-num-batched-tokens, async scheduling) pairs the search tries besides vLLM's
     defaults: smaller chunks and synchronous scheduling shrink what each request
-    reserves in sliding-window and state groups (max_in_flight_tokens), nothing else."""
+    reserves in sliding-window and state groups (max_in_flight_tokens); smaller chunks
+    also shrink the activations of MoE layers that run every replica's tokens."""
     mnbts = [req.max_num_batched_tokens] if req.max_num_batched_tokens else serving.searched_batched_tokens(knobs.max_num_batched_tokens)
     asyncs = [knobs.async_scheduling]
     if req.async_scheduling is None and knobs.async_scheduling and knobs.release.at_least("0.26"):
@@ -376,6 +377,12 @@ def _has_windowed_groups(ev: Evaluation) -> bool:
     return bool(ev.kv) and any(g.first.spec in ("sliding", "sliding_mla") for g in ev.kv.groups)
 
 
+def _shares_moe_layers(arch: ModelArch, layout: Layout) -> bool:
+    """Replicas of a MoE model: each MoE layer runs all of their tokens, so its activations grow
+    with DP x max-num-batched-tokens (memory.activation_peak_bytes)."""
+    return bool(arch.num_experts) and layout.dp > 1
+
+
 def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, knobs: Knobs) -> Evaluation:
     """The layout at vLLM's defaults, or at the batch knobs that admit clearly more.
 
@@ -384,9 +391,12 @@ def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, lay
     scheduling) x max-num-batched-tokens. The search keeps vLLM's defaults unless
     another choice holds BATCH_KNOB_GAIN more sequences at max-model-len; among
     choices within 2% of the best it takes the one nearest the defaults (async
-    on, then the largest chunk)."""
+    on, then the largest chunk). Replicas of a MoE model try smaller chunks too: each MoE
+    layer's activations hold DP x max-num-batched-tokens tokens."""
     base = evaluate(arch, itype, nodes, layout, knobs)
-    if not base.stages or not _has_windowed_groups(base) or any("weights do not fit" in e for e in base.errors):
+    if not base.stages or any("weights do not fit" in e for e in base.errors):
+        return base
+    if not _has_windowed_groups(base) and not _shares_moe_layers(arch, layout):
         return base
     options = _batch_options(req, arch, knobs)
     if not options:
@@ -416,6 +426,15 @@ def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, lay
 def _batch_note(base: Evaluation, chosen: Evaluation) -> str:
     b, c = base.knobs, chosen.knobs
     adm_b, adm_c = base.admission, chosen.admission
+    if not _has_windowed_groups(chosen):  # replicas of a MoE model (tune)
+        before = f"{base.max_concurrency:,.2f}" if base.feasible else "none (it does not fit)"
+        return (
+            f"--max-num-batched-tokens {c.max_num_batched_tokens} (vLLM's default {b.max_num_batched_tokens}): each MoE "
+            f"layer runs the tokens of all {chosen.layout.dp} replicas, so its activations shrink with the chunk: "
+            f"{chosen.constrained.activation_bytes / GiB:,.2f} GiB per GPU instead of "
+            f"{base.constrained.activation_bytes / GiB:,.2f} GiB; "
+            f"max concurrency at max-model-len {c.max_model_len:,}: {chosen.max_concurrency:,.2f} instead of {before}"
+        )
     what = []
     if c.max_num_batched_tokens != b.max_num_batched_tokens:
         what.append(f"--max-num-batched-tokens {c.max_num_batched_tokens} (vLLM's default {b.max_num_batched_tokens})")
@@ -641,21 +660,23 @@ def make_plan(req: PlanRequest) -> Plan:
 
 
 def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str = "gpu-serving:serving.dataParallel 1") -> list[str]:
-    """What the figures leave out for a MoE model under data parallel (none otherwise): vLLM 0.34.0 shards
-    its experts over all TP x DP GPUs, with expert parallel or without
+    """How far to trust the figures of a MoE model under data parallel (nothing to say otherwise): vLLM
+    0.34.0 shards its experts over all TP x DP GPUs, with expert parallel or without
     (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make,
     flatten_tp_across_dp_and_pcp), and the replicas exchange each MoE layer's tokens in step
-    (config/parallel.py: all2all_backend "allgather_reducescatter" by default)."""
+    (config/parallel.py: all2all_backend "allgather_reducescatter" by default). The memory plan and
+    the step model count both; the step model takes the replicas as evenly loaded, and one
+    published run checks it (docs/planning.md, Performance)."""
     if lay.dp <= 1 or not arch.num_experts:
         return []
     across = lay.tp * lay.dp > gpus_per_node
     return [
-        f"data parallel {lay.dp} with a MoE model: vLLM shards every MoE layer's experts over all "
-        f"{lay.tp * lay.dp} GPUs (TP x DP) and the replicas step through each such layer together, exchanging its "
-        f"tokens (an all-gather and a reduce-scatter{', over EFA between nodes' if across else ''}); the memory plan "
-        "and the performance model take each replica as holding and running its own experts, so the KV capacity "
-        "here is under-stated and the latency and throughput are those of independent replicas (docs/planning.md, "
-        f"Performance); {fix} gives a layout both account for"
+        f"data parallel {lay.dp} with a MoE model: the replicas share its experts (vLLM splits them over all "
+        f"{lay.tp * lay.dp} GPUs, TP x DP) and step through each MoE layer together, exchanging its tokens (an "
+        f"all-gather and a reduce-scatter{', over EFA between nodes' if across else ''}); the plan counts both, but "
+        "the performance model takes the replicas as evenly loaded where vLLM's step waits for the busiest, and it "
+        "predicts its one published data-parallel MoE run about twice too fast (docs/planning.md, Performance); "
+        f"{fix} avoids the shared layers"
     ]
 
 

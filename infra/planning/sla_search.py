@@ -13,10 +13,11 @@ from infra.planning.perf import predict
 from infra.planning.perf.hardware import hardware
 from infra.planning.request import PlanRequest
 
-# Feasible layouts the SLA objective simulates, best by the memory ranking first: each
-# costs a capacity search (seconds for prod), and past the first few the memory ranking
-# has only FP8-KV or expert-parallel twins left.
-SLA_CANDIDATES = 4
+# Parallel shapes (TP x PP x DP, each with its expert-parallel twin) the SLA objective
+# simulates, best by the memory ranking first (sla_candidates): each costs a capacity
+# search (seconds for prod's TP 8 x PP 4, tens of ms for a data-parallel shape). Four
+# 8-GPU nodes have five: TP 8 x PP 4 and TP 8, 4, 2, 1 with replicas.
+SLA_CANDIDATES = 6
 MAX_SETTLE_ROUNDS = 4  # settle_max_num_seqs
 _CAPACITIES: dict = {}
 # Output tokens/s within the SLA closer than this share are a tie: the performance model
@@ -107,6 +108,26 @@ def mtp_note(chosen: Evaluation, cap: performance.Capacity, plain: Evaluation, p
     )
 
 
+def sla_candidates(arch: ModelArch, ranked: list[Evaluation]) -> list[Evaluation]:
+    """The layouts the SLA objective simulates: the first of each parallel shape (TP x PP x
+    DP) by the memory ranking and its expert-parallel twin, at most SLA_CANDIDATES shapes.
+    The memory ranking alone would fill the list with one kind: a MoE model's data-parallel
+    layouts hold the most sequences (the experts split over every GPU, the attention's
+    weights once per replica) and are not always the fastest (each MoE layer's tokens
+    exchanged between the replicas, over EFA across nodes). Those shapes come after the
+    others: the order changes no outcome, but the first sets the bar the rest must beat and a
+    candidate that cannot stops early (by_sla_throughput)."""
+    shapes: dict[tuple, list[Evaluation]] = {}
+    for ev in ranked:
+        lay = ev.layout
+        twins = shapes.setdefault((lay.tp, lay.pp, lay.dp), [])
+        if len(shapes) <= SLA_CANDIDATES and all(t.layout.expert_parallel != lay.expert_parallel for t in twins):
+            twins.append(ev)
+    kept = list(shapes.values())[:SLA_CANDIDATES]
+    kept.sort(key=lambda twins: bool(arch.num_experts) and twins[0].layout.dp > 1)  # stable: memory order within
+    return [ev for twins in kept for ev in twins]
+
+
 def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, ranked: list[Evaluation],
                       defaults: Knobs) -> tuple[list[Evaluation], performance.Capacity, dict | None, tuple | None]:  # fmt: skip
     """Objective sla-throughput-per-dollar: among the first SLA_CANDIDATES feasible layouts
@@ -117,7 +138,7 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     feasible = [ev for ev in ranked if ev.feasible]
     own = [ev for ev in feasible if ev.layout.kv_cache_dtype == "auto"]
     pool = []
-    for ev in (own or feasible)[:SLA_CANDIDATES]:
+    for ev in sla_candidates(arch, own or feasible):
         # tune() may have traded speed for KV at max-model-len (a smaller chunk, no async
         # scheduling); at the workload's lengths vLLM's defaults can serve far more, so they
         # go first (the first sets the bracket the others start from).

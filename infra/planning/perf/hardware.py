@@ -51,6 +51,9 @@ class Hardware:
     network_latency_s: float
     instance: str | None  # the EC2 instance type these figures are from, if any
     source: str
+    # Per GPU, per direction, between nodes without EFA: NCCL's socket transport over the
+    # instance's ENA bandwidth (0 with EFA, or without an instance type).
+    socket_bytes_per_s: float = 0.0
 
     def peak_flops(self, compute: str) -> float:
         """Dense tensor-core FLOP/s for a GEMM computing in `compute` ("bf16", "fp8", "fp4")."""
@@ -82,6 +85,7 @@ def for_instance(itype: InstanceType) -> Hardware:
         intra_node_latency_s=INTRA_NODE_LATENCY_S,
         network_bytes_per_s=network if itype.max_efa_interfaces else 0.0,
         network_latency_s=EFA_LATENCY_S,
+        socket_bytes_per_s=0.0 if itype.max_efa_interfaces else network,
         instance=itype.name,
         source=(
             f"{itype.name}: {itype.gpu_count} x {itype.gpu.name}; {how}; network {itype.network_bandwidth_gbps:,} Gbps "

@@ -186,18 +186,22 @@ def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool
     return [GemmTerm(k[0], flops[k], nbytes[k], per_sampled_token=sampled) for k in sorted(flops)]
 
 
-def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GPU, expert_parallel: bool) -> list[ExpertTerm]:
+def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GPU, expert_parallel: bool,
+             expert_shards: int) -> list[ExpertTerm]:  # fmt: skip
+    """`expert_shards`: the GPUs each expert is split over, TP x DP (layout.expert_shards); every
+    figure is of one rank for one token its MoE layer runs, which with DP is every replica's."""
     terms: Counter = Counter()
     cc = float(gpu.compute_capability)
     for layer in layers:
         for g in layer.params:
             if g.role != Role.ROUTED_EXPERT or not arch.num_experts:
                 continue
-            rank_bytes = memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=cc)
-            # Per token: top_k of the experts' parameters, split over the TP ranks (with
-            # expert parallel, the expected share of tokens a rank's experts get).
-            flops = 2 * g.count / arch.num_experts * arch.experts_per_token / tp
-            inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // tp
+            rank_bytes = memory.group_bytes_per_rank(g, tp, expert_shards, expert_parallel=expert_parallel,
+                                                     compute_capability=cc, num_experts=arch.num_experts)  # fmt: skip
+            # Per token: top_k of the experts' parameters, split over the ranks (with expert
+            # parallel, the expected share of tokens a rank's experts get).
+            flops = 2 * g.count / arch.num_experts * arch.experts_per_token / expert_shards
+            inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // expert_shards
             key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
                    moe_kernel(g.fmt), inter)  # fmt: skip
             terms[key] += 1
@@ -320,9 +324,10 @@ def _attention(layers: tuple[LayerSpec, ...], *, tp: int, kv_bytes: int, model_b
 
 
 def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, last: bool, tp: int, gpu: GPU,
-              expert_parallel: bool, kv_bytes: int, release: Release | None = None) -> StageOps:  # fmt: skip
+              expert_parallel: bool, kv_bytes: int, release: Release | None = None, dp: int = 1) -> StageOps:  # fmt: skip
     """`release`: the vLLM release whose attention kernels run (Release.sparse_attention_kernel); None:
-    as many query heads as the rank has, and MLA prefilled un-absorbed."""
+    as many query heads as the rank has, and MLA prefilled un-absorbed. `dp`: the replicas whose
+    MoE layers share the experts (vLLM splits them over TP x DP)."""
     kernel = release.sparse_attention_kernel(arch.model_type, gpu.compute_capability) if release else SparseAttentionKernel()
     model_bytes = memory.MODEL_DTYPE_BYTES.get(arch.model_dtype, 2)
     groups = [g for layer in layers for g in layer.params] + (list(arch.final) if last else [])
@@ -334,7 +339,7 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
     return StageOps(
         layers=len(layers),
         gemms=tuple(gemms),
-        experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel)),
+        experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel, expert_shards=tp * dp)),
         attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, kernel=kernel)),
         allreduces=2 * len(layers) if tp > 1 else 0,
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations
@@ -345,17 +350,18 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
 
 
 def model_stages(arch: ModelArch, *, tp: int, pp: int, gpu: GPU, expert_parallel: bool, kv_bytes: int,
-                 speculative: bool = False, release: Release | None = None) -> list[StageOps]:  # fmt: skip
+                 speculative: bool = False, release: Release | None = None, dp: int = 1) -> list[StageOps]:  # fmt: skip
     """Every pipeline stage as vLLM splits the layers (memory.stage_layers); with MTP
-    speculative decoding the last stage carries the drafter (its layers and the LM head)."""
+    speculative decoding the last stage carries the drafter (its layers and the LM head).
+    `dp`: the replicas sharing a MoE model's experts (stage_ops)."""
     split = memory.stage_layers(arch, pp)
     out = []
     for i, layers in enumerate(split):
         stage = stage_ops(arch, layers, first=i == 0, last=i == pp - 1, tp=tp, gpu=gpu,
-                          expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release)  # fmt: skip
+                          expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release, dp=dp)  # fmt: skip
         if i == pp - 1 and speculative and arch.mtp_layers:
             draft = stage_ops(arch, arch.mtp_layers, first=False, last=True, tp=tp, gpu=gpu,
-                              expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release)  # fmt: skip
+                              expert_parallel=expert_parallel, kv_bytes=kv_bytes, release=release, dp=dp)  # fmt: skip
             stage = replace(stage, draft=draft)
         out.append(stage)
     return out

@@ -111,8 +111,9 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         raise UserError(f"the memory plan refuses TP {srv.tp} x PP {srv.pp} x DP {srv.dp} on {gpu.name}: "
                         + "; ".join(errors or ev.errors))  # fmt: skip
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
+    moe_dp = srv.dp if arch.num_experts else 1  # the replicas that share a MoE model's experts
     stages = model_stages(arch, tp=srv.tp, pp=srv.pp, gpu=gpu, expert_parallel=srv.expert_parallel, kv_bytes=kv_bytes,
-                          speculative=bool(srv.num_speculative_tokens), release=r)  # fmt: skip
+                          speculative=bool(srv.num_speculative_tokens), release=r, dp=moe_dp)  # fmt: skip
     sizes = cudagraph.capture_sizes(
         r, max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens,
         decode_query_len=1 + srv.num_speculative_tokens, sm100=gpu.compute_capability.startswith("10"),
@@ -124,6 +125,11 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         hop_bytes_per_token=2 * arch.hidden_size * 2,
         hop_over_network=srv.pp > 1 and srv.tp * srv.pp > hw.gpus_per_node,
         num_speculative_tokens=srv.num_speculative_tokens,
+        # A MoE layer's dispatch gathers each token's bf16 hidden state, its top-k weights
+        # (fp32) and ids (int32; fused_moe/router/fused_topk_router.py fused_topk), and its
+        # combine returns the bf16 output (AgRsAll2AllManager).
+        moe_dp=moe_dp, exchange_bytes_per_token=2 * arch.hidden_size * 2 + 8 * arch.experts_per_token,
+        exchange_over_network=srv.tp * moe_dp > hw.gpus_per_node,
     )  # fmt: skip
     return Setup(arch, hw, layout, knobs, ev, step, _pool(ev), srv)
 
@@ -160,11 +166,17 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
     has its own: vLLM 0.34 starts one API server per replica by default
     (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB).
 
-    `trace`: filled with what the run asked of the step model and KV pool (same_run)."""
+    `trace`: filled with what the run asked of the step model and KV pool (same_run).
+
+    A MoE model's replicas run their MoE layers together: a closed loop of fewer requests than
+    replicas leaves the rest idle (StepModel.at_load)."""
+    step = s.step.at_load(concurrency) if concurrency is not None else s.step
     res = simulate(
-        s.step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
+        step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
         seed=seed, prefix_hit_rate=prefix_cache_hit_rate, trace=trace, **_engine_args(s),
     )  # fmt: skip
+    if trace is not None:
+        trace["moe_load"] = step.moe_load  # same_run asks the other setup at the same load
     extra_ms = request_overhead(s) * 1000
     ttft = res.ttft_ms
     return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
@@ -226,7 +238,7 @@ def same_run(a: Setup, trace: dict, b: Setup) -> bool:
         tokens = min(tokens, max_len)
         if (pool.blocks_for(tokens) if in_flight is None else pool.held(tokens, in_flight)) != n:
             return False
-    q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.stage_seconds
+    q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.at_load(trace["moe_load"]).stage_seconds
     batches = trace["batches"].items()
     return all(tuple(stage_seconds(decodes, prefills, q)) == times for (decodes, prefills), times in batches)
 
@@ -249,5 +261,7 @@ def with_efficiency(s: Setup, eff: Efficiency) -> Setup:
     st = s.step
     step = StepModel(st.stages, st.hw, tp=st.tp, eff=eff, async_scheduling=st.async_scheduling,
                      graph_max_tokens=st.graph_max_tokens, hop_bytes_per_token=st.hop_bytes_per_token,
-                     hop_over_network=st.hop_over_network, num_speculative_tokens=st.num_speculative_tokens)  # fmt: skip
+                     hop_over_network=st.hop_over_network, num_speculative_tokens=st.num_speculative_tokens,
+                     moe_dp=st.moe_dp, exchange_bytes_per_token=st.exchange_bytes_per_token,
+                     exchange_over_network=st.exchange_over_network)  # fmt: skip
     return replace(s, step=step)

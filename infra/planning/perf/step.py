@@ -20,6 +20,7 @@ Overlap (why the terms are combined as they are):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from bisect import bisect_left
 from itertools import accumulate
@@ -124,7 +125,12 @@ class StepModel:
 
     def __init__(self, stages: Sequence[StageOps], hw: Hardware, *, tp: int, eff: Efficiency = DEFAULT,
                  async_scheduling: bool = True, graph_max_tokens: int = 512, hop_bytes_per_token: int = 0,
-                 hop_over_network: bool = False, num_speculative_tokens: int = 0) -> None:  # fmt: skip
+                 hop_over_network: bool = False, num_speculative_tokens: int = 0, moe_dp: int = 1,
+                 exchange_bytes_per_token: int = 0, exchange_over_network: bool = False) -> None:  # fmt: skip
+        """`moe_dp`: the replicas whose MoE layers run together, sharing the experts (DP for a
+        MoE model, else 1); each step they exchange `exchange_bytes_per_token` per token and MoE
+        layer (_exchange), over the network when `exchange_over_network`. How many of them carry
+        a batch like this one's: `moe_load` (all of them; at_load changes it)."""
         self.stages = tuple(stages)
         self.pp = len(self.stages)
         # The GPU's own kernel-fitted figures where the repo has its tables (A100: fitted.AMPERE).
@@ -135,6 +141,9 @@ class StepModel:
         self.hop_bytes_per_token = hop_bytes_per_token
         self.hop_over_network = hop_over_network
         self.num_speculative_tokens = num_speculative_tokens
+        self.moe_dp, self.exchange_bytes_per_token = moe_dp, exchange_bytes_per_token
+        self.moe_load = moe_dp
+        self.exchange_over_network = exchange_over_network
         self._bw = hw.gpu.hbm_bandwidth_bytes_per_s * eff.hbm
         # Compute-bound work at the kernels' fractions, at what a serving step reaches of them.
         served = eff.serving_compute
@@ -157,6 +166,9 @@ class StepModel:
                   for a in stage.attention]  # fmt: skip
             if stage.allreduces:
                 w.append((units.index(("allreduce", stage.allreduce_bytes_per_token)), stage.allreduces))
+            moe_layers = sum(e.layers for e in stage.experts)
+            if moe_dp > 1 and moe_layers:
+                w.append((units.index(("exchange",)), moe_layers))
             self._weights.append(tuple(w))
         self._units = tuple(units.keys)
         # The fast path's forms of the same: units by kind, and each stage's weights as a
@@ -166,6 +178,7 @@ class StepModel:
         self._moe_units = [(i, u[1:]) for i, u in enumerate(keys) if u[0] == "moe"]
         self._attn_units = [(i, u[1:-1], u[-1]) for i, u in enumerate(keys) if u[0] == "attn"]
         self._allreduce_units = [(i, u[1]) for i, u in enumerate(keys) if u[0] == "allreduce"]
+        self._exchange_units = [i for i, u in enumerate(keys) if u[0] == "exchange"]
         self._by_size: dict[tuple[int, int], list[float]] = {}  # _stage_bases
         self._attn_floors = [(term, eff.attention_floor_s if term[1] else 0.0, self._attn_peak * scale)
                              for _, term, scale in self._attn_units]  # fmt: skip
@@ -192,10 +205,24 @@ class StepModel:
         draft = self.stages[-1].draft if num_speculative_tokens else None
         self._draft = None if draft is None else StepModel(
             [draft], hw, tp=tp, eff=eff.replace(step_overhead_s=0.0, seq_overhead_s=0.0),
-            async_scheduling=async_scheduling, graph_max_tokens=graph_max_tokens,
+            async_scheduling=async_scheduling, graph_max_tokens=graph_max_tokens, moe_dp=moe_dp,
+            exchange_bytes_per_token=exchange_bytes_per_token, exchange_over_network=exchange_over_network,
         )  # fmt: skip
         # The target's _threshold_sums hold the drafter's when its thresholds are among the target's.
         self._draft_takes_sums = self._draft is not None and set(self._draft._thresholds) <= set(self._thresholds)
+
+    def at_load(self, replicas: int) -> "StepModel":
+        """This model with `replicas` of the `moe_dp` replicas as busy as the one simulated and the
+        rest idle (a closed loop of fewer requests than replicas; vLLM steps an idle DP rank with
+        a dummy batch, left out here): its MoE layers run and exchange fewer tokens."""
+        replicas = max(1, min(replicas, self.moe_dp))
+        if replicas == self.moe_load:
+            return self
+        other = copy.copy(self)
+        other.moe_load, other._by_size = replicas, {}
+        if self._draft is not None:
+            other._draft = self._draft.at_load(replicas)
+        return other
 
     # --- the fast path: what the scheduler simulation calls every step ---------------
 
@@ -257,6 +284,8 @@ class StepModel:
             unit[i] = c + m + eff.moe_floor_s
         for i, bytes_per_token in self._allreduce_units:
             unit[i] = self._allreduce(tokens * bytes_per_token)
+        for i in self._exchange_units:
+            unit[i] = self._exchange(tokens)
         return unit
 
     def hop_seconds(self, tokens: int) -> float:
@@ -321,12 +350,17 @@ class StepModel:
         if kind == "attn":  # one layer
             floor = self.eff.attention_floor_s if u[2] else 0.0  # a kernel reading context (not a recurrent state)
             return (*self._attention(u[1:-1], sums, prefills, query_len, n_decode, self._attn_peak * u[-1]), 0.0, floor)
+        if kind == "exchange":  # one MoE layer's dispatch and combine between replicas
+            return 0.0, 0.0, self._exchange(tokens), 0.0
         return 0.0, 0.0, self._allreduce(tokens * u[1]), 0.0  # one all-reduce
 
     def _moe(self, term: tuple, tokens: int) -> tuple[float, float]:
         """The routed experts of one layer: FLOPs at the fused-MoE fraction, which falls as
-        each expert's slice on the rank (n) narrows: e_max x n / (n + n_half) (calibrate.py)."""
+        each expert's slice on the rank (n) narrows: e_max x n / (n + n_half) (calibrate.py).
+        With DP the layer runs every busy replica's tokens (`moe_load` x this one's: ASSUMPTION,
+        the busy replicas evenly loaded), on the rank's share of the experts."""
         experts, top_k, flops, bytes_per_expert, compute, kernel, inter = term
+        tokens *= self.moe_load
         distinct = expected_distinct_experts(experts, top_k, tokens)
         half = self.eff.moe_half_inter
         peak = self._moe_peak[compute, kernel] * (inter / (inter + half) if inter else 1.0)
@@ -352,6 +386,25 @@ class StepModel:
         flops = query_len * (entries * f_entry + n_decode * f_seq)
         flops, nbytes = _prefill_attention(term, prefills, flops, nbytes)
         return _roofline(flops, peak, nbytes, self._bw)
+
+    def _exchange(self, tokens: int) -> float:
+        """One MoE layer's dispatch and combine between the replicas: vLLM 0.34.0's default
+        all2all backend (config/parallel.py all2all_backend "allgather_reducescatter";
+        distributed/device_communicators/all2all.py AgRsAll2AllManager) all-gathers every DP
+        rank's hidden states, top-k weights and ids before the experts and reduce-scatters their
+        outputs after, so a rank takes in the other busy replicas' tokens (`moe_load` - 1 times its
+        own) x exchange_bytes_per_token, and every rank pays two latencies. Over NVLink inside a node (the all-reduce's fitted latency and
+        fraction), over EFA (or the instance's network without it) when the group spans nodes.
+        ASSUMPTION: one latency per collective, not one per ring step."""
+        n = self.moe_dp
+        if n <= 1 or tokens == 0:
+            return 0.0
+        hw = self.hw
+        if self.exchange_over_network:
+            latency, bandwidth = hw.network_latency_s, hw.network_bytes_per_s or hw.socket_bytes_per_s
+        else:
+            latency, bandwidth = self.eff.allreduce_latency_s, hw.intra_node_bytes_per_s * self.eff.allreduce_bw
+        return 2 * latency + (self.moe_load - 1) * tokens * self.exchange_bytes_per_token / bandwidth
 
     def _allreduce(self, nbytes: float) -> float:
         """Ring all-reduce over the TP group: latency + 2 (n - 1) / n x bytes / bus bandwidth."""
