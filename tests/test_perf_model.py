@@ -709,3 +709,47 @@ def test_a_closed_loop_of_fewer_requests_than_replicas_leaves_the_other_replicas
     [a] = lone.parts([], [(512, 0)])
     assert a.total_s < b.total_s and a.communication_s < b.communication_s
     assert a.communication_s > 0  # the idle replicas still take part in each collective
+
+
+def test_replicas_on_nodes_without_efa_exchange_over_the_instances_network() -> None:
+    """g7e.2xlarge has no EFA (its AWS page: up to 50 Gbps): four one-GPU replicas of
+    Qwen3-30B-A3B exchange each MoE layer's tokens over TCP at that bandwidth."""
+    itype = get_instance_type("g7e.2xlarge")
+    assert itype.max_efa_interfaces == 0 and itype.network_bandwidth_gbps == 50
+    hw = for_instance(itype)
+    arch = load_model("qwen3-30b-a3b")
+    s = predict.setup(arch, hw, predict.Serving(tp=1, dp=4, max_model_len=4096))
+    assert s.step.exchange_over_network and hw.network_bytes_per_s == 0
+    moe_layers = sum(1 for layer in arch.layers if layer.moe)
+    [small] = s.step.parts([1024], [])
+    [large] = s.step.parts([1024] * 64, [])
+    slope = (large.communication_s - small.communication_s) / (3 * 63 * moe_layers)
+    assert slope == pytest.approx((2 * arch.hidden_size * 2 + 8 * arch.experts_per_token) / (50e9 / 8), rel=1e-9)
+
+
+def test_two_replicas_already_exchange_and_split_columns_narrow_the_moe_kernel() -> None:
+    """Replicas share the MoE layers from two on. Without expert parallel each GPU runs every
+    expert's 1/(TP x DP) of its columns, narrower GEMMs at a lower fraction of the peak than whole
+    experts (fitted.py moe_half_inter): a compute-bound prefill chunk takes longer than with
+    expert parallel, whose GPUs run whole experts."""
+    two = _setup("qwen3-30b-a3b", tp=1, dp=2)
+    [p] = two.step.parts([1024], [])
+    assert p.communication_s >= 2 * 48 * two.step.eff.allreduce_latency_s
+    sliced = _setup("qwen3-30b-a3b", tp=1, dp=8)
+    whole = _setup("qwen3-30b-a3b", tp=1, dp=8, expert_parallel=True)
+    [a] = sliced.step.parts([], [(4096, 0)])
+    [b] = whole.step.parts([], [(4096, 0)])
+    assert a.bound == b.bound == "compute" and a.compute_s > b.compute_s
+
+
+def test_one_request_on_replicas_sharing_moe_layers_is_faster_than_on_a_lone_replica() -> None:
+    """At concurrency 1 the other replicas are idle (vLLM steps them on dummy batches), so each
+    GPU runs only the request's own tokens through its eighth of the experts: the same FLOPs as a
+    lone TP 1 replica, fewer expert bytes (a decode token's 8 experts spread over 8 GPUs), plus
+    the exchange's latencies (under half a millisecond a step here). Had the model taken all
+    eight replicas as busy, each GPU would read eight tokens' experts and be slower than alone."""
+    w = Workload.fixed(2000, 50)
+    lone = predict.run(_setup("qwen3-30b-a3b", tp=1), w, concurrency=1, request_rate=None, num_prompts=4)
+    shared = predict.run(_setup("qwen3-30b-a3b", tp=1, dp=8, expert_parallel=True), w, concurrency=1, request_rate=None,
+                         num_prompts=4)  # fmt: skip
+    assert shared.ttft_ms.mean < lone.ttft_ms.mean and shared.tpot_ms.mean < lone.tpot_ms.mean

@@ -11,7 +11,9 @@ import pytest
 from infra.catalog.models import load_model
 from infra.errors import UserError
 from infra.planning import PlanRequest, TcoInputs, make_plan
-from infra.planning import memory
+from infra.catalog.instances import get_instance_type
+from infra.planning import memory, serving
+from infra.planning.memory import GiB
 from infra.planning.cost import breakeven_tokens_per_month, cost_per_million_tokens
 
 TB = 1e12
@@ -368,8 +370,84 @@ def test_a_moe_model_under_data_parallel_is_planned_with_a_warning_of_what_the_f
     one_node = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, dp=2, tp=4))
     [w] = [w for w in one_node.warnings if w.startswith("data parallel")]
     assert "over all 8 GPUs, TP x DP" in w and "EFA" not in w
+    # Single-GPU nodes without EFA (g7e.2xlarge): the exchange goes over TCP, and the step model
+    # takes the instance's network for it.
+    no_efa = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="g7e.2xlarge", nodes=4, max_model_len=4096))
+    [w] = [w for w in no_efa.warnings if w.startswith("data parallel")]
+    assert "over TCP between nodes, which have no EFA" in w
     # The same model without data parallel, and a dense model with it, carry no such warning.
     single = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="p5.48xlarge", nodes=1, tp=8))
     dense = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, dp=8, tp=1))
     assert dense.evaluation.layout.dp == 8
     assert not [w for w in single.warnings + dense.warnings if w.startswith("data parallel")]
+
+
+@pytest.mark.parametrize("model, instance, nodes, dp", [("deepseek-v3", "p5e.48xlarge", 5, 40), ("kimi-k3", "p6-b300.48xlarge", 2, 2)])
+def test_replicas_of_a_moe_model_take_a_smaller_chunk_when_its_activations_crowd_out_the_kv_cache(model, instance, nodes, dp):
+    """Each MoE layer of a replica runs every replica's tokens (vLLM 0.34 all-gathers them,
+    device_communicators/all2all.py AgRsAll2AllManager.dispatch; the profile run puts
+    max-num-batched-tokens on every DP rank at once), so its activations grow with DP x chunk:
+    the search tries smaller chunks for such layouts, and says why."""
+    plan = make_plan(PlanRequest(model=model, instance_type=instance, nodes=nodes, max_model_len=4096, pp=1, dp=dp))
+    ev = plan.evaluation
+    assert plan.feasible and ev.layout.dp == dp
+    default = serving.default_batched_tokens(get_instance_type(instance).gpu.visible_memory_bytes, get_instance_type(instance).gpu.name,
+                                             ev.knobs.release)  # fmt: skip
+    assert ev.knobs.max_num_batched_tokens < default
+    [note] = [n for n in ev.notes if "each MoE layer runs the tokens" in n]
+    assert f"of all {dp} replicas" in note and f"(vLLM's default {default})" in note
+    at_default = make_plan(PlanRequest(model=model, instance_type=instance, nodes=nodes, max_model_len=4096, pp=1, dp=dp,
+                                       max_num_batched_tokens=default))  # fmt: skip
+    assert not at_default.feasible or at_default.constrained.activation_bytes > 2 * plan.constrained.activation_bytes
+
+
+def test_replicas_of_a_moe_model_pay_for_the_nccl_groups_that_join_them():
+    """One-GPU replicas of a MoE model share NCCL groups (each MoE layer's gather spans them),
+    so each GPU holds the ~1 GiB more that vLLM 0.19 logs show once NCCL groups exist
+    (memory.CUDA_CONTEXT_DISTRIBUTED_BYTES); a dense model's one-GPU replicas do not."""
+    moe = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="g7e.2xlarge", nodes=4, max_model_len=4096))
+    dense = make_plan(PlanRequest(model="qwen3-0.6b", instance_type="g7e.2xlarge", nodes=4, max_model_len=4096))
+    assert moe.layout.dp == dense.layout.dp == 4 and moe.layout.tp == dense.layout.tp == 1
+    context = [p.constrained.cuda_overhead_bytes - p.constrained.cudagraph_bytes for p in (moe, dense)]
+    assert context[0] - context[1] == pytest.approx(1.0 * GiB, abs=0.01 * GiB)
+
+
+def test_the_mtp_layers_experts_are_split_like_the_targets():
+    """DeepSeek-V3's MTP layer is a MoE layer too: over TP 8 x DP 2 its experts are split over 16
+    GPUs, on the last stage of TP 8 x PP 2 over 8, so the drafter weighs half its experts' share
+    less on a replica's GPU."""
+    def added(**kw) -> float:
+        req = dict(model="deepseek-v3", instance_type="p5e.48xlarge", nodes=2, max_model_len=4096, **kw)
+        with_mtp = make_plan(PlanRequest(**req, speculative_method="mtp", num_speculative_tokens=1))
+        plain = make_plan(PlanRequest(**req, speculative_method="off"))
+        assert with_mtp.feasible and plain.feasible
+        return with_mtp.stages[-1].weights_bytes - plain.stages[-1].weights_bytes
+
+    arch = load_model("deepseek-v3")
+    experts = sum(memory.group_bytes_per_rank(g, 1, 1) for layer in arch.mtp_layers for g in layer.params
+                  if g.role.value == "routed_expert")  # fmt: skip
+    assert experts > 0
+    assert added(tp=8, pp=2) - added(tp=8, dp=2) == pytest.approx(experts / 8 - experts / 16, rel=0.01)
+
+
+def test_the_sla_search_tries_every_parallel_shape_with_replicas_sharing_moe_layers_last():
+    """The memory ranking puts V4-Pro's replicas first (they share the experts, so hold the most
+    sequences), but the SLA search must weigh TP 8 x PP 4 too: every shape (TP x PP x DP) is a
+    candidate, each with expert parallel off and on; the shapes whose replicas exchange MoE
+    tokens go last, so the pipeline sets the bar they must beat and they stop early."""
+    from infra.planning import plan as planning
+    from infra.planning.sla_search import sla_candidates
+
+    req = _prod()
+    arch, itype = load_model(req.model), get_instance_type(req.instance_type)
+    ranked = [ev for ev in planning.search(req, arch, itype, 4, planning._knobs(req, arch, itype))
+              if ev.feasible and ev.layout.kv_cache_dtype == "auto"]  # fmt: skip
+    pool = sla_candidates(arch, ranked)
+    shapes = [(ev.layout.tp, ev.layout.pp, ev.layout.dp) for ev in pool]
+    assert ranked[0].layout.dp > 1 and shapes[:2] == [(8, 4, 1)] * 2
+    assert {(ev.layout.tp, ev.layout.pp, ev.layout.dp) for ev in ranked} == set(shapes)
+    for shape in set(shapes):
+        assert sorted(ev.layout.expert_parallel for ev in pool if (ev.layout.tp, ev.layout.pp, ev.layout.dp) == shape) == [False, True]
+    # Among the replicas, the memory ranking's order.
+    dp_shapes = list(dict.fromkeys(s for s in shapes if s[2] > 1))
+    assert dp_shapes == list(dict.fromkeys((ev.layout.tp, ev.layout.pp, ev.layout.dp) for ev in ranked if ev.layout.dp > 1))

@@ -449,3 +449,29 @@ def test_block_fp8_experts_that_vllm_refuses_at_tp8_need_expert_parallel():
     # The block_k check follows the attention's TP alone: TP 1 x DP 8 leaves 192, not a multiple of block_n.
     refused = layout_errors(arch, itype, 1, Layout(tp=1, pp=1, dp=8, expert_parallel=False, kv_cache_dtype="auto"))
     assert any("TP 1 x DP 8 leaves 192" in e for e in refused), refused
+
+
+def test_replicas_split_quantised_experts_over_every_gpu_and_the_fullest_holds_the_remainder() -> None:
+    """vLLM's MoE layers split experts over TP x DP GPUs (fused_moe/config.py
+    FusedMoEParallelConfig.make): without expert parallel each GPU holds 1/(TP x DP) of every
+    expert's columns; with it whole experts, the remainder going to the first GPUs
+    (expert_map_manager.py determine_expert_map): 128 experts over 6 GPUs leave 22 on the fullest."""
+    arch = load_model("qwen3-235b-a22b-fp8")
+    g = next(g for layer in arch.layers for g in layer.params if g.role == Role.ROUTED_EXPERT)
+    whole = memory.group_bytes_per_rank(g, 1, 1)
+    # TP 2 x DP 2 without expert parallel: 1,536 columns over 4 GPUs, 384 each (three 128-wide
+    # FP8 blocks, so the scales divide too).
+    assert memory.group_bytes_per_rank(g, 2, 4) == pytest.approx(whole / 4, rel=1e-12)
+    # Expert parallel over 6 GPUs (TP 2 x DP 3): the fullest holds 22 of the 128.
+    assert memory.group_bytes_per_rank(g, 2, 6, expert_parallel=True) == pytest.approx(whole * 22 / 128, rel=1e-12)
+
+
+def test_unquantised_experts_over_an_uneven_expert_parallel_group_charge_the_fullest_gpu() -> None:
+    """Qwen3-30B-A3B (bf16) on five one-GPU nodes: expert parallel over TP 1 x DP 5 puts 26 of its
+    128 experts on the fullest GPU (128 = 5 x 25 + 3). One expert of one layer, by hand: gate, up
+    and down projections of 2,048 x 768, two bytes each; 48 layers."""
+    plan = make_plan(PlanRequest(model="qwen3-30b-a3b", instance_type="g7e.2xlarge", nodes=5, max_model_len=4096))
+    assert plan.feasible and plan.layout.expert_parallel and plan.layout.dp == 5
+    expert = 3 * 2048 * 768 * 2
+    rest = weight_bytes(plan.model) - 128 * 48 * expert  # attention, router, norms, embedding, LM head
+    assert plan.constrained.weights_bytes == pytest.approx(rest + 26 * 48 * expert, abs=4096)

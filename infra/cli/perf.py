@@ -83,7 +83,7 @@ def point_json(s: predict.Setup, res: SimResult, *, concurrency, rate, isl: floa
 
 
 def _warnings(s: predict.Setup) -> list[str]:
-    return dp_moe_warnings(s.arch, s.layout, s.hw.gpus_per_node, "--dp 1")
+    return dp_moe_warnings(s.arch, s.layout, s.hw.gpus_per_node, "--dp 1", efa=s.hw.network_bytes_per_s > 0)
 
 
 def setup_json(s: predict.Setup) -> dict:

@@ -659,7 +659,8 @@ def make_plan(req: PlanRequest) -> Plan:
     return plan
 
 
-def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str = "gpu-serving:serving.dataParallel 1") -> list[str]:
+def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str = "gpu-serving:serving.dataParallel 1",
+                    efa: bool = True) -> list[str]:  # fmt: skip
     """How far to trust the figures of a MoE model under data parallel (nothing to say otherwise): vLLM
     0.34.0 shards its experts over all TP x DP GPUs, with expert parallel or without
     (model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make,
@@ -669,11 +670,13 @@ def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str =
     published run checks it (docs/planning.md, Performance)."""
     if lay.dp <= 1 or not arch.num_experts:
         return []
-    across = lay.tp * lay.dp > gpus_per_node
+    across = ""
+    if lay.tp * lay.dp > gpus_per_node:
+        across = ", over EFA between nodes" if efa else ", over TCP between nodes, which have no EFA"
     return [
         f"data parallel {lay.dp} with a MoE model: the replicas share its experts (vLLM splits them over all "
         f"{lay.tp * lay.dp} GPUs, TP x DP) and step through each MoE layer together, exchanging its tokens (an "
-        f"all-gather and a reduce-scatter{', over EFA between nodes' if across else ''}); the plan counts both, but "
+        f"all-gather and a reduce-scatter{across}); the plan counts both, but "
         "the performance model takes the replicas as evenly loaded where vLLM's step waits for the busiest, and it "
         "predicts its one published data-parallel MoE run about twice too fast (docs/planning.md, Performance); "
         f"{fix} avoids the shared layers"
@@ -690,7 +693,7 @@ def _warnings(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evalua
         )
     if req.kv_cache_dtype is None and lay.kv_cache_dtype != "auto":
         out.append(f"KV cache in {lay.kv_cache_dtype}: the model's own dtype leaves no room at this max-model-len")
-    out.extend(dp_moe_warnings(arch, lay, itype.gpu_count))
+    out.extend(dp_moe_warnings(arch, lay, itype.gpu_count, efa=itype.max_efa_interfaces > 0))
     if ev.stages:
         tight = ev.constrained
         r = ev.knobs.release
