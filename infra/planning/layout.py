@@ -297,12 +297,14 @@ def _is_mla_layer(layer) -> bool:
 
 
 def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = None, expert_parallel: bool = False,
-                     compute_capability: float | None = None) -> int:  # fmt: skip
+                     compute_capability: float | None = None, routed: bool | None = None) -> int:  # fmt: skip
     """The MTP draft layers' weights on one rank of the last stage: vLLM loads them with
     the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
     DeviceMemoryProfiler); embedding and LM head are shared with the target. Their experts
-    are split like the target's (`expert_shards`, TP alone by default)."""
-    groups = [g for layer in arch.mtp_layers for g in layer.params]
+    are split like the target's (`expert_shards`, TP alone by default). `routed`: as in
+    memory.stage_weight_bytes."""
+    groups = [g for layer in arch.mtp_layers for g in layer.params
+              if routed is None or (g.role == Role.ROUTED_EXPERT) == routed]  # fmt: skip
     return int(sum(
         memory.group_bytes_per_rank(g, tp, expert_shards or tp, expert_parallel=expert_parallel,
                                     compute_capability=compute_capability, num_experts=arch.num_experts)
@@ -336,22 +338,30 @@ def stage_figures(
     key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, compute_capability)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
-        wkey = ("weights", pp, tp, shards, speculative, expert_parallel, compute_capability)  # not the KV dtype
-        if wkey not in cache:
-            cache[wkey] = [
-                memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, tp=tp, expert_shards=shards, **quant)
-                + (mtp_weight_bytes(arch, tp, expert_shards=shards, **quant) if speculative and i == len(groups) - 1 else 0)
-                for i, layers in enumerate(groups)
-            ]
+
+        def weights(wkey: tuple, **split) -> list[int]:  # per stage, not per KV dtype
+            if wkey not in cache:
+                cache[wkey] = [
+                    memory.stage_weight_bytes(arch, layers, first=i == 0, last=i == len(groups) - 1, **split)
+                    + (mtp_weight_bytes(arch, **split) if speculative and i == len(groups) - 1 else 0)
+                    for i, layers in enumerate(groups)
+                ]
+            return cache[wkey]
+
+        # The routed experts depend on their split (TP x DP GPUs) and not on TP alone (every
+        # catalog model's are Experts shapes), the rest on TP: a search over DP reuses both.
+        rest = weights(("weights", pp, tp, speculative), tp=tp, expert_shards=shards, routed=False)
+        routed = weights(("experts", pp, shards, speculative, expert_parallel, compute_capability), tp=tp,
+                         expert_shards=shards, routed=True, **quant)  # fmt: skip
         out = []
         for i, layers in enumerate(groups):
             last = i == len(groups) - 1
-            weights = cache[wkey][i]
+            weights_bytes = rest[i] + routed[i]
             graph = list(layers) + (list(arch.mtp_layers) if last and speculative else [])
             out.append(
                 StageFigures(
                     layers=layers,
-                    weights=weights,
+                    weights=weights_bytes,
                     kv_per_token=memory.bytes_per_token(layers, tp, kv_bytes),
                     graph_layers=len(graph),
                     mla_graph_layers=sum(1 for layer in graph if _is_mla_layer(layer)),

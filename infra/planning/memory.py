@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Shard
+from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.formats import get_format
 from infra.catalog.quant import group_bytes
 
@@ -170,15 +170,19 @@ def stage_weight_bytes(
     expert_shards: int,
     expert_parallel: bool = False,
     compute_capability: float | None = None,
+    routed: bool | None = None,
 ) -> int:
     """Weights held by one rank of a stage: its layers, plus the embedding on the
-    first stage and the LM head and final norm on the last."""
+    first stage and the LM head and final norm on the last. `routed`: only the routed
+    experts (True), only the rest (False), or all (None)."""
     groups: list[ParamGroup] = [g for layer in layers for g in layer.params]
     if first:
         groups.append(arch.embedding)
     if last:
         groups.append(arch.lm_head)
         groups.extend(arch.final)
+    if routed is not None:
+        groups = [g for g in groups if (g.role == Role.ROUTED_EXPERT) == routed]
     return int(
         sum(
             group_bytes_per_rank(

@@ -358,14 +358,15 @@ def candidate_layouts(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     return [Layout(tp, pp, dp, ep, kv) for tp, pp, dp in pairs for ep in eps for kv in kvs if not (ep and tp * dp == 1)]
 
 
-def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs) -> list[tuple[int, bool]]:
+def _batch_options(req: PlanRequest, arch: ModelArch, knobs: Knobs, windowed: bool = True) -> list[tuple[int, bool]]:
     """(max-num-batched-tokens, async scheduling) pairs the search tries besides vLLM's
     defaults: smaller chunks and synchronous scheduling shrink what each request
     reserves in sliding-window and state groups (max_in_flight_tokens); smaller chunks
-    also shrink the activations of MoE layers that run every replica's tokens."""
+    also shrink the activations of MoE layers that run every replica's tokens, which async
+    scheduling does not change (`windowed` False: no window or state group to reserve for)."""
     mnbts = [req.max_num_batched_tokens] if req.max_num_batched_tokens else serving.searched_batched_tokens(knobs.max_num_batched_tokens)
     asyncs = [knobs.async_scheduling]
-    if req.async_scheduling is None and knobs.async_scheduling and knobs.release.at_least("0.26"):
+    if windowed and req.async_scheduling is None and knobs.async_scheduling and knobs.release.at_least("0.26"):
         asyncs.append(False)  # before 0.26 the reservation does not depend on it
     # config/scheduler.py: max-num-batched-tokens must be at least a pinned max-num-seqs (a derived
     # one is capped at it).
@@ -396,9 +397,10 @@ def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, lay
     base = evaluate(arch, itype, nodes, layout, knobs)
     if not base.stages or any("weights do not fit" in e for e in base.errors):
         return base
-    if not _has_windowed_groups(base) and not _shares_moe_layers(arch, layout):
+    windowed = _has_windowed_groups(base)
+    if not windowed and not _shares_moe_layers(arch, layout):
         return base
-    options = _batch_options(req, arch, knobs)
+    options = _batch_options(req, arch, knobs, windowed)
     if not options:
         return base
 
