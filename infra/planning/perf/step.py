@@ -392,12 +392,12 @@ class StepModel:
         all2all backend (config/parallel.py all2all_backend "allgather_reducescatter";
         distributed/device_communicators/all2all.py AgRsAll2AllManager) all-gathers every DP
         rank's hidden states, top-k weights and ids before the experts and reduce-scatters their
-        outputs after, so a rank takes in the other busy replicas' tokens (`moe_load` - 1 times its
-        own) x exchange_bytes_per_token, and every rank pays two latencies. Over NVLink inside a node (the all-reduce's fitted latency and
-        fraction), over EFA (or the instance's network without it) when the group spans nodes.
-        ASSUMPTION: one latency per collective, not one per ring step."""
-        n = self.moe_dp
-        if n <= 1 or tokens == 0:
+        outputs after, so a rank takes in the other busy replicas' tokens (`moe_load` - 1 times
+        its own) x exchange_bytes_per_token, and every rank pays two latencies. Over NVLink inside
+        a node (the all-reduce's fitted latency and fraction), over EFA (or the instance's network
+        without it) when the group spans nodes. ASSUMPTION: one latency per collective, not one
+        per ring step."""
+        if self.moe_dp <= 1 or tokens == 0:
             return 0.0
         hw = self.hw
         if self.exchange_over_network:
