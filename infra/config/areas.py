@@ -526,7 +526,7 @@ class ServingConfig(_Area):
         default=None,
         ge=64,
         le=1_048_576,
-        description="`--max-num-batched-tokens`; null = vLLM's default for the GPU.",
+        description="`--max-num-batched-tokens`; null = searched: vLLM's default for the GPU unless a smaller chunk holds markedly more sequences (models with sliding-window or state caches, and a MoE model's replicas, whose MoE layers run every replica's tokens).",
     )
     max_num_seqs: Optional[int] = Field(
         default=None, ge=1, le=65_536, description="`--max-num-seqs`; null = derived from KV capacity."
