@@ -258,6 +258,13 @@ def _gpt_oss_experts_bytes(s: Scheme, experts: int, hidden: int, inter: int, bac
     return experts * (_triton_hopper_expert_bytes(h, i) + FP32 * (2 * i + h))
 
 
+def experts_on_fullest_rank(experts: int, ranks: int) -> int:
+    """Whole experts on the fullest of `ranks` expert-parallel ranks: vLLM gives the remainder
+    of an uneven split to the first ranks (0.34.0 fused_moe/expert_map_manager.py
+    determine_expert_map)."""
+    return -(-experts // ranks)
+
+
 def group_bytes(
     s: Scheme,
     shapes: tuple,
@@ -270,12 +277,11 @@ def group_bytes(
     """Bytes one rank holds of a quantised parameter group (`Linear` / `Experts` shapes).
 
     Routed experts are split over `expert_shards` ranks, vLLM's TP flattened across DP
-    (TP x DP; fused_moe/config.py FusedMoEParallelConfig.make): with expert parallel a rank
-    holds whole experts, the fullest ceil(experts / expert_shards) (expert_map_manager.py
-    determine_expert_map gives the remainder to the first ranks), without it every expert
-    with inter / expert_shards of its intermediate size (FusedMoE). gpt-oss MXFP4 experts
-    are padded for the GPU's MoE kernel (`mxfp4_moe_backend`); with `compute_capability`
-    None they are not.
+    (TP x DP; fused_moe/config.py FusedMoEParallelConfig.make): with expert parallel the
+    fullest rank's whole experts (experts_on_fullest_rank), without it every expert with
+    inter / expert_shards of its intermediate size (FusedMoE). gpt-oss MXFP4 experts are
+    padded for the GPU's MoE kernel (`mxfp4_moe_backend`); with `compute_capability` None
+    they are not.
     """
     from infra.catalog.arch import Experts, Linear
 
@@ -286,7 +292,7 @@ def group_bytes(
             total += linear_bytes(s, parts, k, shape.inputs)
         elif isinstance(shape, Experts):
             if expert_parallel:
-                experts, inter = -(-shape.experts // expert_shards), shape.inter
+                experts, inter = experts_on_fullest_rank(shape.experts, expert_shards), shape.inter
             else:
                 experts, inter = shape.experts, shape.inter // expert_shards
             if s.kind == "gpt_oss_mxfp4":

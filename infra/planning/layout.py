@@ -302,14 +302,11 @@ def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = No
     the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
     DeviceMemoryProfiler); embedding and LM head are shared with the target. Their experts
     are split like the target's (`expert_shards`, TP alone by default). `routed`: as in
-    memory.stage_weight_bytes."""
-    groups = [g for layer in arch.mtp_layers for g in layer.params
-              if routed is None or (g.role == Role.ROUTED_EXPERT) == routed]  # fmt: skip
-    return int(sum(
-        memory.group_bytes_per_rank(g, tp, expert_shards or tp, expert_parallel=expert_parallel,
-                                    compute_capability=compute_capability, num_experts=arch.num_experts)
-        for g in groups
-    ))  # fmt: skip
+    memory.stage_weight_bytes, which counts them as a stage of those layers alone."""
+    return memory.stage_weight_bytes(
+        arch, arch.mtp_layers, first=False, last=False, tp=tp, expert_shards=expert_shards or tp,
+        expert_parallel=expert_parallel, compute_capability=compute_capability, routed=routed,
+    )  # fmt: skip
 
 
 def stage_figures(
@@ -481,17 +478,22 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     return ev
 
 
+def shares_moe_layers(arch: ModelArch, layout: Layout) -> bool:
+    """Replicas of a MoE model: vLLM 0.34.0 splits its experts over all TP x DP GPUs
+    (fused_moe/config.py FusedMoEParallelConfig.make) and runs each MoE layer on every replica's
+    tokens together (distributed/device_communicators/all2all.py AgRsAll2AllManager), so their
+    memory, NCCL groups, activations and step time are shared."""
+    return bool(arch.num_experts) and layout.dp > 1
+
+
 def engine_gpus(arch: ModelArch, layout: Layout) -> int:
-    """The GPUs that hold one copy of the weights between them: a replica's (TP x PP), and for a
-    MoE model with DP every replica's, whose MoE layers split the experts over TP x DP (vLLM
-    0.34.0 fused_moe/config.py FusedMoEParallelConfig.make) and whose NCCL groups span them all
-    (each MoE layer gathers the DP ranks' tokens, distributed/device_communicators/all2all.py
-    AgRsAll2AllManager)."""
-    return layout.tp * layout.pp * (layout.dp if arch.num_experts else 1)
+    """The GPUs that hold one copy of the weights between them: a replica's (TP x PP), or every
+    replica's when they share a MoE model's layers."""
+    return layout.tp * layout.pp * (layout.dp if shares_moe_layers(arch, layout) else 1)
 
 
 def _split_name(arch: ModelArch, layout: Layout) -> str:
-    shared = arch.num_experts and layout.dp > 1
+    shared = shares_moe_layers(arch, layout)
     return f"TP {layout.tp} x PP {layout.pp}" + (f" x DP {layout.dp}" if shared else "")
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from infra.catalog.arch import CacheDtype, CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.formats import get_format
-from infra.catalog.quant import group_bytes
+from infra.catalog.quant import experts_on_fullest_rank, group_bytes
 
 if TYPE_CHECKING:
     from infra.planning.vllm_release import Release
@@ -132,9 +132,8 @@ def group_bytes_per_rank(
 
     Routed experts are split over `expert_shards` ranks: TP x DP, vLLM's TP flattened
     across DP for its MoE layers (fused_moe/config.py FusedMoEParallelConfig.make), by
-    intermediate columns or, with expert parallel, by whole experts, of which the fullest
-    rank holds ceil(`num_experts` / expert_shards) (expert_map_manager.py
-    determine_expert_map; an even split when `num_experts` is 0).
+    intermediate columns or, with expert parallel, by whole experts, as many of `num_experts` as
+    the fullest rank holds (quant.experts_on_fullest_rank; an even split when it is 0).
 
     A quantised group (one with a vLLM scheme and shapes) costs what vLLM creates
     for its shapes on the rank (infra.catalog.quant.group_bytes): scales per block
@@ -155,7 +154,7 @@ def group_bytes_per_rank(
         return total / tp
     if group.shard == Shard.EXPERT:
         if expert_parallel and num_experts:
-            return total * -(-num_experts // expert_shards) / num_experts
+            return total * experts_on_fullest_rank(num_experts, expert_shards) / num_experts
         return total / expert_shards
     return total
 

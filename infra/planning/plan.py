@@ -21,7 +21,7 @@ from infra.planning.monitoring_sizing import Shape
 from infra.planning.contract import Deployment, GpuNodes, ServeCommand
 from infra.planning.cost import CostLines, cost_lines
 from infra.planning.cold_start_cost import ColdStartCost, cold_start_cost
-from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate
+from infra.planning.layout import Evaluation, Knobs, Layout, divisors, evaluate, shares_moe_layers
 from infra.planning.memory import KV_DTYPE_BYTES, GiB, RankBudget
 from infra.planning.request import (
     GPU_MEMORY_UTILIZATION_RANGE,
@@ -378,12 +378,6 @@ def _has_windowed_groups(ev: Evaluation) -> bool:
     return bool(ev.kv) and any(g.first.spec in ("sliding", "sliding_mla") for g in ev.kv.groups)
 
 
-def _shares_moe_layers(arch: ModelArch, layout: Layout) -> bool:
-    """Replicas of a MoE model: each MoE layer runs all of their tokens, so its activations grow
-    with DP x max-num-batched-tokens (memory.activation_peak_bytes)."""
-    return bool(arch.num_experts) and layout.dp > 1
-
-
 def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, knobs: Knobs) -> Evaluation:
     """The layout at vLLM's defaults, or at the batch knobs that admit clearly more.
 
@@ -398,7 +392,7 @@ def tune(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, lay
     if not base.stages or any("weights do not fit" in e for e in base.errors):
         return base
     windowed = _has_windowed_groups(base)
-    if not windowed and not _shares_moe_layers(arch, layout):
+    if not windowed and not shares_moe_layers(arch, layout):
         return base
     options = _batch_options(req, arch, knobs, windowed)
     if not options:
@@ -670,7 +664,7 @@ def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str =
     (config/parallel.py: all2all_backend "allgather_reducescatter" by default). The memory plan and
     the step model count both; the step model takes the replicas as evenly loaded, and one
     published run checks it (docs/planning.md, Performance)."""
-    if lay.dp <= 1 or not arch.num_experts:
+    if not shares_moe_layers(arch, lay):
         return []
     across = ""
     if lay.tp * lay.dp > gpus_per_node:

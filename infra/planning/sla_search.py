@@ -8,7 +8,7 @@ from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import capacity_cache, kv_cache, performance, serving
-from infra.planning.layout import Evaluation, Knobs, evaluate
+from infra.planning.layout import Evaluation, Knobs, evaluate, shares_moe_layers
 from infra.planning.perf import predict
 from infra.planning.perf.hardware import hardware
 from infra.planning.request import PlanRequest
@@ -124,13 +124,13 @@ def sla_candidates(arch: ModelArch, ranked: list[Evaluation]) -> list[Evaluation
         if len(shapes) <= SLA_CANDIDATES and all(t.layout.expert_parallel != lay.expert_parallel for t in twins):
             twins.append(ev)
     kept = list(shapes.values())[:SLA_CANDIDATES]
-    kept.sort(key=lambda twins: bool(arch.num_experts) and twins[0].layout.dp > 1)  # stable: memory order within
+    kept.sort(key=lambda twins: shares_moe_layers(arch, twins[0].layout))  # stable: memory order within
     return [ev for twins in kept for ev in twins]
 
 
 def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, nodes: int, ranked: list[Evaluation],
                       defaults: Knobs) -> tuple[list[Evaluation], performance.Capacity, dict | None, tuple | None]:  # fmt: skip
-    """Objective sla-throughput-per-dollar: among the first SLA_CANDIDATES feasible layouts
+    """Objective sla-throughput-per-dollar: among the feasible layouts of sla_candidates
     (the model's own KV dtype before FP8 KV, which costs accuracy), each at its tuned knobs
     and at vLLM's defaults, the most output tokens/s at the SLA capacity per dollar-hour.
     Refuses (one line, the best figures reachable) when none meets the SLA even one request

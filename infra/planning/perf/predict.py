@@ -17,7 +17,7 @@ from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import cudagraph, kv_cache, memory, serving
-from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors, model_runner_v2
+from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors, model_runner_v2, shares_moe_layers
 from infra.planning.perf.fitted import DEFAULT, Efficiency
 from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import model_stages
@@ -111,7 +111,7 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         raise UserError(f"the memory plan refuses TP {srv.tp} x PP {srv.pp} x DP {srv.dp} on {gpu.name}: "
                         + "; ".join(errors or ev.errors))  # fmt: skip
     kv_bytes = memory.kv_element_bytes(layout.kv_cache_dtype, arch.model_dtype)
-    moe_dp = srv.dp if arch.num_experts else 1  # the replicas that share a MoE model's experts
+    moe_dp = srv.dp if shares_moe_layers(arch, layout) else 1
     stages = model_stages(arch, tp=srv.tp, pp=srv.pp, gpu=gpu, expert_parallel=srv.expert_parallel, kv_bytes=kv_bytes,
                           speculative=bool(srv.num_speculative_tokens), release=r, dp=moe_dp)  # fmt: skip
     sizes = cudagraph.capture_sizes(
@@ -258,10 +258,4 @@ def prefix_cache_reuse(ev: Evaluation) -> bool:
 
 def with_efficiency(s: Setup, eff: Efficiency) -> Setup:
     """The same setup with other achieved fractions (the fit)."""
-    st = s.step
-    step = StepModel(st.stages, st.hw, tp=st.tp, eff=eff, async_scheduling=st.async_scheduling,
-                     graph_max_tokens=st.graph_max_tokens, hop_bytes_per_token=st.hop_bytes_per_token,
-                     hop_over_network=st.hop_over_network, num_speculative_tokens=st.num_speculative_tokens,
-                     moe_dp=st.moe_dp, exchange_bytes_per_token=st.exchange_bytes_per_token,
-                     exchange_over_network=st.exchange_over_network)  # fmt: skip
-    return replace(s, step=step)
+    return replace(s, step=s.step.with_efficiency(eff))

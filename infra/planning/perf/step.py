@@ -131,6 +131,12 @@ class StepModel:
         MoE model, else 1); each step they exchange `exchange_bytes_per_token` per token and MoE
         layer (_exchange), over the network when `exchange_over_network`. How many of them carry
         a batch like this one's: `moe_load` (all of them; at_load changes it)."""
+        # What with_efficiency builds the same model from.
+        self._options = dict(tp=tp, async_scheduling=async_scheduling, graph_max_tokens=graph_max_tokens,
+                             hop_bytes_per_token=hop_bytes_per_token, hop_over_network=hop_over_network,
+                             num_speculative_tokens=num_speculative_tokens, moe_dp=moe_dp,
+                             exchange_bytes_per_token=exchange_bytes_per_token,
+                             exchange_over_network=exchange_over_network)  # fmt: skip
         self.stages = tuple(stages)
         self.pp = len(self.stages)
         # The GPU's own kernel-fitted figures where the repo has its tables (A100: fitted.AMPERE).
@@ -210,6 +216,10 @@ class StepModel:
         )  # fmt: skip
         # The target's _threshold_sums hold the drafter's when its thresholds are among the target's.
         self._draft_takes_sums = self._draft is not None and set(self._draft._thresholds) <= set(self._thresholds)
+
+    def with_efficiency(self, eff: Efficiency) -> "StepModel":
+        """The same model at other achieved fractions (the fit)."""
+        return StepModel(self.stages, self.hw, eff=eff, **self._options)
 
     def at_load(self, replicas: int) -> "StepModel":
         """This model with `replicas` of the `moe_dp` replicas as busy as the one simulated and the
