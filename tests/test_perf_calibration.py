@@ -158,8 +158,8 @@ def test_a100_runs_4bit_experts_at_marlins_fraction() -> None:
     rows = [r for r in read(KERNELS / "moe_marlin_a100_sxm.csv") if r["num_tokens"] >= 4096]
 
     def median_error(fraction: float) -> float:
-        # A100's own figures (for_gpu_kernels), the kernel alone as the table times it (no serving share).
-        step = StepModel([], for_gpu("A100-80GB"), tp=1, eff=DEFAULT.replace(serving_compute=1.0))
+        # A100's own figures (for_gpu_kernels), the kernel alone as the table times it (its serving share at 1).
+        step = StepModel([], for_gpu("A100-80GB"), tp=1, eff=DEFAULT.replace(serving_compute_ampere=1.0))
         step._moe_peak["bf16", "4bit"] *= fraction / step.eff.moe_gemm_4bit  # the 4-bit fraction tried
         errors = []
         for r in rows:

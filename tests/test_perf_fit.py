@@ -5,9 +5,9 @@ The rows are real fixture rows (their models, layouts, loads and lengths) whose 
 are replaced by what the model predicts at known figures, all away from the committed ones.
 Starting from the committed figures, the fit has to find the known ones again: each stage on
 the rows that show its figures (bounded loads: the CPU time per step and the two chat paths'
-request overheads; bursts: the time per token, the serving share of the kernels' compute and
-the two paths' intakes). A fit that searched the wrong rows, skipped a stage, or stopped its
-search short would land elsewhere. About 15 s: one fit over eight rows.
+request overheads; bursts: the time per token, the serving share of the kernels' compute (of
+H100's tables and of A100's) and the two paths' intakes). A fit that searched the wrong rows, skipped a stage, or stopped its
+search short would land elsewhere. About 15 s: one fit over nine rows.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ ROOT = Path(__file__).resolve().parent / "fixtures" / "perf"
 
 # Bounded loads on both chat paths (Qwen3-8B at 1 and 8, gpt-oss-120b at 4), and bursts that
 # show each burst figure: 32k-token prompts (compute), 1,000 128-token prompts on each path
-# (intake), 500 2k-token prompts, and 100 requests decoding 2,000 tokens (the time per token).
+# (intake), 500 2k-token prompts, 100 requests decoding 2,000 tokens (the time per token), and
+# 500 2k-token prompts on one A100 (the share of its own tables).
 ROWS = ("gps-q8b-h100-tp1-sharegpt-c1", "gps-q8b-h100-tp1-sharegpt-c8", "gps-gptoss120b-h100-tp1-sharegpt-c4",
         "gps-q235b-h100-tp8-bf16-rand32k", "gps-q235b-h100-tp8-bf16-rand128", "gps-gptoss120b-h100-tp1-rand128",
-        "gps-gptoss120b-h100-tp2-rand2k", "gps-dsv32-h200-tp8-rand1k-2k")  # fmt: skip
+        "gps-gptoss120b-h100-tp2-rand2k", "gps-dsv32-h200-tp8-rand1k-2k", "gps-q14b-a100-tp1-bf16-rand2k")  # fmt: skip
 
 # Each at least 1.5x away from the committed figure, some above it and some below.
 TRUTH = DEFAULT.replace(step_overhead_s=0.6e-3, request_overhead_s=80e-3, request_overhead_harmony_s=5e-3,
-                        seq_overhead_s=200e-6, serving_compute=0.4, frontend_intake_s=12e-3,
+                        seq_overhead_s=200e-6, serving_compute=0.4, serving_compute_ampere=0.42, frontend_intake_s=12e-3,
                         frontend_intake_harmony_s=3.5e-3)  # fmt: skip
 # The coordinate search's last step is 2 ** (1 / 8) (9%); the time per token and the compute
 # share trade against each other a little on these rows.

@@ -100,6 +100,24 @@ def test_a_serving_steps_share_of_the_kernels_compute_slows_prefill_not_a_small_
     assert half.stage_seconds([2000] * 4, [], 1) == pytest.approx(tables.stage_seconds([2000] * 4, [], 1), rel=1e-12)
 
 
+def test_an_a100_steps_compute_takes_the_share_fitted_against_its_own_tables() -> None:
+    """An A100 runs at its own tables' rates (fitted.AMPERE), so a serving step's share of them is
+    its own too: its prefill chunk slows with `serving_compute_ampere` and not with the H100 tables'
+    `serving_compute`, and an H100's the other way round."""
+    chunk = [(4096, 8000)]
+
+    def compute_s(gpu: str, **shares) -> float:
+        s = predict.setup(load_model("qwen3-32b-awq"), for_gpu(gpu), predict.Serving(max_model_len=16384, max_num_batched_tokens=4096))
+        return predict.with_efficiency(s, DEFAULT.replace(**shares)).step.parts([], chunk, 1)[0].compute_s
+
+    a100 = compute_s("A100-80GB", serving_compute=1.0, serving_compute_ampere=1.0)
+    assert compute_s("A100-80GB", serving_compute=0.5, serving_compute_ampere=1.0) == pytest.approx(a100, rel=1e-12)
+    assert compute_s("A100-80GB", serving_compute=1.0, serving_compute_ampere=0.5) == pytest.approx(2 * a100, rel=1e-9)
+    h100 = compute_s("H100-SXM-80GB", serving_compute=1.0, serving_compute_ampere=1.0)
+    assert compute_s("H100-SXM-80GB", serving_compute=1.0, serving_compute_ampere=0.5) == pytest.approx(h100, rel=1e-12)
+    assert compute_s("H100-SXM-80GB", serving_compute=0.5, serving_compute_ampere=1.0) == pytest.approx(2 * h100, rel=1e-9)
+
+
 def test_pipeline_hop_between_nodes_goes_over_efa() -> None:
     """Whole-node stages on p5.48xlarge send activations over EFA (400 Gb/s per GPU), slower
     than NVLink inside a node."""

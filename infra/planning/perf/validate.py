@@ -188,10 +188,10 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     1. the engine's CPU time per step and the request's own latency (one for each of the API
        server's chat paths), on the fit rows with a bounded load (a --max-concurrency or a rate);
     2. with those held, the engine's CPU time per running sequence, the share of the kernels'
-       compute rates a serving step reaches, and the API server's intake (shared among the
-       requests it holds), on the burst fit rows (every prompt at once): only a large batch
-       shows the first, only long prefill chunks and large batches the second, only a queue
-       the third.
+       compute rates a serving step reaches (one against each GPU generation's tables), and the
+       API server's intake (shared among the requests it holds), on the burst fit rows (every
+       prompt at once): only a large batch shows the first, only long prefill chunks and large
+       batches the second, only a queue the third.
     Fitting the per-step CPU time to the bursts too would charge every small-batch step
     with what only a burst shows."""
     fit_rows = [r for r in rows if r.get("role") == "fit"]
@@ -209,6 +209,7 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     # other), then over the intake, then over gpt-oss's intake alone (it moves its rows only),
     # then the coordinate search over all four.
     engine = _grid(burst, best, ("seq_overhead_s", "serving_compute"), log)
+    engine = _grid(burst, engine, ("serving_compute_ampere",), log)  # moves the A100 rows only
     shared = _grid(burst, engine, ("frontend_intake_s",), log)
     best = _search(burst, _grid(burst, shared, ("frontend_intake_harmony_s",), log), BURST_FITTED_FIELDS, rounds, log)
     best = _search(bounded, best, FITTED_FIELDS, rounds, log)  # once more, the burst figures now held
