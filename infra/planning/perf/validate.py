@@ -207,9 +207,9 @@ def fit(rows: list[dict], root: Path, start: Efficiency = DEFAULT, rounds: int =
     best = _search(bounded, _grid(bounded, start, ("request_overhead_harmony_s",), log), FITTED_FIELDS, rounds, log)
     # The grid over the two engine figures every burst row shares (they trade against each
     # other), then over the intake, then over gpt-oss's intake alone (it moves its rows only),
-    # then the coordinate search over all four.
+    # then the coordinate search over all of them (the A100 share too: it moves the A100 rows
+    # only, and starts near enough).
     engine = _grid(burst, best, ("seq_overhead_s", "serving_compute"), log)
-    engine = _grid(burst, engine, ("serving_compute_ampere",), log)  # moves the A100 rows only
     shared = _grid(burst, engine, ("frontend_intake_s",), log)
     best = _search(burst, _grid(burst, shared, ("frontend_intake_harmony_s",), log), BURST_FITTED_FIELDS, rounds, log)
     best = _search(bounded, best, FITTED_FIELDS, rounds, log)  # once more, the burst figures now held
