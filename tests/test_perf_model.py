@@ -24,6 +24,7 @@ from infra.catalog.instances import get_instance_type
 from infra.planning.perf.ops import compute_dtype, expected_distinct_experts
 from infra.planning.perf.step import StepModel
 from infra.planning.perf.workload import Workload
+from infra.planning.vllm_release import PINNED
 
 
 def _setup(model: str, gpu: str = "H100-SXM-80GB", **serving) -> predict.Setup:
@@ -501,6 +502,24 @@ def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: 
     assert ttft(DEFAULT.replace(**{other: getattr(DEFAULT, other) + 0.010})) == pytest.approx(base, rel=1e-9)
     added = ttft(DEFAULT.replace(**{path: getattr(DEFAULT, path) + 0.010})) - base
     assert added == pytest.approx(n * 10.0, rel=0.1)
+
+
+@pytest.mark.parametrize("version,servers", [("0.14.0", 1), ("0.15.0", 4), (PINNED, 4)])
+def test_replicas_share_the_intake_of_the_one_api_server_releases_before_0_15_start(version: str, servers: int) -> None:
+    """`vllm serve --data-parallel-size 4` starts one API server up to 0.14 and one per replica from
+    0.15 (entrypoints/openai/cli_args.py --api-server-count default 1; 0.15's entrypoints/cli/serve.py
+    defaults it to data_parallel_size). A burst of n requests over 4 replicas reaches the engines
+    after the intake of all n on one server, of n / 4 on each of four: 10 ms more intake a request
+    adds about n x 10 ms to the mean TTFT with one server, n / 4 x 10 ms with four."""
+    n, work = 200, Workload.fixed(128, 4)
+    s = predict.setup(load_model("qwen3-0.6b"), for_gpu("H100-SXM-80GB"),
+                      predict.Serving(dp=4, max_model_len=4096, async_scheduling=True, vllm_version=version))  # fmt: skip
+
+    def ttft(eff) -> float:
+        return predict.run(predict.with_efficiency(s, eff), work, concurrency=n, request_rate=None, num_prompts=n).ttft_ms.mean
+
+    added = ttft(DEFAULT.replace(frontend_intake_s=DEFAULT.frontend_intake_s + 0.010)) - ttft(DEFAULT)
+    assert added == pytest.approx(n / servers * 10.0, rel=0.1)
 
 
 @pytest.mark.parametrize("model,path", [("gpt-oss-120b", "request_overhead_harmony_s"), ("qwen3-30b-a3b", "request_overhead_s")])

@@ -75,6 +75,16 @@ def test_release_rules(version, util, estimate, extensible, block, async_ray, su
     assert r.kv_tokens_from_concurrency is tokens_from_conc
 
 
+def test_api_servers_per_release():
+    """`vllm serve` with data parallel: one API server up to 0.14 (entrypoints/openai/cli_args.py
+    --api-server-count default=1 in the 0.13.0 and 0.14.0 wheels), one per replica from 0.15
+    (its default None, resolved to data_parallel_size in entrypoints/cli/serve.py in the 0.15.0,
+    0.16.0, 0.17.0, 0.18.0, 0.24.0 and 0.34.0 wheels); without data parallel always one."""
+    for version, servers in (("0.10.0", 1), ("0.13.0", 1), ("0.14.1", 1), ("0.15.0", 8), ("0.24.0", 8), (PINNED, 8)):
+        assert release(version).api_servers(8) == servers, version
+        assert release(version).api_servers(1) == 1
+
+
 def test_in_flight_tokens_per_release():
     # 0.25: max-num-batched-tokens; 0.26-0.33 V1 runner: 2 at PP1 with async, PP otherwise;
     # Model Runner V2 and 0.34: PP + 1 with async (config/vllm.py max_concurrent_batches).

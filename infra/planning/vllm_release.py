@@ -62,6 +62,9 @@ CHANGES: tuple[Change, ...] = (
            "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
     Change("async scheduling on by default, except with the Ray executor (mp/uni/external_launcher only)", "0.14.0",
            "config/vllm.py VllmConfig.__post_init__ (executor_supports_async_sched)"),
+    Change("one API server per data-parallel replica by default (internal load balancing); before, one for all "
+           "(performance model: the replicas share its intake)", "0.15.0",
+           "entrypoints/cli/serve.py ServeSubcommand.cmd; entrypoints/openai/cli_args.py --api-server-count default 1 up to 0.14"),
     Change("block size from the first attention layer's backend (FlashAttention MLA on Hopper: 16)", "0.18.0",
            "platforms/interface.py Platform.update_block_size_for_backend"),
     Change("CUDA-graph memory estimate implemented, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)", "0.18.0",
@@ -178,6 +181,14 @@ class Release:
         if not self.at_least("0.14"):
             return False
         return self.at_least("0.21") or not ray
+
+    def api_servers(self, dp: int) -> int:
+        """API server processes `vllm serve` starts for `dp` replicas by default: one up to 0.14
+        (entrypoints/openai/cli_args.py --api-server-count default=1), the replica count from 0.15
+        (entrypoints/cli/serve.py ServeSubcommand.cmd: internal load balancing, api_server_count =
+        data_parallel_size when neither an external nor a hybrid balancer is asked for, as the
+        stack's serving arguments never ask)."""
+        return dp if self.at_least("0.15") else 1
 
     def model_runner_v2(self, architectures: Sequence[str], *, moe: bool, hybrid: bool, quantized: bool) -> bool:
         """config/vllm.py VllmConfig.use_v2_model_runner (default, no env override), for the

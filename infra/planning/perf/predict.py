@@ -162,9 +162,10 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
     The API server takes requests in, `frontend_intake(s)` of its time each
     (chat template, tokenizing), sharing its one event loop among those it holds
     (workload.Client): a burst reaches the engine together, after all of it is taken in. Its time
-    that does not queue (`request_overhead(s)`) is added to every TTFT. With DP each replica
-    has its own: vLLM 0.34 starts one API server per replica by default
-    (entrypoints/cli/serve.py: api_server_count defaults to data_parallel_size, internal LB).
+    that does not queue (`request_overhead(s)`) is added to every TTFT. With DP, from 0.15 each
+    replica has its own API server, up to 0.14 one takes every replica's requests in
+    (Release.api_servers): the simulated replica's share of the burst then waits on the others'
+    intake too, each request `dp` times as long.
 
     `trace`: filled with what the run asked of the step model and KV pool (same_run).
 
@@ -191,7 +192,8 @@ def _engine_args(s: Setup) -> dict:
         acceptance_rate=s.serving.acceptance_rate, dp=s.layout.dp, reserve_full_input=k.release.reserve_full_input,
         max_concurrent_batches=k.release.max_concurrent_batches(
             s.layout.pp, async_scheduling=k.async_scheduling, mrv2=model_runner_v2(s.arch, k.release)),
-        frontend_s=frontend_intake(s), prefix_caching=prefix_cache_reuse(s.evaluation),
+        frontend_s=frontend_intake(s) * s.layout.dp / k.release.api_servers(s.layout.dp),
+        prefix_caching=prefix_cache_reuse(s.evaluation),
     )  # fmt: skip
 
 
