@@ -41,20 +41,19 @@ def perf_setup(arch: ModelArch, itype: InstanceType, ev: Evaluation):
 
 def layout_capacity(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evaluation, *, with_rate: bool = True,
                     must_beat: float = 0.0, hint: tuple[int, int | None] | None = None,
-                    runs: dict | None = None) -> performance.Capacity:  # fmt: skip
+                    runs: dict | None = None, setup: predict.Setup | None = None) -> performance.Capacity:  # fmt: skip
     """The SLA capacity of one evaluated layout at its knobs (infra/planning/performance.py),
     with the highest Poisson rate within the SLA when `with_rate`; memoised (a plan asks for
     the same one more than once, and so do tests; across processes too when
     GPU_SERVING_SLA_CACHE names a directory, infra/planning/capacity_cache.py). An outclassed result stands for any
     `must_beat` at least what its first miss served. `runs`: simulated points other layouts
-    share (performance.closed_loop)."""
+    share (performance.closed_loop). `setup`: the layout's perf_setup, when the caller has it."""
     key = (arch.name, arch.weight_format, arch.model_type, itype.name, ev.layout, ev.knobs, req.workload, req.sla)
     # On disk (capacity_cache, when GPU_SERVING_SLA_CACHE is set): the full model and instance figures too.
     disk_key = (arch, itype, ev.layout, ev.knobs, req.workload, req.sla)
     cap = _CAPACITIES.get(key) or capacity_cache.load("capacity", disk_key)
-    setup = None
     if cap is None or (cap.outclassed and cap.beyond.output_tokens_per_s > must_beat):
-        setup = perf_setup(arch, itype, ev)
+        setup = setup or perf_setup(arch, itype, ev)
         cap = performance.sla_capacity(setup, req.workload, req.sla, with_rate=False, must_beat=must_beat, hint=hint,
                                        runs=runs)  # fmt: skip
         capacity_cache.store("capacity", disk_key, cap)
@@ -153,10 +152,11 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     # Layouts the model cannot tell apart under this load (expert parallel on or off, often)
     # share their simulated points (performance.closed_loop runs); the MTP variant below
     # comes last, and has nobody to share with.
-    runs = performance.shared_runs([perf_setup(arch, itype, ev) for ev in pool])
+    setups = [perf_setup(arch, itype, ev) for ev in pool]
+    runs = performance.shared_runs(setups)
     caps, top, hint, lead = [], 0.0, None, None
-    for ev in pool:
-        cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint, runs=runs)
+    for ev, setup in zip(pool, setups):
+        cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint, runs=runs, setup=setup)
         caps.append((ev, cap))
         if cap.concurrency and not cap.outclassed and cap.output_tokens_per_s > top * (1 + TIE):
             top, lead = cap.output_tokens_per_s, ev
