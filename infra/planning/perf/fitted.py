@@ -116,8 +116,9 @@ class Efficiency:
     # SERVING-FITTED: the same share of the A100 tables' rates (`AMPERE`), which an SM 8.0 GPU runs
     # at in place of those above. A share is of its own tables: the A100's are another release's
     # kernels (0.14.0's, not 0.24.0's) timed on another GPU, so what a serving step leaves out of
-    # them need not be what it leaves out of H100's. Fitted on the one A100 burst fit row (the split
-    # keeps a dense burst on each of the two generations for this), the other figures held.
+    # them need not be what it leaves out of H100's. Fitted with the other burst figures; it moves
+    # only the A100 rows, so the one A100 burst fit row sets it (the split keeps a dense burst on
+    # each of the two generations for this).
     serving_compute_ampere: float = 0.665
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
