@@ -504,6 +504,35 @@ def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: 
     assert added == pytest.approx(n * 10.0, rel=0.1)
 
 
+def test_gpt_oss_experts_on_hopper_run_marlin_until_the_wheel_carries_the_triton_kernels() -> None:
+    """vLLM 0.10.2 and 0.11.0 run gpt-oss's MXFP4 experts with Marlin on H100 (no triton_kernels in the
+    wheel: Release.vendors_triton_kernels), 0.12 on with the Triton kernels. Compute-bound (16k tokens
+    on one H100), the MoE layer takes the two kernels' tables' shares apart: Marlin's H100 table
+    (kernels/moe_marlin_h100_sxm.csv) against the Triton MXFP4 kernel's; and Marlin's padded experts
+    are larger on the GPU (quant.MXFP4_MOE_ALIGNMENT)."""
+    from infra.planning.perf import ops
+    from infra.planning.perf.step import StepModel
+    from infra.planning.vllm_release import release
+
+    arch, hw = load_model("gpt-oss-120b"), for_gpu("H100-SXM-80GB")
+
+    def expert_term(version: str):
+        (stage,) = ops.model_stages(arch, tp=1, pp=1, gpu=hw.gpu, expert_parallel=False, kv_bytes=2, release=release(version))
+        (term,) = stage.experts
+        return term
+
+    step = StepModel([], hw, tp=1, eff=DEFAULT)
+    marlin, triton = expert_term("0.11.0"), expert_term("0.12.0")
+    assert (marlin.kernel, triton.kernel) == ("marlin", "4bit")
+
+    def compute_s(t) -> float:
+        return step._moe((t.experts, t.top_k, t.flops_per_token, t.bytes_per_expert, t.compute, t.kernel, t.inter_per_rank), 16384)[0]
+
+    assert compute_s(marlin) / compute_s(triton) == pytest.approx(DEFAULT.moe_gemm_4bit / DEFAULT.moe_gemm_marlin, rel=1e-6)
+    assert 1.5 < compute_s(marlin) / compute_s(triton) < 2.0
+    assert marlin.bytes_per_expert > triton.bytes_per_expert
+
+
 @pytest.mark.parametrize("version,servers", [("0.14.0", 1), ("0.15.0", 4), (PINNED, 4)])
 def test_replicas_share_the_intake_of_the_one_api_server_releases_before_0_15_start(version: str, servers: int) -> None:
     """`vllm serve --data-parallel-size 4` starts one API server up to 0.14 and one per replica from

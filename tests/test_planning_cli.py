@@ -51,9 +51,16 @@ def test_plan_tables_show_groups_and_graphs():
     assert "chosen:" in out and "in-flight tokens" in out
 
 
-def test_an_sla_capacity_no_poisson_rate_meets_is_said_in_words():
-    """Kimi K3 on prod's nodes meets the SLA at a small closed-loop concurrency, and no Poisson
-    rate from 60% of that loop's request rate up meets it: the table says so, not "0.00 requests/s"."""
+def test_an_sla_capacity_no_poisson_rate_meets_is_said_in_words(monkeypatch):
+    """A closed loop that meets the SLA where no Poisson rate from 60% of that loop's request rate
+    up does (performance.rate_capacity 0: an open loop's bursts at a small capacity, as Kimi K3's on
+    prod's nodes once had): the table says so, not "0.00 requests/s"."""
+    from infra.planning import capacity_cache, performance, sla_search
+
+    monkeypatch.delenv(capacity_cache.ENV, raising=False)  # searched here, not read from the run's cache
+    monkeypatch.setattr(sla_search, "_CAPACITIES", {})
+    monkeypatch.setattr(sla_search, "_RATES", {})
+    monkeypatch.setattr(performance, "rate_capacity", lambda *args, **kwargs: 0.0)
     data = plan_json("--stack", "prod", "--model", "kimi-k3")
     cap = data["performance"]["sla_capacity"]
     assert cap["concurrency"] > 0 and cap["requests_per_s"] == 0.0

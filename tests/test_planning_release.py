@@ -85,6 +85,18 @@ def test_api_servers_per_release():
         assert release(version).api_servers(1) == 1
 
 
+def test_the_triton_mxfp4_kernels_ship_in_the_wheel_from_0_12():
+    """vllm/third_party/triton_kernels: none of its files in the 0.10.2 and 0.11.0 wheels, 40 in
+    0.12.0's, whose utils/import_utils.py has_triton_kernels also finds the vendored copy; before, the
+    separately installed package or Marlin on SM 9.0 (quantization/mxfp4.py get_mxfp4_backend)."""
+    from infra.catalog.quant import mxfp4_moe_backend
+
+    for version, vendored in (("0.10.0", False), ("0.10.2", False), ("0.11.0", False), ("0.12.0", True), (PINNED, True)):
+        assert release(version).vendors_triton_kernels is vendored, version
+        assert mxfp4_moe_backend(9.0, release(version).vendors_triton_kernels) == ("triton" if vendored else "marlin")
+        assert mxfp4_moe_backend(8.0, release(version).vendors_triton_kernels) == "marlin"  # A100: Marlin either way
+
+
 def test_in_flight_tokens_per_release():
     # 0.25: max-num-batched-tokens; 0.26-0.33 V1 runner: 2 at PP1 with async, PP otherwise;
     # Model Runner V2 and 0.34: PP + 1 with async (config/vllm.py max_concurrent_batches).

@@ -262,6 +262,9 @@ def test_gpt_oss_experts_are_padded_for_the_gpus_moe_kernel():
     # [1472 (1440 to 64), 1536 (to 256)] + [384, 3072 (2880 to 256)] = 2,260,992 + 1,179,648;
     # scales [1536, 92 (90 to 4)] + [3072, 24] = 141,312 + 73,728; biases fp32 (1536 + 2880) x 4 = 17,664.
     assert _rank(experts, tp=4, compute_capability=9.0) == 128 * (2_260_992 + 1_179_648 + 141_312 + 73_728 + 17_664)
+    # H100 without the Triton backend's kernels (vLLM 0.10.2 and 0.11.0, Release.vendors_triton_kernels):
+    # Marlin, padded as on A100.
+    assert _rank(experts, tp=4, compute_capability=9.0, triton_kernels=False) == _rank(experts, tp=4, compute_capability=8.0)
 
 
 def test_gpt_oss_tp_pads_more_than_expert_parallel_on_hopper():
@@ -276,6 +279,25 @@ def test_gpt_oss_tp_pads_more_than_expert_parallel_on_hopper():
     assert weights(4, False) > weights(4, True)
     assert weights(4, False) / weights(4, True) == pytest.approx(1.04, abs=0.01)
     assert weights(1, False) == weights(1, True)
+
+
+def test_gpt_oss_120b_on_one_h100_without_the_triton_kernels_matches_marlins_published_log():
+    # tests/data/vllm_memory_logs.yaml, vLLM issue #23278 (0.10.1, H100, TP1; "Weight-only FP4
+    # compression will be used leveraging the Marlin kernel"): "Model loading took 65.9651 GiB", 1.6 GiB
+    # more than the Triton backend's layout. A release before 0.12 falls back to Marlin on SM 9.0 unless
+    # triton_kernels is installed beside it (quantization/mxfp4.py get_mxfp4_backend).
+    from infra.planning.vllm_release import release
+
+    arch = load_model("gpt-oss-120b")
+    layers = memory.stage_layers(arch, 1)[0]
+
+    def loaded(version: str) -> float:
+        return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=1, expert_shards=1, compute_capability=9.0,
+                                         triton_kernels=release(version).vendors_triton_kernels) / GiB  # fmt: skip
+
+    assert loaded("0.10.2") == pytest.approx(65.9651, rel=0.01)
+    assert loaded("0.11.0") == loaded("0.10.2")
+    assert loaded("0.12.0") == pytest.approx(64.38, rel=0.01)  # the Triton backend's (issue #33155)
 
 
 def test_gpt_oss_120b_on_one_h100_matches_the_published_log():

@@ -201,9 +201,12 @@ def experts_bytes(s: Scheme, experts: int, hidden: int, inter: int, *, bias: boo
     raise ValueError(f"no FusedMoE layout for scheme {s.kind!r}")
 
 
-def mxfp4_moe_backend(compute_capability: float | None) -> str:
+def mxfp4_moe_backend(compute_capability: float | None, triton_kernels: bool = True) -> str:
     """The MXFP4 MoE backend vLLM picks for gpt-oss on a GPU of this compute capability:
-    "trtllm", "triton", "marlin", or "none" when the GPU is not known.
+    "trtllm", "triton", "marlin", or "none" when the GPU is not known. `triton_kernels`: whether
+    the Triton backend's kernels are there (Release.vendors_triton_kernels): without them vLLM
+    0.10.2 and 0.11.0 run MARLIN on SM 9.0 too (quantization/mxfp4.py get_mxfp4_backend:
+    `not has_triton_kernels()` -> Mxfp4Backend.MARLIN).
 
     fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend takes the first backend of
     _get_priority_backends_for_gpt_oss whose kernels run on the device:
@@ -217,7 +220,7 @@ def mxfp4_moe_backend(compute_capability: float | None) -> str:
     if 10.0 <= compute_capability < 11.0:
         return "trtllm"
     if 9.0 <= compute_capability < 10.0:
-        return "triton"
+        return "triton" if triton_kernels else "marlin"
     return "marlin"
 
 
@@ -273,6 +276,7 @@ def group_bytes(
     expert_shards: int = 1,
     expert_parallel: bool = False,
     compute_capability: float | None = None,
+    triton_kernels: bool = True,
 ) -> int:
     """Bytes one rank holds of a quantised parameter group (`Linear` / `Experts` shapes).
 
@@ -280,8 +284,8 @@ def group_bytes(
     (TP x DP; fused_moe/config.py FusedMoEParallelConfig.make): with expert parallel the
     fullest rank's whole experts (experts_on_fullest_rank), without it every expert with
     inter / expert_shards of its intermediate size (FusedMoE). gpt-oss MXFP4 experts are
-    padded for the GPU's MoE kernel (`mxfp4_moe_backend`); with `compute_capability` None
-    they are not.
+    padded for the GPU's MoE kernel (`mxfp4_moe_backend`, with `triton_kernels`); with
+    `compute_capability` None they are not.
     """
     from infra.catalog.arch import Experts, Linear
 
@@ -296,7 +300,8 @@ def group_bytes(
             else:
                 experts, inter = shape.experts, shape.inter // expert_shards
             if s.kind == "gpt_oss_mxfp4":
-                total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter, mxfp4_moe_backend(compute_capability))
+                total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter,
+                                                mxfp4_moe_backend(compute_capability, triton_kernels))
             else:
                 total += experts_bytes(s, experts, shape.hidden, inter, bias=shape.bias)
         else:

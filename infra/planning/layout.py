@@ -297,7 +297,8 @@ def _is_mla_layer(layer) -> bool:
 
 
 def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = None, expert_parallel: bool = False,
-                     compute_capability: float | None = None, routed: bool | None = None) -> int:  # fmt: skip
+                     compute_capability: float | None = None, routed: bool | None = None,
+                     triton_kernels: bool = True) -> int:  # fmt: skip
     """The MTP draft layers' weights on one rank of the last stage: vLLM loads them with
     the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
     DeviceMemoryProfiler); embedding and LM head are shared with the target. Their experts
@@ -306,6 +307,7 @@ def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = No
     return memory.stage_weight_bytes(
         arch, arch.mtp_layers, first=False, last=False, tp=tp, expert_shards=expert_shards or tp,
         expert_parallel=expert_parallel, compute_capability=compute_capability, routed=routed,
+        triton_kernels=triton_kernels,
     )  # fmt: skip
 
 
@@ -319,10 +321,12 @@ def stage_figures(
     expert_parallel: bool = False,
     compute_capability: float | None = None,
     expert_shards: int | None = None,
+    triton_kernels: bool = True,
 ) -> list[StageFigures]:
     """`expert_shards`: the GPUs each routed expert is split over, TP x DP (layout.expert_shards;
-    TP alone by default). `expert_parallel` and the GPU's `compute_capability` only change
-    how quantised experts are split and padded for the GPU's MoE kernel (gpt-oss MXFP4)."""
+    TP alone by default). `expert_parallel`, the GPU's `compute_capability` and whether the
+    release has the Triton MXFP4 kernels (`triton_kernels`) only change how quantised experts
+    are split and padded for the GPU's MoE kernel (gpt-oss MXFP4)."""
     cache = _model_cache(arch)
     if "quantised" not in cache:
         cache["quantised"] = any(g.scheme is not None for layer in arch.layers for g in layer.params)
@@ -330,9 +334,9 @@ def stage_figures(
     if not arch.num_experts:
         shards = tp  # nothing is split by it
     if not cache["quantised"] and (not arch.num_experts or arch.num_experts % shards == 0):
-        expert_parallel, compute_capability = False, None  # the same figures either way (an even split)
-    quant = dict(expert_parallel=expert_parallel, compute_capability=compute_capability)
-    key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, compute_capability)
+        expert_parallel, compute_capability, triton_kernels = False, None, True  # the same figures either way
+    quant = dict(expert_parallel=expert_parallel, compute_capability=compute_capability, triton_kernels=triton_kernels)
+    key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, compute_capability, triton_kernels)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
 
@@ -348,7 +352,7 @@ def stage_figures(
         # The routed experts depend on their split (TP x DP GPUs) and not on TP alone (every
         # catalog model's are Experts shapes), the rest on TP: a search over DP reuses both.
         rest = weights(("weights", pp, tp, speculative), tp=tp, expert_shards=shards, routed=False)
-        routed = weights(("experts", pp, shards, speculative, expert_parallel, compute_capability), tp=tp,
+        routed = weights(("experts", pp, shards, speculative, expert_parallel, compute_capability, triton_kernels), tp=tp,
                          expert_shards=shards, routed=True, **quant)  # fmt: skip
         out = []
         for i, layers in enumerate(groups):
@@ -451,7 +455,7 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     figures = stage_figures(
         arch, layout.pp, layout.tp, kv_bytes, bool(spec_tokens),
         expert_parallel=layout.expert_parallel, compute_capability=float(gpu.compute_capability),
-        expert_shards=expert_shards(layout),
+        expert_shards=expert_shards(layout), triton_kernels=r.vendors_triton_kernels,
     )
     for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(

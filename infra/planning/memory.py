@@ -127,6 +127,7 @@ def group_bytes_per_rank(
     expert_parallel: bool = False,
     compute_capability: float | None = None,
     num_experts: int = 0,
+    triton_kernels: bool = True,
 ) -> float:
     """Bytes of one parameter group on one rank.
 
@@ -139,7 +140,8 @@ def group_bytes_per_rank(
     for its shapes on the rank (infra.catalog.quant.group_bytes): scales per block
     or group, zero points, and for gpt-oss's MXFP4 experts the padding of the MoE
     kernel, which depends on the GPU (`compute_capability`, e.g. 9.0) and on
-    whether experts are split by expert (`expert_parallel`) or by intermediate size.
+    whether experts are split by expert (`expert_parallel`) or by intermediate size, and on
+    whether the release has the Triton MXFP4 kernels (`triton_kernels`, quant.mxfp4_moe_backend).
     Any other group costs count x bytes per parameter, split by its shard.
     """
     if group.scheme is not None:
@@ -147,6 +149,7 @@ def group_bytes_per_rank(
             group_bytes(
                 group.scheme, group.shapes, tp=tp, expert_shards=expert_shards,
                 expert_parallel=expert_parallel, compute_capability=compute_capability,
+                triton_kernels=triton_kernels,
             )
         )
     total = group.count * float(get_format(group.fmt).bytes_per_param)
@@ -170,6 +173,7 @@ def stage_weight_bytes(
     expert_parallel: bool = False,
     compute_capability: float | None = None,
     routed: bool | None = None,
+    triton_kernels: bool = True,
 ) -> int:
     """Weights held by one rank of a stage: its layers, plus the embedding on the
     first stage and the LM head and final norm on the last. `routed`: only the routed
@@ -186,7 +190,7 @@ def stage_weight_bytes(
         sum(
             group_bytes_per_rank(
                 g, tp, expert_shards, expert_parallel=expert_parallel, compute_capability=compute_capability,
-                num_experts=arch.num_experts,
+                num_experts=arch.num_experts, triton_kernels=triton_kernels,
             )
             for g in groups
         )

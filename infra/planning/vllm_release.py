@@ -60,6 +60,9 @@ CHANGES: tuple[Change, ...] = (
     Change("DeepSeek-V3.2's sparse MLA (performance model): every token, prefill too, in the absorbed MQA form "
            "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13)", "0.11.0",
            "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
+    Change("gpt-oss's MXFP4 experts on SM 9.0: the Triton backend's kernels in the wheel (vllm/third_party/triton_kernels); "
+           "before, Marlin (W4A16, padded for it) unless triton_kernels is installed beside vLLM (ASSUMPTION: it is not)",
+           "0.12.0", "model_executor/layers/quantization/mxfp4.py get_mxfp4_backend (0.10.2, 0.11.0: has_triton_kernels)"),
     Change("async scheduling on by default, except with the Ray executor (mp/uni/external_launcher only)", "0.14.0",
            "config/vllm.py VllmConfig.__post_init__ (executor_supports_async_sched)"),
     Change("one API server per data-parallel replica by default (internal load balancing); before, one for all "
@@ -171,6 +174,16 @@ class Release:
         """0.34: on by default on CUDA (VllmConfig._resolve_extensible_kv_cache); the
         KV cache is sized after warm-up and the real CUDA-graph capture."""
         return self.at_least("0.34")
+
+    @property
+    def vendors_triton_kernels(self) -> bool:
+        """Whether the wheel carries the Triton kernels gpt-oss's MXFP4 backend runs on SM 9.0
+        (vllm/third_party/triton_kernels, from 0.12.0). Before, vLLM 0.10.2 and 0.11.0 fall back to
+        Marlin without the separately installed triton_kernels package (quantization/mxfp4.py
+        get_mxfp4_backend). ASSUMPTION: it is not installed: a pip-installed vLLM does not bring it
+        (GPUStack's runner image, gpustack/runner pack/cuda/Dockerfile, installs vLLM and FlashInfer
+        alone; the validation rows of those releases ran there)."""
+        return self.at_least("0.12")
 
     # --- Scheduling -------------------------------------------------------------
 

@@ -248,9 +248,11 @@ def calibrate(folder: Path, system: str) -> dict:
     mla_table = folder / f"mla_decode_{system}.csv"  # none for A100: AIConfigurator has no vLLM MLA table there
     mla = fit_mla(read(mla_table), gemm["kernel_overhead_s"], attn["attention_floor_s"], gemm["hbm"], gpu) if mla_table.exists() else {}
     moe = fit_moe(read(folder / f"moe_{system}.csv"), gemm, gpu)
-    marlin = folder / f"moe_marlin_{system}.csv"  # A100: the Marlin kernel its vLLM runs 4-bit experts with
+    marlin = folder / f"moe_marlin_{system}.csv"  # Marlin's W4A16 fused MoE (gpt-oss's MXFP4 experts without Triton's)
     if marlin.exists():
-        moe.update(fit_moe_at(read(marlin), gemm, gpu, moe["moe_half_inter"]))
+        moe["moe_gemm_marlin"] = fit_moe_at(read(marlin), gemm, gpu, moe["moe_half_inter"])["moe_gemm_4bit"]
+    if system == "a100_sxm":  # below SM 9.0 vLLM runs every 4-bit expert with Marlin
+        moe["moe_gemm_4bit"] = moe["moe_gemm_marlin"]
         # ASSUMPTION: Marlin's dense GEMM (FP8, AWQ, GPTQ weights there) reaches the share of the
         # dense ceiling its fused-MoE form does (no dense Marlin table in the wheel).
         moe["gemm_weight_only"] = gemm["gemm_bf16"] * moe["moe_gemm_4bit"]

@@ -37,6 +37,13 @@ class Efficiency:
     moe_gemm_bf16: float = 0.576
     moe_gemm_fp8: float = 0.479
     moe_gemm_4bit: float = 0.663
+    # KERNEL-FITTED: Marlin's W4A16 fused MoE, which vLLM 0.10.2 and 0.11.0 run gpt-oss's MXFP4
+    # experts with on SM 9.0 when the Triton backend's kernels are missing (Release.vendors_triton_kernels;
+    # ops._experts): H100's table of SGLang's port of the kernel (kernels/moe_marlin_h100_sxm.csv,
+    # INT4 weights; ASSUMPTION: MXFP4's dequantisation costs what INT4's does), by the same fit as
+    # the others at their width term. It runs Ampere's mma.sync on Hopper: 0.38 of the dense ceiling
+    # against the Triton MXFP4 kernel's 0.66. A100's own Marlin figure is in AMPERE.
+    moe_gemm_marlin: float = 0.376
     moe_half_inter: float = 176.0
     # KERNEL-FITTED: the fused-MoE call's time at one token beyond reading its experts
     # (token alignment, two grouped GEMMs, activation, combine).
@@ -95,7 +102,7 @@ class Efficiency:
     # and without one drafted token: median ITL 145 against 82 ms, x1.77; charged per token the
     # model's median ITL went x1.74, 236 against 136 ms, per sequence x1.10, when the charge was
     # chosen; the row validates).
-    seq_overhead_s: float = 68.7e-6
+    seq_overhead_s: float = 63.1e-6
     # SERVING-FITTED: the share of the kernel-fitted compute rates above (GEMMs, fused MoE,
     # prefill attention) that a serving step's compute-bound work reaches. The tables time each
     # kernel alone, warm, at the clock a short run holds; a step with a long prefill chunk or a
@@ -111,14 +118,17 @@ class Efficiency:
     # previous figures landed at 0.68 and 106 us (intake 7.5 ms), from those at 0.62 and 97 us,
     # from these at 0.62 and 89 us, each within 1% of the others' loss and 2 points of their
     # validation medians; so read both as +-10%. With ShareGPT's own lengths (sharegpt.py) in
-    # place of a lognormal the time per token fell to 69 us and this share stayed.
-    serving_compute: float = 0.624
+    # place of a lognormal the time per token fell to 69 us and this share stayed. With gpt-oss's
+    # H100 rows on Marlin, as their releases ran them (Release.vendors_triton_kernels), it rose to
+    # 0.665 and the time per token fell to 63 us: a fixed point of `--fit`.
+    serving_compute: float = 0.665
     # SERVING-FITTED: the same share of the A100 tables' rates (`AMPERE`), which an SM 8.0 GPU runs
     # at in place of those above. A share is of its own tables: the A100's are another release's
     # kernels (0.14.0's, not 0.24.0's) timed on another GPU, so what a serving step leaves out of
     # them need not be what it leaves out of H100's. Fitted with the other burst figures; it moves
     # only the A100 rows, so the one A100 burst fit row sets it (the split keeps a dense burst on
-    # each of the two generations for this).
+    # each of the two generations for this). It came to 0.665, now H100's share too; a fit started
+    # from 0.725 lands there, and one started from 0.665 stays (a flat valley, as above).
     serving_compute_ampere: float = 0.665
     # SERVING-FITTED: a request's time outside the engine that does not queue (the HTTP
     # round trip, detokenizing and streaming the first token back): added to its TTFT.
@@ -130,7 +140,7 @@ class Efficiency:
     # 28-46 ms over its measured TTFT (+57% to +78%), the template path's off both ways
     # (Qwen3-8B within 5 ms, DeepSeek-R1 33 ms under). Fitted on the one gpt-oss row with a
     # bounded load.
-    request_overhead_harmony_s: float = 15.8e-3
+    request_overhead_harmony_s: float = 13.3e-3
     # SERVING-FITTED: the API server's time per request that does queue (chat template and
     # tokenization in its one process) before the engine sees it (workload.Client). Its one
     # event loop interleaves the requests it is taking in, so they share it: a lone request
@@ -145,12 +155,12 @@ class Efficiency:
     # not (TTFTs spread evenly from 0: p99 about 2x the mean).
     # Its size per request is not in the code: fitted, one for the models whose chat requests go
     # through the chat template and the tokenizer (`_preprocess_chat`) and one for gpt-oss below.
-    frontend_intake_s: float = 7.50e-3
+    frontend_intake_s: float = 8.18e-3
     # SERVING-FITTED: the same intake for gpt-oss, whose chat requests the API server renders with
     # openai_harmony straight to token ids, with no chat template and no tokenizer (serving_chat.py
     # of 0.10.2 and 0.11.0: `use_harmony = model_config.hf_config.model_type == "gpt_oss"`, then
     # `_make_request_with_harmony`, `render_for_completion`). Fitted on the one gpt-oss burst fit row.
-    frontend_intake_harmony_s: float = 2.22e-3
+    frontend_intake_harmony_s: float = 1.32e-3
     # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (
         "gps-dsr1-h200-tp8-sharegpt-burst", "gps-dsr1-h200-tp8-sharegpt-c4", "gps-gptoss120b-h100-tp2-sharegpt-burst",
@@ -163,7 +173,7 @@ class Efficiency:
         return replace(self, **changes)
 
 
-KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_half_inter",
+KERNEL_FITTED = ("gemm_bf16", "gemm_fp8", "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_4bit", "moe_gemm_marlin", "moe_half_inter",
                  "moe_floor_s", "attention", "attention_floor_s", "attention_half_dim", "hbm", "kernel_overhead_s",
                  "allreduce_latency_s", "allreduce_bw", "mla_floor_s", "mla_seq_s", "mla_seq_head_s")  # fmt: skip
 FITTED_FIELDS = ("step_overhead_s", "request_overhead_s", "request_overhead_harmony_s")  # on the bounded-load fit rows
@@ -197,7 +207,8 @@ DEFAULT = Efficiency()
 # ASSUMPTION: the figures no A100 table covers (FP8 and FP4 kernels, the MLA module, the head-size
 # term: its table has head size 128 only) stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
-          "gemm_weight_only": 0.430, "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
+          "gemm_weight_only": 0.430, "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_gemm_marlin": 0.484,
+          "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
           "allreduce_latency_s": 5.33e-6, "allreduce_bw": 0.694}  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from infra.catalog.arch import CacheSpec, LayerSpec, ModelArch, ParamGroup, Role, Shard
 from infra.catalog.gpus import GPU
+from infra.catalog.quant import mxfp4_moe_backend
 from infra.planning import memory
 from infra.planning.vllm_release import Release, SparseAttentionKernel
 
@@ -38,7 +39,7 @@ class ExpertTerm:
     flops_per_token: float  # of the top-k experts a token goes to, on this rank
     bytes_per_expert: float  # one expert's share of this rank's expert bytes
     compute: str
-    kernel: str = "bf16"  # the fused-MoE kernel family (moe_kernel): "bf16" | "fp8" | "4bit"
+    kernel: str = "bf16"  # the fused-MoE kernel family (moe_kernel): "bf16" | "fp8" | "4bit" | "marlin"
     inter_per_rank: int = 0  # each expert's intermediate size on a rank (whole with expert parallel)
 
 
@@ -187,23 +188,27 @@ def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool
 
 
 def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GPU, expert_parallel: bool,
-             expert_shards: int) -> list[ExpertTerm]:  # fmt: skip
+             expert_shards: int, triton_kernels: bool = True) -> list[ExpertTerm]:  # fmt: skip
     """`expert_shards`: the GPUs each expert is split over, TP x DP (layout.expert_shards); every
-    figure is of one rank for one token its MoE layer runs, which with DP is every replica's."""
+    figure is of one rank for one token its MoE layer runs, which with DP is every replica's.
+    `triton_kernels`: Release.vendors_triton_kernels (gpt-oss's MXFP4 experts run Marlin without)."""
     terms: Counter = Counter()
     cc = float(gpu.compute_capability)
+    marlin = mxfp4_moe_backend(cc, triton_kernels) == "marlin"
     for layer in layers:
         for g in layer.params:
             if g.role != Role.ROUTED_EXPERT or not arch.num_experts:
                 continue
             rank_bytes = memory.group_bytes_per_rank(g, tp, expert_shards, expert_parallel=expert_parallel,
-                                                     compute_capability=cc, num_experts=arch.num_experts)  # fmt: skip
+                                                     compute_capability=cc, num_experts=arch.num_experts,
+                                                     triton_kernels=triton_kernels)  # fmt: skip
             # Per token: top_k of the experts' parameters, split over the ranks (with expert
             # parallel, the expected share of tokens a rank's experts get).
             flops = 2 * g.count / arch.num_experts * arch.experts_per_token / expert_shards
             inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // expert_shards
+            kernel = "marlin" if marlin and g.scheme is not None and g.scheme.kind == "gpt_oss_mxfp4" else moe_kernel(g.fmt)
             key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
-                   moe_kernel(g.fmt), inter)  # fmt: skip
+                   kernel, inter)  # fmt: skip
             terms[key] += 1
     return [ExpertTerm(n, *key) for key, n in sorted(terms.items())]
 
@@ -211,7 +216,8 @@ def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GP
 def moe_kernel(fmt: str) -> str:
     """Which family of vLLM fused-MoE kernels runs experts stored in `fmt`: unquantised
     (fused_moe Triton), FP8 (block-scaled W8A8, Triton / DeepGEMM / CUTLASS) or 4-bit
-    (MXFP4 matmul_ogs, Marlin W4A16, NVFP4): each reaches its own fraction (fitted.py)."""
+    (MXFP4 matmul_ogs, Marlin W4A16, NVFP4): each reaches its own fraction (fitted.py). gpt-oss's
+    MXFP4 experts on Marlin are "marlin" (_experts: the backend is the GPU's and the release's)."""
     if fmt == "fp8":
         return "fp8"
     if fmt in ("mxfp4", "nvfp4", "int4"):
@@ -339,7 +345,8 @@ def stage_ops(arch: ModelArch, layers: tuple[LayerSpec, ...], *, first: bool, la
     return StageOps(
         layers=len(layers),
         gemms=tuple(gemms),
-        experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel, expert_shards=tp * dp)),
+        experts=tuple(_experts(layers, arch, tp=tp, gpu=gpu, expert_parallel=expert_parallel, expert_shards=tp * dp,
+                               triton_kernels=release.vendors_triton_kernels if release else True)),
         attention=tuple(_attention(layers, tp=tp, kv_bytes=kv_bytes, model_bytes=model_bytes, kernel=kernel)),
         allreduces=2 * len(layers) if tp > 1 else 0,
         allreduce_bytes_per_token=arch.hidden_size * 2,  # bf16 activations

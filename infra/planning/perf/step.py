@@ -157,7 +157,7 @@ class StepModel:
         self._peak["bf16_wo"] = hw.peak_flops("bf16") * eff.gemm_weight_only * served  # weight-only kernels (ops.gemm_kernel)
         self._attn_peak = hw.peak_flops("bf16") * eff.attention * served
         self._moe_peak = {(d, k): self._peak[d] * getattr(eff, f"moe_gemm_{k}") for d in ("bf16", "fp8", "fp4") if d in self._peak
-                          for k in ("bf16", "fp8", "4bit")}  # fmt: skip
+                          for k in ("bf16", "fp8", "4bit", "marlin")}  # fmt: skip
         # Every threshold any stage's attention needs Σ min(c, T) for, computed once per step.
         self._thresholds = sorted({t.threshold for s in self.stages for t in s.attention if t.threshold is not None})
         units = _Units()
