@@ -300,6 +300,30 @@ def test_gpt_oss_120b_on_one_h100_without_the_triton_kernels_matches_marlins_pub
     assert loaded("0.12.0") == pytest.approx(64.38, rel=0.01)  # the Triton backend's (issue #33155)
 
 
+def test_a_plan_for_an_older_release_holds_marlins_experts_and_a_newer_one_the_triton_layout():
+    """One process planning gpt-oss-120b on an H100 node for 0.11.0, 0.12.0 and 0.11.0 again (the
+    layout's figures are cached per model): each plan holds its release's experts on a GPU, Marlin's
+    padding before 0.12 and the Triton layout from it, as the memory model gives them for that split."""
+    arch = load_model("gpt-oss-120b")
+    plans = [make_plan(PlanRequest(model="gpt-oss-120b", instance_type="p5.48xlarge", nodes=1, tp=8, max_model_len=8192,
+                                   vllm_version=v)) for v in ("0.11.0", "0.12.0", "0.11.0")]  # fmt: skip
+    assert all(p.feasible for p in plans) and {(p.layout.tp, p.layout.dp) for p in plans} == {(8, 1)}
+
+    def experts(triton_kernels: bool) -> int:
+        return memory.stage_weight_bytes(arch, memory.stage_layers(arch, 1)[0], first=True, last=True, tp=8, expert_shards=8,
+                                         compute_capability=9.0, routed=True, triton_kernels=triton_kernels)  # fmt: skip
+
+    held = [p.constrained.weights_bytes for p in plans]
+    assert held[0] - held[1] == experts(False) - experts(True) > 0
+    assert held[2] == held[0]
+    # The same model object evaluated under each release in turn (its figures are cached per object):
+    from infra.catalog.instances import INSTANCE_TYPES
+    from infra.planning.layout import evaluate
+
+    again = [evaluate(arch, INSTANCE_TYPES["p5.48xlarge"], 1, p.layout, p.knobs).stages[0].weights_bytes for p in plans]
+    assert again == held
+
+
 def test_gpt_oss_120b_on_one_h100_matches_the_published_log():
     # tests/data/vllm_memory_logs.yaml, vLLM issue #33155 (0.14.1, H100, TP1, "Using Triton backend"):
     # "Model loading took 64.38 GiB". The checkpoint itself is 60.8 GiB: the difference is the
