@@ -94,7 +94,7 @@ class Efficiency:
     # (tests/test_perf_validation.py). Which work it is (the sampler over
     # the vocabulary, the output path to the API server) the rows do not separate, and it is
     # more than a step's own work: those bursts' ITL medians sit near the kernel model's
-    # decode step (gpt-oss-120b TP4: 21.8 ms measured, 14.7 ms at 1,000 sequences), so it
+    # decode step (gpt-oss-120b TP4: 21.8 ms measured, 20.4 ms at 1,000 sequences), so it
     # also stands for the stalls the simulation does not produce (docs/planning.md).
     # ASSUMPTION: all of it is per token, not per sequence: with MTP a step verifies k + 1
     # positions of each sequence (step._emitted) and hands on up to that many tokens to detokenize
