@@ -22,7 +22,7 @@ import pytest
 
 from infra.catalog.arch import Experts, Linear, Role
 from infra.catalog.models import CATALOG, CONFIG_DIR, load_model, parse_config, weight_bytes
-from infra.catalog.quant import parse_quant_config
+from infra.catalog.quant import mxfp4_moe_backend, parse_quant_config
 from infra.errors import UserError
 from infra.planning import PlanRequest, make_plan, memory
 from infra.planning.memory import GiB
@@ -255,16 +255,17 @@ def test_gpt_oss_experts_are_padded_for_the_gpus_moe_kernel():
     # B200 (TRT-LLM MXFP4 MoE): hidden to 3072, intermediate 720 to 768. w13 [1536, 1536] =
     # 2,359,296; scale [1536, 96] = 147,456; w2 [3072, 384] = 1,179,648; scale [3072, 24] = 73,728;
     # biases (1536 + 3072) bf16 = 9,216.
-    assert _rank(experts, tp=4, compute_capability=10.0) == 128 * (2_359_296 + 147_456 + 1_179_648 + 73_728 + 9_216)
+    assert _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(10.0)) == 128 * (2_359_296 + 147_456 + 1_179_648 + 73_728 + 9_216)
     # A100 (Marlin): the same rounding (hidden 256, intermediate 128).
-    assert _rank(experts, tp=4, compute_capability=8.0) == _rank(experts, tp=4, compute_capability=10.0)
+    assert _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(8.0)) == _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(10.0))
     # H100 (Triton): intermediate 720 to 768, hidden kept, then the Hopper swizzle: values
     # [1472 (1440 to 64), 1536 (to 256)] + [384, 3072 (2880 to 256)] = 2,260,992 + 1,179,648;
     # scales [1536, 92 (90 to 4)] + [3072, 24] = 141,312 + 73,728; biases fp32 (1536 + 2880) x 4 = 17,664.
-    assert _rank(experts, tp=4, compute_capability=9.0) == 128 * (2_260_992 + 1_179_648 + 141_312 + 73_728 + 17_664)
+    assert _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(9.0)) == 128 * (2_260_992 + 1_179_648 + 141_312 + 73_728 + 17_664)
     # H100 without the Triton backend's kernels (vLLM 0.10.2 and 0.11.0, Release.vendors_triton_kernels):
     # Marlin, padded as on A100.
-    assert _rank(experts, tp=4, compute_capability=9.0, triton_kernels=False) == _rank(experts, tp=4, compute_capability=8.0)
+    marlin_on_hopper = _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(9.0, triton_kernels=False))
+    assert marlin_on_hopper == _rank(experts, tp=4, mxfp4_backend=mxfp4_moe_backend(8.0))
 
 
 def test_gpt_oss_tp_pads_more_than_expert_parallel_on_hopper():
@@ -273,7 +274,7 @@ def test_gpt_oss_tp_pads_more_than_expert_parallel_on_hopper():
 
     def weights(tp, ep):
         return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=tp, expert_shards=tp,
-                                         expert_parallel=ep, compute_capability=9.0)
+                                         expert_parallel=ep, mxfp4_backend=mxfp4_moe_backend(9.0))
 
     # TP2: 1440 to 1472 and TP4: 720 to 768 per rank; with EP the experts keep 2880 (a multiple of 64).
     assert weights(4, False) > weights(4, True)
@@ -292,8 +293,8 @@ def test_gpt_oss_120b_on_one_h100_without_the_triton_kernels_matches_marlins_pub
     layers = memory.stage_layers(arch, 1)[0]
 
     def loaded(version: str) -> float:
-        return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=1, expert_shards=1, compute_capability=9.0,
-                                         triton_kernels=release(version).vendors_triton_kernels) / GiB  # fmt: skip
+        return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=1, expert_shards=1,
+                                         mxfp4_backend=mxfp4_moe_backend(9.0, release(version).vendors_triton_kernels)) / GiB  # fmt: skip
 
     assert loaded("0.10.2") == pytest.approx(65.9651, rel=0.01)
     assert loaded("0.11.0") == loaded("0.10.2")
@@ -311,7 +312,7 @@ def test_a_plan_for_an_older_release_holds_marlins_experts_and_a_newer_one_the_t
 
     def experts(triton_kernels: bool) -> int:
         return memory.stage_weight_bytes(arch, memory.stage_layers(arch, 1)[0], first=True, last=True, tp=8, expert_shards=8,
-                                         compute_capability=9.0, routed=True, triton_kernels=triton_kernels)  # fmt: skip
+                                         routed=True, mxfp4_backend=mxfp4_moe_backend(9.0, triton_kernels))  # fmt: skip
 
     held = [p.constrained.weights_bytes for p in plans]
     assert held[0] - held[1] == experts(False) - experts(True) > 0
@@ -330,7 +331,7 @@ def test_gpt_oss_120b_on_one_h100_matches_the_published_log():
     # Triton kernels' Hopper layout and the biases turned fp32.
     arch = load_model("gpt-oss-120b")
     layers = memory.stage_layers(arch, 1)[0]
-    loaded = memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=1, expert_shards=1, compute_capability=9.0)
+    loaded = memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=1, expert_shards=1, mxfp4_backend=mxfp4_moe_backend(9.0))
     assert loaded / GiB == pytest.approx(64.38, rel=0.01)
     assert weight_bytes(arch) / GiB == pytest.approx(60.8, rel=0.01)
 
@@ -341,7 +342,7 @@ def test_gpt_oss_120b_on_one_h100_matches_the_published_log():
 def _loaded(name_or_arch, tp: int, cc: float | None = None) -> float:
     arch = load_model(name_or_arch) if isinstance(name_or_arch, str) else name_or_arch
     layers = memory.stage_layers(arch, 1)[0]
-    return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=tp, expert_shards=tp, compute_capability=cc) / GiB
+    return memory.stage_weight_bytes(arch, layers, first=True, last=True, tp=tp, expert_shards=tp, mxfp4_backend=mxfp4_moe_backend(cc)) / GiB
 
 
 def test_qwen3_235b_fp8_is_planned_in_fp8():

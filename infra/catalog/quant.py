@@ -275,8 +275,7 @@ def group_bytes(
     tp: int = 1,
     expert_shards: int = 1,
     expert_parallel: bool = False,
-    compute_capability: float | None = None,
-    triton_kernels: bool = True,
+    mxfp4_backend: str = "none",
 ) -> int:
     """Bytes one rank holds of a quantised parameter group (`Linear` / `Experts` shapes).
 
@@ -284,8 +283,8 @@ def group_bytes(
     (TP x DP; fused_moe/config.py FusedMoEParallelConfig.make): with expert parallel the
     fullest rank's whole experts (experts_on_fullest_rank), without it every expert with
     inter / expert_shards of its intermediate size (FusedMoE). gpt-oss MXFP4 experts are
-    padded for the GPU's MoE kernel (`mxfp4_moe_backend`, with `triton_kernels`); with
-    `compute_capability` None they are not.
+    padded for the MoE kernel that runs them (`mxfp4_backend`, as mxfp4_moe_backend picks it for
+    the GPU and the release); "none", the checkpoint's own sizes.
     """
     from infra.catalog.arch import Experts, Linear
 
@@ -300,8 +299,7 @@ def group_bytes(
             else:
                 experts, inter = shape.experts, shape.inter // expert_shards
             if s.kind == "gpt_oss_mxfp4":
-                total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter,
-                                                mxfp4_moe_backend(compute_capability, triton_kernels))
+                total += _gpt_oss_experts_bytes(s, experts, shape.hidden, inter, mxfp4_backend)
             else:
                 total += experts_bytes(s, experts, shape.hidden, inter, bias=shape.bias)
         else:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from infra.catalog.arch import ModelArch, Role
 from infra.catalog.instances import InstanceType
+from infra.catalog.quant import mxfp4_moe_backend
 from infra.planning import cudagraph, kv_cache, kv_specs, memory
 from infra.planning.kv_cache import Admission, Group, LayerKV
 from infra.planning.memory import GiB, RankBudget
@@ -297,8 +298,7 @@ def _is_mla_layer(layer) -> bool:
 
 
 def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = None, expert_parallel: bool = False,
-                     compute_capability: float | None = None, routed: bool | None = None,
-                     triton_kernels: bool = True) -> int:  # fmt: skip
+                     routed: bool | None = None, mxfp4_backend: str = "none") -> int:  # fmt: skip
     """The MTP draft layers' weights on one rank of the last stage: vLLM loads them with
     the target (v1/worker/gpu/model_runner.py load_model wraps both loads in one
     DeviceMemoryProfiler); embedding and LM head are shared with the target. Their experts
@@ -306,8 +306,7 @@ def mtp_weight_bytes(arch: ModelArch, tp: int, *, expert_shards: int | None = No
     memory.stage_weight_bytes, which counts them as a stage of those layers alone."""
     return memory.stage_weight_bytes(
         arch, arch.mtp_layers, first=False, last=False, tp=tp, expert_shards=expert_shards or tp,
-        expert_parallel=expert_parallel, compute_capability=compute_capability, routed=routed,
-        triton_kernels=triton_kernels,
+        expert_parallel=expert_parallel, routed=routed, mxfp4_backend=mxfp4_backend,
     )  # fmt: skip
 
 
@@ -319,14 +318,13 @@ def stage_figures(
     speculative: bool,
     *,
     expert_parallel: bool = False,
-    compute_capability: float | None = None,
     expert_shards: int | None = None,
-    triton_kernels: bool = True,
+    mxfp4_backend: str = "none",
 ) -> list[StageFigures]:
     """`expert_shards`: the GPUs each routed expert is split over, TP x DP (layout.expert_shards;
-    TP alone by default). `expert_parallel`, the GPU's `compute_capability` and whether the
-    release has the Triton MXFP4 kernels (`triton_kernels`) only change how quantised experts
-    are split and padded for the GPU's MoE kernel (gpt-oss MXFP4)."""
+    TP alone by default). `expert_parallel` and the MoE kernel gpt-oss's MXFP4 experts run on
+    (`mxfp4_backend`, quant.mxfp4_moe_backend) only change how quantised experts are split and
+    padded."""
     cache = _model_cache(arch)
     if "quantised" not in cache:
         cache["quantised"] = any(g.scheme is not None for layer in arch.layers for g in layer.params)
@@ -334,9 +332,9 @@ def stage_figures(
     if not arch.num_experts:
         shards = tp  # nothing is split by it
     if not cache["quantised"] and (not arch.num_experts or arch.num_experts % shards == 0):
-        expert_parallel, compute_capability, triton_kernels = False, None, True  # the same figures either way
-    quant = dict(expert_parallel=expert_parallel, compute_capability=compute_capability, triton_kernels=triton_kernels)
-    key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, compute_capability, triton_kernels)
+        expert_parallel, mxfp4_backend = False, "none"  # the same figures either way (an even split)
+    quant = dict(expert_parallel=expert_parallel, mxfp4_backend=mxfp4_backend)
+    key = ("stages", pp, tp, shards, kv_bytes, speculative, expert_parallel, mxfp4_backend)
     if key not in cache:
         groups = memory.stage_layers(arch, pp)
 
@@ -352,7 +350,7 @@ def stage_figures(
         # The routed experts depend on their split (TP x DP GPUs) and not on TP alone (every
         # catalog model's are Experts shapes), the rest on TP: a search over DP reuses both.
         rest = weights(("weights", pp, tp, speculative), tp=tp, expert_shards=shards, routed=False)
-        routed = weights(("experts", pp, shards, speculative, expert_parallel, compute_capability, triton_kernels), tp=tp,
+        routed = weights(("experts", pp, shards, speculative, expert_parallel, mxfp4_backend), tp=tp,
                          expert_shards=shards, routed=True, **quant)  # fmt: skip
         out = []
         for i, layers in enumerate(groups):
@@ -454,8 +452,8 @@ def evaluate(arch: ModelArch, itype: InstanceType, nodes: int, layout: Layout, k
     stages = []
     figures = stage_figures(
         arch, layout.pp, layout.tp, kv_bytes, bool(spec_tokens),
-        expert_parallel=layout.expert_parallel, compute_capability=float(gpu.compute_capability),
-        expert_shards=expert_shards(layout), triton_kernels=r.vendors_triton_kernels,
+        expert_parallel=layout.expert_parallel, expert_shards=expert_shards(layout),
+        mxfp4_backend=mxfp4_moe_backend(float(gpu.compute_capability), r.vendors_triton_kernels),
     )
     for i, fig in enumerate(figures):
         activation = memory.activation_peak_bytes(

@@ -125,9 +125,8 @@ def group_bytes_per_rank(
     expert_shards: int,
     *,
     expert_parallel: bool = False,
-    compute_capability: float | None = None,
     num_experts: int = 0,
-    triton_kernels: bool = True,
+    mxfp4_backend: str = "none",
 ) -> float:
     """Bytes of one parameter group on one rank.
 
@@ -139,17 +138,15 @@ def group_bytes_per_rank(
     A quantised group (one with a vLLM scheme and shapes) costs what vLLM creates
     for its shapes on the rank (infra.catalog.quant.group_bytes): scales per block
     or group, zero points, and for gpt-oss's MXFP4 experts the padding of the MoE
-    kernel, which depends on the GPU (`compute_capability`, e.g. 9.0) and on
-    whether experts are split by expert (`expert_parallel`) or by intermediate size, and on
-    whether the release has the Triton MXFP4 kernels (`triton_kernels`, quant.mxfp4_moe_backend).
+    kernel that runs them (`mxfp4_backend`, quant.mxfp4_moe_backend: the GPU's and the
+    release's) and whether experts are split by expert (`expert_parallel`) or by intermediate size.
     Any other group costs count x bytes per parameter, split by its shard.
     """
     if group.scheme is not None:
         return float(
             group_bytes(
                 group.scheme, group.shapes, tp=tp, expert_shards=expert_shards,
-                expert_parallel=expert_parallel, compute_capability=compute_capability,
-                triton_kernels=triton_kernels,
+                expert_parallel=expert_parallel, mxfp4_backend=mxfp4_backend,
             )
         )
     total = group.count * float(get_format(group.fmt).bytes_per_param)
@@ -171,9 +168,8 @@ def stage_weight_bytes(
     tp: int,
     expert_shards: int,
     expert_parallel: bool = False,
-    compute_capability: float | None = None,
     routed: bool | None = None,
-    triton_kernels: bool = True,
+    mxfp4_backend: str = "none",
 ) -> int:
     """Weights held by one rank of a stage: its layers, plus the embedding on the
     first stage and the LM head and final norm on the last. `routed`: only the routed
@@ -189,8 +185,8 @@ def stage_weight_bytes(
     return int(
         sum(
             group_bytes_per_rank(
-                g, tp, expert_shards, expert_parallel=expert_parallel, compute_capability=compute_capability,
-                num_experts=arch.num_experts, triton_kernels=triton_kernels,
+                g, tp, expert_shards, expert_parallel=expert_parallel, num_experts=arch.num_experts,
+                mxfp4_backend=mxfp4_backend,
             )
             for g in groups
         )

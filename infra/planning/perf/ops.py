@@ -173,7 +173,6 @@ def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool
     for every group, so their summed roofline is the sum of theirs."""
     flops: Counter = Counter()
     nbytes: Counter = Counter()
-    cc = float(gpu.compute_capability)
     for g in groups:
         if g.role == Role.ROUTED_EXPERT or not g.count:
             continue
@@ -183,7 +182,7 @@ def _gemms(groups: list[ParamGroup], *, tp: int, gpu: GPU, expert_parallel: bool
             continue
         key = (gemm_kernel(g.fmt, gpu), g.fmt)
         flops[key] += 2 * _params_on_rank(g, tp)
-        nbytes[key] += memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel, compute_capability=cc)
+        nbytes[key] += memory.group_bytes_per_rank(g, tp, tp, expert_parallel=expert_parallel)
     return [GemmTerm(k[0], flops[k], nbytes[k], per_sampled_token=sampled) for k in sorted(flops)]
 
 
@@ -193,20 +192,18 @@ def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GP
     figure is of one rank for one token its MoE layer runs, which with DP is every replica's.
     `triton_kernels`: Release.vendors_triton_kernels (gpt-oss's MXFP4 experts run Marlin without)."""
     terms: Counter = Counter()
-    cc = float(gpu.compute_capability)
-    marlin = mxfp4_moe_backend(cc, triton_kernels) == "marlin"
+    backend = mxfp4_moe_backend(float(gpu.compute_capability), triton_kernels)
     for layer in layers:
         for g in layer.params:
             if g.role != Role.ROUTED_EXPERT or not arch.num_experts:
                 continue
             rank_bytes = memory.group_bytes_per_rank(g, tp, expert_shards, expert_parallel=expert_parallel,
-                                                     compute_capability=cc, num_experts=arch.num_experts,
-                                                     triton_kernels=triton_kernels)  # fmt: skip
+                                                     num_experts=arch.num_experts, mxfp4_backend=backend)  # fmt: skip
             # Per token: top_k of the experts' parameters, split over the ranks (with expert
             # parallel, the expected share of tokens a rank's experts get).
             flops = 2 * g.count / arch.num_experts * arch.experts_per_token / expert_shards
             inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // expert_shards
-            kernel = "marlin" if marlin and g.scheme is not None and g.scheme.kind == "gpt_oss_mxfp4" else moe_kernel(g.fmt)
+            kernel = "marlin" if backend == "marlin" and g.scheme is not None and g.scheme.kind == "gpt_oss_mxfp4" else moe_kernel(g.fmt)
             key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
                    kernel, inter)  # fmt: skip
             terms[key] += 1
