@@ -40,6 +40,7 @@ import statistics
 from pathlib import Path
 
 from infra.catalog.gpus import get_gpu
+from infra.catalog.quant import mxfp4_moe_backend
 from infra.planning.perf.ops import MLA_MODULE_KERNELS
 from infra.planning.perf.step import head_dim_factor
 
@@ -251,7 +252,7 @@ def calibrate(folder: Path, system: str) -> dict:
     marlin = folder / f"moe_marlin_{system}.csv"  # Marlin's W4A16 fused MoE (gpt-oss's MXFP4 experts without Triton's)
     if marlin.exists():
         moe["moe_gemm_marlin"] = fit_moe_at(read(marlin), gemm, gpu, moe["moe_half_inter"])["moe_gemm_4bit"]
-    if system == "a100_sxm":  # below SM 9.0 vLLM runs every 4-bit expert with Marlin
+    if mxfp4_moe_backend(float(gpu.compute_capability)) == "marlin":  # below SM 9.0: every 4-bit expert on Marlin
         moe["moe_gemm_4bit"] = moe["moe_gemm_marlin"]
         # ASSUMPTION: Marlin's dense GEMM (FP8, AWQ, GPTQ weights there) reaches the share of the
         # dense ceiling its fused-MoE form does (no dense Marlin table in the wheel).
