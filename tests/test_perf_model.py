@@ -605,7 +605,7 @@ def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, hea
 
 
 @pytest.mark.parametrize("version,gpu,tp,heads", [("0.13.0", "H200-141GB", 8, 64), ("0.13.0", "B200", 8, 128),
-                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.12.0", "B300", 8, 64),
+                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.23.0", "H200-141GB", 8, 64), ("0.12.0", "B300", 8, 64),
                                                   ("0.13.0", "B300", 8, 128), ("0.27.0", "H200-141GB", 8, None),
                                                   ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
 def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: str, tp: int, heads: int | None) -> None:
@@ -633,9 +633,33 @@ def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: s
         assert main.prefill_context_flops == 2 * c["kv_lora_rank"] * c["num_attention_heads"] * (c["qk_nope_head_dim"] + c["v_head_dim"]) / tp
     else:
         mqa = 2 * c["kv_lora_rank"] + c["qk_rope_head_dim"]
-        assert main.prefill_flops_per_entry == main.flops_per_entry == 2 * heads * mqa
+        if version < "0.24":  # every one of the index_topk slots, per token whatever its context
+            assert main.prefill_flops_per_entry == main.flops_per_entry == 0
+            assert main.flops_per_sequence_token == 2 * heads * mqa * c["index_topk"]
+        else:  # the valid ones (topk_length): min(context, index_topk) entries
+            assert main.prefill_flops_per_entry == main.flops_per_entry == 2 * heads * mqa
+            assert main.flops_per_sequence_token == 0
         assert main.prefill_context_flops == 0
         assert main.head_dim == mqa / 2
+
+
+def test_sparse_mla_before_0_24_computes_every_topk_slot_of_a_short_context() -> None:
+    """DeepSeek-V3.2 on 8 x H200: up to vLLM 0.23 FlashMLA's sparse kernel runs all 2,048 top-k slots
+    of every token, masking the invalid ones after its MMAs (csrc/sm90/prefill/sparse/fwd.cu loops
+    topk / B_TOPK blocks); 0.24 passes the valid count (topk_length). So a decode step over contexts
+    shorter than index_topk takes longer under 0.23 than 0.24, the more so the shorter they are, and
+    the same once every context fills the top-k; a prefill chunk's tokens, which see 1 to 2,048
+    others, take longer too."""
+    old, new = (_setup("deepseek-v3.2", gpu="H200-141GB", tp=8, vllm_version=v) for v in ("0.23.0", "0.24.0"))
+
+    def extra(context: int) -> float:
+        batch = ([context] * 512, [])
+        return old.step.stage_seconds(*batch)[0] - new.step.stage_seconds(*batch)[0]
+
+    assert extra(200) > extra(1000) > 0
+    assert extra(4096) == pytest.approx(0.0, abs=1e-12)
+    chunk = ([], [(2048, 0)])
+    assert old.step.stage_seconds(*chunk)[0] > new.step.stage_seconds(*chunk)[0]
 
 
 @pytest.mark.parametrize("model", ["deepseek-r1", "kimi-k2", "gpt-oss-120b", "llama-3.1-70b"])

@@ -84,6 +84,10 @@ CHANGES: tuple[Change, ...] = (
            "v1/core/kv_cache_utils.py _report_kv_cache_config"),
     Change("Model Runner V2 by default for some architectures", "0.22.0",
            "config/vllm.py VllmConfig.use_v2_model_runner, DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES"),
+    Change("DeepSeek-V3.2's sparse MLA (performance model): FlashMLA computes only each token's valid top-k slots "
+           "(topk_length, their count); before, all index_topk of them whatever the context (the SM 9.0 kernel loops over "
+           "topk / B_TOPK blocks, vllm-project/FlashMLA 46d64a8 csrc/sm90/prefill/sparse/fwd.cu)", "0.24.0",
+           "v1/attention/backends/mla/flashmla_sparse.py _forward_bf16_kv (return_valid_counts), _bf16_flash_mla_kernel"),
     Change("sliding-window reservation uses max_in_flight_tokens = max_concurrent_batches x max-num-batched-tokens "
            "(async: PP + 1 with Model Runner V2, 2 with the V1 runner at PP 1, else PP)", "0.26.0",
            "v1/kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request, config/vllm.py max_in_flight_tokens"),
@@ -144,6 +148,10 @@ class SparseAttentionKernel(NamedTuple):
 
     absorbed_mla_prefill: bool = False  # MLA prefills in its decode (absorbed MQA) form
     head_counts: tuple[int, ...] = ()  # the head counts it runs at (the smallest holding the rank's); (): as many as there are
+    # Each query token computes all index_topk slots, valid or not (a context shorter than
+    # index_topk leaves the rest -1): FlashMLA's sparse kernels loop over topk / B_TOPK blocks and
+    # mask the invalid ones after their MMAs, until vLLM passes the valid count (topk_length).
+    every_topk_slot: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,7 +284,8 @@ class Release:
 
         - DeepSeek-V3.2 up to 0.26 (CHANGES): every token through FlashMLA's sparse kernel in the
           absorbed form, heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13:
-          is_device_capability_family). From 0.27 prefills up to index_topk tokens run dense MHA;
+          is_device_capability_family); before 0.24 each token computes all index_topk slots, valid
+          or not (every_topk_slot). From 0.27 prefills up to index_topk tokens run dense MHA;
           ASSUMPTION: the longer ones too, and no padding (0.28 adds an unpadded small-head kernel
           on SM 9.0 for large batches; 0.27 on picks masked MHA or MQA by per-backend heuristics).
         - DeepSeek-V4 (0.29 on, the releases the planner models it in): FlashMLA's sparse kernels
@@ -287,7 +296,7 @@ class Release:
         major = compute_capability.split(".")[0]
         if model_type == "deepseek_v32" and not self.at_least("0.27"):
             sm100 = major == "10" if self.at_least("0.13") else compute_capability == "10.0"
-            return SparseAttentionKernel(True, (128,) if sm100 else (64, 128))
+            return SparseAttentionKernel(True, (128,) if sm100 else (64, 128), every_topk_slot=not self.at_least("0.24"))
         if model_type == "deepseek_v4":
             return SparseAttentionKernel(False, (8, 16, 32, 64, 128) if major == "12" else (64, 128))
         return SparseAttentionKernel()

@@ -287,6 +287,12 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
         # ASSUMPTION: the FP8 (fp8_ds_mla) cache's decode kernel pads the same.
         per_entry = prefill_per_entry = 2 * _kernel_heads(heads, kernel.head_counts) * (attn.qk_dim + attn.v_dim)
         expand = 0.0
+        if kernel.every_topk_slot and attn.topk:
+            # Every token computes all top-k slots whatever its context: per token, not per entry
+            # read (the reads stay the valid entries': the kernel loads no invalid row).
+            main = (attn.topk * attn.compress_ratio, attn.compress_ratio, True)
+            add(main, 4, per_entry * attn.topk)
+            per_entry = prefill_per_entry = 0.0
     else:
         # DeepSeek-V4's kernels run the padded heads for decode and prefill (the release pads no
         # model whose prefill takes another form: un-absorbed MLA runs the rank's heads).
