@@ -605,7 +605,8 @@ def test_prefill_attention_runs_at_the_fraction_of_its_head_size(model: str, hea
 
 
 @pytest.mark.parametrize("version,gpu,tp,heads", [("0.13.0", "H200-141GB", 8, 64), ("0.13.0", "B200", 8, 128),
-                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.23.0", "H200-141GB", 8, 64), ("0.12.0", "B300", 8, 64),
+                                                  ("0.26.0", "H200-141GB", 2, 64), ("0.23.0", "H200-141GB", 8, 64),
+                                                  ("0.13.0", "H200-141GB", 1, 128), ("0.12.0", "B200", 8, 128), ("0.12.0", "B300", 8, 64),
                                                   ("0.13.0", "B300", 8, 128), ("0.27.0", "H200-141GB", 8, None),
                                                   ("0.34.0", "H200-141GB", 8, None)])  # fmt: skip
 def test_sparse_mla_prefill_runs_in_the_form_of_the_release(version: str, gpu: str, tp: int, heads: int | None) -> None:
@@ -678,7 +679,8 @@ def test_only_sparse_attention_runs_padded_heads(model: str) -> None:
 
 @pytest.mark.parametrize("gpu,tp,heads", [("H100-SXM-80GB", 8, 64), ("H100-SXM-80GB", 2, 64), ("B200", 1, 128),
                                           ("RTX-PRO-6000-Server", 16, 8), ("RTX-PRO-6000-Server", 8, 16),
-                                          ("RTX-PRO-6000-Server", 4, 32)])  # fmt: skip
+                                          ("RTX-PRO-6000-Server", 4, 32), ("RTX-PRO-6000-Server", 2, 64),
+                                          ("RTX-PRO-6000-Server", 1, 128)])  # fmt: skip
 def test_deepseek_v4_attention_runs_the_heads_its_kernel_supports(gpu: str, tp: int, heads: int) -> None:
     """DeepSeek-V4 (vLLM 0.29 to 0.34, models/deepseek_v4/nvidia/): FlashMLA's sparse kernels run a
     rank's query heads as 64 or 128 ("FP8 decode kernel only supports h_q = 64 or 128"), prefill and
