@@ -227,6 +227,24 @@ def test_kda_layers_read_a_fixed_state_whatever_the_context() -> None:
     assert long > short
 
 
+def test_a_kda_layer_computes_three_multiply_adds_per_state_element_per_token() -> None:
+    """Kimi K3's KDA layers (linear_attn_config in its config.json: 96 heads of head_dim 128, the
+    layers kda_layers lists): each token decays and rank-1 updates every head's d x d state and
+    reads it out with its query, ~3 d^2 multiply-adds (6 d^2 FLOPs) a head, over the rank's heads."""
+    import json
+    from pathlib import Path
+
+    from infra.planning.perf.ops import model_stages
+
+    kda = json.loads((Path(__file__).parents[1] / "infra" / "catalog" / "model_configs" / "kimi-k3.json").read_text())
+    kda = kda.get("text_config", kda)["linear_attn_config"]
+    tp = 8
+    stages = model_stages(load_model("kimi-k3"), tp=tp, pp=1, gpu=get_gpu("H200-141GB"), expert_parallel=False, kv_bytes=2)
+    (state,) = [a for a in stages[0].attention if not a.reads_context and a.flops_per_sequence_token]
+    assert state.layers == len(kda["kda_layers"])
+    assert state.flops_per_sequence_token == 6 * kda["head_dim"] ** 2 * kda["num_heads"] // tp
+
+
 def test_mtp_drafts_cost_time_and_are_refused_without_mtp_layers() -> None:
     from infra.errors import UserError
 
