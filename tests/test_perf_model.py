@@ -227,6 +227,44 @@ def test_kda_layers_read_a_fixed_state_whatever_the_context() -> None:
     assert long > short
 
 
+@pytest.mark.parametrize("model", ["deepseek-r1", "deepseek-v4-pro", "kimi-k3", "qwen3-235b-a22b", "llama-3.1-70b"])
+def test_each_part_of_a_layer_launches_kernels_of_its_own(model: str) -> None:
+    """ops.layer_kernels (ASSUMED counts, each from vLLM's layer forward passes): a layer launches
+    more kernels with each part it has than without it: a MoE block (router, top-k, shared expert),
+    FP8 weights (an activation-quantisation kernel per GEMM), MLA's projections and BMMs, KDA's
+    convolutions and gates, DeepSeek-V4's compressor and indexer; a plain GQA layer launches the
+    base set. Each part is taken off a real layer of the model and the count must fall."""
+    from dataclasses import replace
+
+    from infra.planning.perf.ops import KERNELS_BASE, is_mla, layer_kernels
+
+    parts_seen = set()
+    for layer in load_model(model).layers:
+        n = layer_kernels(layer)
+        attn = layer.attn
+        if layer.moe:
+            parts_seen.add("moe")
+            assert layer_kernels(replace(layer, moe=False)) < n
+        if any(g.fmt == "fp8" for g in layer.params):
+            parts_seen.add("fp8")
+            assert layer_kernels(replace(layer, params=tuple(replace(g, fmt="bf16") for g in layer.params))) < n
+        if attn is not None and attn.recurrent_dim:
+            parts_seen.add("kda")
+            assert layer_kernels(replace(layer, attn=replace(attn, recurrent_dim=0))) < n
+        elif is_mla(layer):
+            parts_seen.add("mla")
+            plain = replace(attn, prefill_expand_flops=0, prefill_qk_dim=attn.qk_dim)
+            assert not is_mla(replace(layer, attn=plain)) and layer_kernels(replace(layer, attn=plain)) < n
+        if attn is not None and (attn.compress_ratio > 1 or attn.indexer_heads):
+            parts_seen.add("compressed")
+            assert layer_kernels(replace(layer, attn=replace(attn, compress_ratio=1, indexer_heads=0))) < n
+        if model == "llama-3.1-70b":
+            assert n == KERNELS_BASE  # GQA, a dense MLP, bf16 weights: the base set alone
+    expected = {"deepseek-r1": {"moe", "fp8", "mla"}, "deepseek-v4-pro": {"moe", "compressed"},
+                "kimi-k3": {"moe", "kda", "mla"}, "qwen3-235b-a22b": {"moe"}, "llama-3.1-70b": set()}[model]
+    assert expected <= parts_seen
+
+
 def test_a_kda_layer_computes_three_multiply_adds_per_state_element_per_token() -> None:
     """Kimi K3's KDA layers (linear_attn_config in its config.json: 96 heads of head_dim 128, the
     layers kda_layers lists): each token decays and rank-1 updates every head's d x d state and
