@@ -72,6 +72,15 @@ def test_expected_distinct_experts_matches_uniform_routing(experts: int, top_k: 
     assert abs(expected - mean) <= 0.05 * mean + 0.5
 
 
+def test_expected_distinct_experts_at_its_edges() -> None:
+    """No token touches no expert, a dense model (0 experts) none, one token exactly its top-k, and
+    a single expert that every token picks is touched once."""
+    assert expected_distinct_experts(256, 8, 0) == 0.0
+    assert expected_distinct_experts(0, 0, 16) == 0.0
+    assert expected_distinct_experts(256, 8, 1) == pytest.approx(8.0)
+    assert expected_distinct_experts(1, 1, 5) == pytest.approx(1.0)
+
+
 def test_prefill_is_compute_bound_and_grows_with_the_context_before_it() -> None:
     """A long prompt's chunk costs FLOPs over every token it attends: the same 2,048 new
     tokens take longer after 30,000 tokens of context than at the start."""
