@@ -281,6 +281,7 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
         return [(*k, *v) for k, v in terms.items()]
     heads = max(1, attn.heads // tp)
     expand = attn.prefill_expand_flops / tp
+    per_token = 0.0  # FLOPs each query token pays the main pattern whatever its context
     if _absorbed_prefill(layer, kernel):
         # One kernel for every token (bf16 cache: _bf16_flash_mla_kernel), decode and prefill, on the
         # padded heads; no latent expanded (the query absorbs kv_b_proj: its GEMM is per token).
@@ -290,9 +291,7 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
         if kernel.every_topk_slot and attn.topk:
             # Every token computes all top-k slots whatever its context: per token, not per entry
             # read (the reads stay the valid entries': the kernel loads no invalid row).
-            main = (attn.topk * attn.compress_ratio, attn.compress_ratio, True)
-            add(main, 4, per_entry * attn.topk)
-            per_entry = prefill_per_entry = 0.0
+            per_token, per_entry, prefill_per_entry = per_entry * attn.topk, 0.0, 0.0
     else:
         # DeepSeek-V4's kernels run the padded heads for decode and prefill (the release pads no
         # model whose prefill takes another form: un-absorbed MLA runs the rank's heads).
@@ -311,6 +310,7 @@ def _layer_terms(layer: LayerSpec, *, tp: int, kv_bytes: int, model_bytes: int,
     if attn.window is None or attn.compress_ratio > 1:
         add(main, 1, per_entry)
         add(main, 2, prefill_per_entry)
+        add(main, 4, per_token)
         add(main, 5, expand)
     if attn.indexer_heads:
         # The indexer (replicated on every rank) scores each compressed key.
