@@ -147,10 +147,11 @@ def test_a100_gemms_are_predicted_with_a100s_own_figures_not_h100s() -> None:
 def test_a100_runs_4bit_experts_at_marlins_fraction() -> None:
     """vLLM runs MXFP4 experts with Marlin's W4A16 kernel below SM 9.0 (0.11.0 mxfp4.py
     get_mxfp4_backend). The step model's MoE layer time on A100 (StepModel._moe: the routed FLOPs at
-    the 4-bit fraction of the dense ceiling, or the distinct experts' bytes) against the Marlin
-    table at >= 4,096 tokens (kernels/moe_marlin_a100_sxm.csv): within a median 15% with A100's
-    figure, and closer than H100's Triton MXFP4 fraction would put it (too fast)."""
+    Marlin's fraction of the dense ceiling, or the distinct experts' bytes, and the call's activations)
+    against the Marlin table at >= 4,096 tokens (kernels/moe_marlin_a100_sxm.csv): within a median 15%
+    with A100's figure, and closer than H100's Triton MXFP4 fraction would put it (too fast)."""
     from infra.planning.perf.fitted import for_gpu_kernels
+    from infra.planning.perf.ops import moe_activation_bytes
     from infra.planning.perf.step import StepModel
     from infra.planning.perf.hardware import for_gpu
 
@@ -160,12 +161,13 @@ def test_a100_runs_4bit_experts_at_marlins_fraction() -> None:
     def median_error(fraction: float) -> float:
         # A100's own figures (for_gpu_kernels), the kernel alone as the table times it (its serving share at 1).
         step = StepModel([], for_gpu("A100-80GB"), tp=1, eff=DEFAULT.replace(serving_compute_ampere=1.0))
-        step._moe_peak["bf16", "4bit"] *= fraction / step.eff.moe_gemm_4bit  # the 4-bit fraction tried
+        step._moe_peak["bf16", "marlin"] *= fraction / step.eff.moe_gemm_marlin  # the fraction tried
         errors = []
         for r in rows:
-            tp, hidden, inter = int(r["tp"]), r["hidden"], r["inter"]
-            term = (int(r["num_experts"]), int(r["topk"]), 2 * 3 * hidden * inter * r["topk"] / tp,
-                    3 * hidden * inter / tp * 66 / 128, "bf16", "4bit", inter / tp)  # fmt: skip
+            tp, hidden, inter, top_k = int(r["tp"]), r["hidden"], r["inter"], int(r["topk"])
+            activations = moe_activation_bytes(fused=False, fp8_activations=False, top_k=top_k, hidden=hidden, inter=inter / tp, ep=1)
+            term = (int(r["num_experts"]), top_k, 2 * 3 * hidden * inter * top_k / tp,
+                    3 * hidden * inter / tp * 66 / 128, "bf16", "marlin", inter / tp, activations)  # fmt: skip
             c, m = step._moe(term, int(r["num_tokens"]))
             errors.append(abs((c + m) / (r["latency_us"] * 1e-6) - 1))
         return statistics.median(errors)
@@ -202,3 +204,43 @@ def test_prefill_attentions_fraction_follows_the_head_size_as_measured(system: s
         measured = _prefill_efficiency([r for r in rows if r["head_dim"] == d], gpu) / base
         assert measured == pytest.approx(head_dim_factor(d, DEFAULT.attention_half_dim), rel=0.05), d
     assert head_dim_factor(64, DEFAULT.attention_half_dim) < 0.85 and head_dim_factor(128, DEFAULT.attention_half_dim) == 1.0
+
+
+def _moe_table_errors(system: str, dtype: str, activations: bool = True) -> dict[tuple[int, int], float]:
+    """The step model's fused-MoE time (StepModel._moe, the kernel alone: its serving share at 1)
+    against the table's rows of `dtype` at >= 4,096 tokens: the largest |error| per (tp, ep).
+    `activations`: False leaves the call's activations out (the fitted fractions as they are)."""
+    from infra.planning.perf.hardware import for_gpu
+    from infra.planning.perf.ops import moe_activation_bytes
+    from infra.planning.perf.step import StepModel
+
+    step = StepModel([], for_gpu({"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB"}[system]), tp=1,
+                     eff=DEFAULT.replace(serving_compute=1.0))  # fmt: skip
+    worst: dict[tuple[int, int], float] = {}
+    for r in read(KERNELS / f"moe_{system}.csv"):
+        if r["dtype"] != dtype or r["num_tokens"] < 4096 or "flashinfer" in r["kernel_source"]:
+            continue
+        tp, ep, hidden, top_k = int(r["tp"]), int(r["ep"]), r["hidden"], int(r["topk"])
+        inter = r["inter"] if ep > 1 else r["inter"] / tp
+        moved = moe_activation_bytes(fused=False, fp8_activations=False, top_k=top_k, hidden=hidden, inter=inter, ep=ep)
+        term = (int(r["num_experts"]), top_k, 2 * 3 * hidden * r["inter"] * top_k / (tp * ep),
+                3 * hidden * inter * 2 / ep, "bf16", "bf16", inter, moved if activations else 0.0)  # fmt: skip
+        c, m = step._moe(term, int(r["num_tokens"]))
+        error = abs((c + m) / (r["latency_us"] * 1e-6) - 1)
+        worst[tp, ep] = max(worst.get((tp, ep), 0.0), error)
+    return worst
+
+
+@pytest.mark.parametrize("system", ["h100_sxm", "h200_sxm"])
+def test_expert_parallel_moe_carries_the_other_ranks_pairs(system: str) -> None:
+    """vLLM's fused_experts with expert parallel (no all-to-all kernel) runs over every (token,
+    expert) pair on every rank: the other ranks' pairs write zeros, and the activation and the
+    final sum run over them too, at the whole expert's width (ops.moe_activation_bytes). So
+    Qwen3-235B's experts whole on 8 ranks (EP 8) take about twice the time a rank's eighth of
+    each expert (TP 8) takes for the same FLOPs, in AIConfigurator's measured tables of both
+    GPUs. With the activations the model holds EP 8 within 20% and every TP split within 30% (the
+    H200 tables are not fitted on); without them it misses EP 8 by more than 40%."""
+    with_pairs = _moe_table_errors(system, "bfloat16")
+    assert {(1, 8), (8, 1), (1, 1)} <= set(with_pairs)
+    assert with_pairs[1, 8] < 0.2 and max(with_pairs.values()) < 0.3, with_pairs
+    assert _moe_table_errors(system, "bfloat16", activations=False)[1, 8] > 0.4

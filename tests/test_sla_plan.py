@@ -274,12 +274,16 @@ def test_prod_turns_mtp_on_at_vllms_batch_defaults_and_says_what_that_rests_on()
     note = next(n for n in data["vllm"]["notes"] if n.startswith("MTP speculative decoding on"))
     assert f"{plan.performance.output_tokens_per_s:,.0f} output tokens/s within the SLA" in note
     assert f"ASSUMPTION: {predict.DEFAULT_MTP_ACCEPTANCE:.0%} of drafted tokens accepted" in note
-    # The runner-up is the same layout without the drafter, and `off` plans exactly that.
+    # The runner-up is the same shape without the drafter, expert parallel on or off (the tie above),
+    # and `off` plans that shape: within the tie of the runner-up.
+    from infra.planning.sla_search import TIE
+
     runner = data["runner_up"]
     assert "MTP" not in runner["layout"] and runner["output_tokens_per_s"] < plan.performance.output_tokens_per_s
+    assert runner["layout"].startswith("TP 8 x PP 4 x DP 1")
     off = make_plan(replace(req, speculative_method="off"))
     assert off.speculative is None and "--speculative-config" not in off.serving_args
-    assert off.performance.output_tokens_per_s == pytest.approx(runner["output_tokens_per_s"])
+    assert off.performance.output_tokens_per_s == pytest.approx(runner["output_tokens_per_s"], rel=TIE)
     assert f"against {off.performance.output_tokens_per_s:,.0f} without it" in note
     # Without MTP, vLLM's batch defaults still beat the knobs that hold the most sequences, and say so.
     off_notes = off.to_json_dict()["vllm"]["notes"]
@@ -364,12 +368,12 @@ def _counting_runs(monkeypatch) -> list:
     return runs
 
 
-def test_an_expert_parallel_twin_takes_the_points_it_would_repeat(monkeypatch):
-    # On A100s at TP 2 the model tells Qwen3-30B-A3B with and without expert parallel apart only
-    # in batches that make its MoE layers compute-bound, and this load forms none (from 8 at
-    # once, the prompts the API server hands over together already do: ~1,800 tokens, ~110 per
-    # expert); the KV pools differ in size but the requests fill neither.
-    plain, ep = _ep_twins("p4d.24xlarge", 2)
+def test_a_twin_the_model_times_alike_takes_the_points_it_would_repeat(monkeypatch):
+    # A layout and a twin that differs in its KV pool alone (the same step model; the requests fill
+    # neither pool) run every load alike. (Expert parallel on and off are no such twins: it changes
+    # the MoE layers' activation bytes at every batch, ops.moe_activation_bytes.)
+    plain, _ = _ep_twins("p4d.24xlarge", 2)
+    ep = replace(plain, pool=replace(plain.pool, num_blocks=plain.pool.num_blocks * 2))
     assert predict.run_key(plain) == predict.run_key(ep) and plain.pool.num_blocks != ep.pool.num_blocks
     runs = perf.shared_runs([plain, ep])
     for c in (1, 2, 4):

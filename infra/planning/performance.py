@@ -179,7 +179,7 @@ def closed_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, concurrency: int, *
 
 def shared_runs(setups: list[predict.Setup]) -> dict:
     """closed_loop's `runs` for these setups: a place for the points of each run_key two or
-    more of them have (a layout and its expert-parallel twin, say), none for the others
+    more of them have, none for the others
     (their traces are not kept)."""
     keys = [predict.run_key(s) for s in setups]
     return {key: {} for key in keys if keys.count(key) > 1}
@@ -240,8 +240,8 @@ def sla_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, *, with_rate: bool
     (expert parallel on or off, say) share it, and then two points settle the search; a
     worse one misses at lo serving less than `must_beat`, and one point settles it.
 
-    `runs`: closed_loop's points of other setups, shared (a layout's expert-parallel twin
-    often runs every load exactly as the layout does)."""
+    `runs`: closed_loop's points of other setups, shared (a twin the step model and the KV pool
+    answer alike runs every load exactly as the layout does)."""
     ceiling = s.knobs.max_num_seqs * s.layout.dp
     points: dict[int, LoadPoint] = {}
 

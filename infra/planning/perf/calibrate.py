@@ -17,7 +17,8 @@ Each fit is one named physical figure:
   kernel floor and its bytes;
 - `moe_gemm_*`, `moe_half_inter`: fused-MoE TFLOPS at >= 4,096 tokens over the dense
   GEMM ceiling, falling as each expert's per-rank intermediate size n shrinks:
-  e_max x n / (n + n_half), one e_max per kernel family and one n_half for all;
+  e_max x n / (n + n_half), one e_max per kernel family and one n_half for all, once the
+  call's activations have moved at `hbm` (ops.moe_activation_bytes);
 - `moe_floor_s`: the fused-MoE call's latency at one token beyond its roofline;
 - A100's `moe_gemm_4bit`: Marlin's W4A16 fused MoE (what vLLM runs MXFP4 experts with below
   SM 9.0), from the SGLang port's INT4 table in the same wheel, at the n_half of A100's own
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from infra.catalog.gpus import get_gpu
 from infra.catalog.quant import mxfp4_moe_backend
-from infra.planning.perf.ops import MLA_MODULE_KERNELS
+from infra.planning.perf.ops import MLA_MODULE_KERNELS, moe_activation_bytes
 from infra.planning.perf.step import head_dim_factor
 
 SYSTEMS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-141GB", "a100_sxm": "A100-80GB"}  # AIConfigurator's names
@@ -114,8 +115,20 @@ def fit_attention_head_dim(prefill: list[dict], other_dims: list[dict], gpu) -> 
     return {"attention_half_dim": float(min(range(0, 513), key=loss))}
 
 
+def moe_activation_seconds(r: dict, gemm: dict, gpu) -> float:
+    """A table row's fused-MoE activations through HBM (ops.moe_activation_bytes: every pair's
+    intermediate and output, the other ranks' pairs too with expert parallel, in vLLM's
+    fused_experts and Marlin's; the rank's own pairs in the OAI Triton kernel, which fuses them)
+    at the GEMMs' achieved bandwidth."""
+    inter = r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
+    nbytes = moe_activation_bytes(fused="oaitriton" in r["kernel_source"], fp8_activations=r["dtype"] == "fp8_block",
+                                  top_k=r["topk"], hidden=r["hidden"], inter=inter, ep=r["ep"])  # fmt: skip
+    return r["num_tokens"] * nbytes / (gpu.hbm_bandwidth_bytes_per_s * gemm["hbm"])
+
+
 def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, float]]:
-    """(family, per-rank intermediate size, fraction of the dense GEMM ceiling) at >= 4,096 tokens."""
+    """(family, per-rank intermediate size, fraction of the dense GEMM ceiling) at >= 4,096 tokens:
+    the routed FLOPs over the time left once the call's activations are moved."""
     out = []
     for r in rows:
         family = MOE_FAMILY.get(r["dtype"])
@@ -126,7 +139,8 @@ def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, flo
         flops = 2 * 3 * r["num_tokens"] * r["topk"] * r["hidden"] * r["inter"] / ranks
         peak = (gpu.bf16_dense_tflops if compute == "bf16" else gpu.fp8_dense_tflops) * 1e12 * gemm[f"gemm_{compute}"]
         inter = r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
-        out.append((kernel, inter, flops / (r["latency_us"] * 1e-6) / peak))
+        seconds = r["latency_us"] * 1e-6 - moe_activation_seconds(r, gemm, gpu)
+        out.append((kernel, inter, flops / seconds / peak))
     return out
 
 
@@ -166,7 +180,8 @@ def fit_moe(rows: list[dict], gemm: dict, gpu) -> dict:
         ranks = r["tp"] * r["ep"]
         expert_bytes = 3 * r["hidden"] * r["inter"] * family[1]
         touched = r["topk"] / (r["ep"] if r["ep"] > 1 else 1)
-        floors.append(r["latency_us"] * 1e-6 - touched * expert_bytes / (ranks if r["ep"] == 1 else 1) / bw)
+        floors.append(r["latency_us"] * 1e-6 - touched * expert_bytes / (ranks if r["ep"] == 1 else 1) / bw
+                      - moe_activation_seconds(r, gemm, gpu))
     out["moe_floor_s"] = statistics.median(floors)
     return out
 

@@ -32,22 +32,26 @@ class Efficiency:
     # ASSUMED: FP4 GEMMs as FP8's fraction (no FP4 kernel in the H100 tables).
     gemm_fp4: float = 0.580
     # KERNEL-FITTED: fused-MoE TFLOPS over the dense GEMM ceiling at >= 4,096 tokens, per
-    # kernel family (ops.moe_kernel), at wide expert slices; it falls as each expert's
-    # intermediate size on the rank (n) narrows: x n / (n + moe_half_inter).
-    moe_gemm_bf16: float = 0.576
-    moe_gemm_fp8: float = 0.479
-    moe_gemm_4bit: float = 0.663
+    # kernel family (ops.moe_kernel), at wide expert slices, once the call's own activations
+    # have moved at `hbm` (ops.moe_activation_bytes: every pair's intermediate and output, and
+    # with expert parallel the other ranks' pairs too); it falls as each expert's intermediate
+    # size on the rank (n) narrows: x n / (n + moe_half_inter). With the activations apart one
+    # figure a family holds the tables' TP and EP 8 rows alike (tests/test_perf_calibration.py);
+    # without, EP 8 ran at about half the TP rows' rate.
+    moe_gemm_bf16: float = 0.798
+    moe_gemm_fp8: float = 0.578
+    moe_gemm_4bit: float = 0.700
     # KERNEL-FITTED: Marlin's W4A16 fused MoE, which vLLM 0.10.2 and 0.11.0 run gpt-oss's MXFP4
     # experts with on SM 9.0 when the Triton backend's kernels are missing (Release.vendors_triton_kernels;
     # ops._experts): H100's table of SGLang's port of the kernel (kernels/moe_marlin_h100_sxm.csv,
     # INT4 weights; ASSUMPTION: MXFP4's dequantisation costs what INT4's does), by the same fit as
-    # the others at their width term. It runs Ampere's mma.sync on Hopper: 0.38 of the dense ceiling
-    # against the Triton MXFP4 kernel's 0.66. A100's own Marlin figure is in AMPERE.
-    moe_gemm_marlin: float = 0.376
-    moe_half_inter: float = 176.0
+    # the others at their width term. It runs Ampere's mma.sync on Hopper: 0.40 of the dense ceiling
+    # against the Triton MXFP4 kernel's 0.70. A100's own Marlin figure is in AMPERE.
+    moe_gemm_marlin: float = 0.399
+    moe_half_inter: float = 128.0
     # KERNEL-FITTED: the fused-MoE call's time at one token beyond reading its experts
     # (token alignment, two grouped GEMMs, activation, combine).
-    moe_floor_s: float = 33.2e-6
+    moe_floor_s: float = 33.1e-6
     # KERNEL-FITTED: FlashAttention-3 prefill TFLOPS at >= 4,096-token sequences over the
     # bf16 peak, and decode attention's fixed time beyond one kernel floor and its reads.
     attention: float = 0.601
@@ -102,7 +106,7 @@ class Efficiency:
     # and without one drafted token: median ITL 145 against 82 ms, x1.77; charged per token the
     # model's median ITL went x1.74, 236 against 136 ms, per sequence x1.10, when the charge was
     # chosen; the row validates).
-    seq_overhead_s: float = 63.1e-6
+    seq_overhead_s: float = 57.9e-6
     # SERVING-FITTED: the share of the kernel-fitted compute rates above (GEMMs, fused MoE,
     # prefill attention) that a serving step's compute-bound work reaches. The tables time each
     # kernel alone, warm, at the clock a short run holds; a step with a long prefill chunk or a
@@ -120,7 +124,9 @@ class Efficiency:
     # validation medians; so read both as +-10%. With ShareGPT's own lengths (sharegpt.py) in
     # place of a lognormal the time per token fell to 69 us and this share stayed. With gpt-oss's
     # H100 rows on Marlin, as their releases ran them (Release.vendors_triton_kernels), it rose to
-    # 0.665 and the time per token fell to 63 us: a fixed point of `--fit`.
+    # 0.665 and the time per token fell to 63 us: a fixed point of `--fit`. With the fused MoE's
+    # activations timed apart (ops.moe_activation_bytes) the share stayed and the time per token
+    # came to 58 us.
     serving_compute: float = 0.665
     # SERVING-FITTED: the same share of the A100 tables' rates (`AMPERE`), which an SM 8.0 GPU runs
     # at in place of those above. A share is of its own tables: the A100's are another release's
@@ -195,20 +201,21 @@ DEFAULT = Efficiency()
 # vLLM 0.14.0 database, the only vLLM one it has for A100), by the same `calibrate` fits: what an
 # SM 8.0 GPU (A100 40 GB and 80 GB) runs at in place of the H100 figures above. Its fused MoE
 # (Triton, bf16) reaches about the same share of the dense ceiling at every expert width the
-# table has (0.28-0.47 of it from 192 to 2,048 wide split by TP, 0.15-0.19 with EP 8), so the
-# width term fits to 0; the table routes by a mild power law (it has no balanced rows).
+# table has once its activations are apart (0.28-0.47 of it with them from 192 to 2,048 wide
+# split by TP, 0.15-0.19 with EP 8), so the width term fits to 0; the table routes by a mild
+# power law (it has no balanced rows).
 # Its 4-bit MoE figure is Marlin's W4A16 kernel, which vLLM runs MXFP4 experts with below SM 9.0
 # (0.11.0 quantization/mxfp4.py get_mxfp4_backend): from the wheel's SGLang 0.5.10 table of its port
 # of the kernel (kernels/moe_marlin_a100_sxm.csv, INT4 weights; ASSUMPTION: MXFP4's dequantisation
-# costs what INT4's does), at the width term above: 0.48 of the dense ceiling, against H100's
-# Triton MXFP4 kernel's 0.66. Dense layers of FP8 and INT4 weights run Marlin on A100 too
+# costs what INT4's does), at the width term above: 0.55 of the dense ceiling, against H100's
+# Triton MXFP4 kernel's 0.70. Dense layers of FP8 and INT4 weights run Marlin on A100 too
 # (ops.gemm_kernel): `gemm_weight_only` is that share of the bf16 GEMM ceiling (ASSUMPTION: a
 # dense Marlin GEMM reaches what its fused-MoE form does; the wheel times no dense Marlin GEMM).
 # ASSUMPTION: the figures no A100 table covers (FP8 and FP4 kernels, the MLA module, the head-size
 # term: its table has head size 128 only) stay H100's.
 AMPERE = {"hbm": 0.696, "kernel_overhead_s": 3.00e-6, "gemm_bf16": 0.889, "attention": 0.553, "attention_floor_s": 14.7e-6,
-          "gemm_weight_only": 0.430, "moe_gemm_bf16": 0.289, "moe_gemm_4bit": 0.484, "moe_gemm_marlin": 0.484,
-          "moe_half_inter": 0.0, "moe_floor_s": 21.4e-6,
+          "gemm_weight_only": 0.489, "moe_gemm_bf16": 0.336, "moe_gemm_4bit": 0.550, "moe_gemm_marlin": 0.550,
+          "moe_half_inter": 0.0, "moe_floor_s": 21.3e-6,
           "allreduce_latency_s": 5.33e-6, "allreduce_bw": 0.694}  # fmt: skip
 
 

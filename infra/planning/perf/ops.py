@@ -41,6 +41,7 @@ class ExpertTerm:
     compute: str
     kernel: str = "bf16"  # the fused-MoE kernel family (moe_kernel): "bf16" | "fp8" | "4bit" | "marlin"
     inter_per_rank: int = 0  # each expert's intermediate size on a rank (whole with expert parallel)
+    activation_bytes_per_token: float = 0.0  # the fused call's activations through HBM (moe_activation_bytes)
 
 
 @dataclass(frozen=True)
@@ -204,10 +205,39 @@ def _experts(layers: tuple[LayerSpec, ...], arch: ModelArch, *, tp: int, gpu: GP
             flops = 2 * g.count / arch.num_experts * arch.experts_per_token / expert_shards
             inter = arch.moe_intermediate_size if expert_parallel else arch.moe_intermediate_size // expert_shards
             kernel = "marlin" if backend == "marlin" and g.scheme is not None and g.scheme.kind == "gpt_oss_mxfp4" else moe_kernel(g.fmt)
-            key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute_dtype(g.fmt, gpu),
-                   kernel, inter)  # fmt: skip
+            compute = compute_dtype(g.fmt, gpu)
+            activations = moe_activation_bytes(fused=kernel == "4bit", fp8_activations=compute == "fp8",
+                                               top_k=arch.experts_per_token, hidden=arch.hidden_size, inter=inter,
+                                               ep=expert_shards if expert_parallel else 1)  # fmt: skip
+            key = (arch.num_experts, arch.experts_per_token, flops, rank_bytes / arch.num_experts, compute, kernel, inter,
+                   activations)  # fmt: skip
             terms[key] += 1
     return [ExpertTerm(n, *key) for key, n in sorted(terms.items())]
+
+
+def moe_activation_bytes(*, fused: bool, fp8_activations: bool, top_k: int, hidden: int, inter: int, ep: int) -> float:
+    """Bytes one token's routed (token, expert) pairs move through HBM in the fused-MoE call on a
+    rank besides its weights: bf16 activations (2 bytes), `inter` each expert's intermediate size
+    on the rank (whole with expert parallel), `ep` the expert-parallel ranks (1 without).
+
+    vLLM's fused_experts (Triton fused_moe, fused_moe.py of 0.11.0 and 0.24.0; Marlin's
+    fused_marlin_moe alike) runs its steps as kernels of their own over every pair: the gate-up
+    GEMM writes 2 x inter values a pair, silu_and_mul reads them and writes inter, the down GEMM
+    writes `hidden` a pair and moe_sum reads them back: 10 x inter + 4 x hidden bytes; with FP8
+    activations (moe_kernel_quantize_input) the activation is read again and written as one byte:
+    3 x inter more. With expert parallel and no all-to-all kernel every rank runs the call over
+    every pair of its tokens: a pair whose expert is elsewhere has expert id -1 (moe_align_block_size's
+    expert_map), its GEMM blocks write zeros (fused_moe_kernel write_zeros_to_output; Marlin zeroes
+    its output) and the activation and moe_sum run over it too, at the whole expert's width.
+    `fused`: the kernels that fuse the activation into the first GEMM and the combine into the
+    second and route only the rank's own pairs (the OAI Triton matmul_ogs of gpt-oss's MXFP4,
+    gpt_oss_triton_kernels_moe.py): the intermediate written and read once, the output scattered
+    into the token's sum, 4 x inter + 2 x hidden. ASSUMPTION: NVFP4's and INT4's 4-bit grouped
+    kernels move what the OAI kernel does, and FP8's other kernels (DeepGEMM's and CUTLASS's grouped
+    GEMMs, where a release picks them) what the Triton call does."""
+    if fused:
+        return top_k / ep * (4 * inter + 2 * hidden)
+    return top_k * ((13 if fp8_activations else 10) * inter + 4 * hidden)
 
 
 def moe_kernel(fmt: str) -> str:

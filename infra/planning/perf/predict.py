@@ -229,8 +229,8 @@ def same_run(a: Setup, trace: dict, b: Setup) -> bool:
     `a` did: the run is deterministic, and each thing it asked `a`'s step model and pool gets
     the same answer from `b`'s (every batch's stage times, every token count's blocks), and
     either the pools are the same size or the requests cannot fill the smaller one (then no
-    allocation is refused in either). A layout and its expert-parallel twin, say: the step
-    model tells them apart only in batches large enough to make the MoE layers compute-bound."""
+    allocation is refused in either). A layout and a twin with another KV pool, say, that the
+    requests cannot fill."""
     if trace["batches"] is None:
         return False
     if a.pool.num_blocks != b.pool.num_blocks and trace["demand"] > min(a.pool.num_blocks, b.pool.num_blocks) - 1:

@@ -166,7 +166,7 @@ class StepModel:
             w = [(units.index(("gemm", g.compute, g.flops_per_token / g.weight_bytes, g.per_sampled_token)), g.weight_bytes)
                  for g in stage.gemms if g.weight_bytes]  # fmt: skip
             w += [(units.index(("moe", e.experts, e.top_k, e.flops_per_token, e.bytes_per_expert, e.compute, e.kernel,
-                                 e.inter_per_rank)), e.layers) for e in stage.experts]  # fmt: skip
+                                 e.inter_per_rank, e.activation_bytes_per_token)), e.layers) for e in stage.experts]  # fmt: skip
             # The head-size term last: its fraction of the attention peak (calibrate.head_dim_factor).
             w += [(units.index(("attn", *_attention_tuple(a), head_dim_factor(a.head_dim, eff.attention_half_dim))), a.layers)
                   for a in stage.attention]  # fmt: skip
@@ -366,15 +366,21 @@ class StepModel:
 
     def _moe(self, term: tuple, tokens: int) -> tuple[float, float]:
         """The routed experts of one layer: FLOPs at the fused-MoE fraction, which falls as
-        each expert's slice on the rank (n) narrows: e_max x n / (n + n_half) (calibrate.py).
+        each expert's slice on the rank (n) narrows: e_max x n / (n + n_half) (calibrate.py),
+        and the bytes of the call's own activations.
         With DP the layer runs every busy replica's tokens (`moe_load` x this one's: ASSUMPTION,
         the busy replicas evenly loaded), on the rank's share of the experts."""
-        experts, top_k, flops, bytes_per_expert, compute, kernel, inter = term
+        experts, top_k, flops, bytes_per_expert, compute, kernel, inter, activation_bytes = term
         tokens *= self.moe_load
         distinct = expected_distinct_experts(experts, top_k, tokens)
         half = self.eff.moe_half_inter
         peak = self._moe_peak[compute, kernel] * (inter / (inter + half) if inter else 1.0)
-        return _roofline(tokens * flops, peak, distinct * bytes_per_expert, self._bw)
+        c, m = _roofline(tokens * flops, peak, distinct * bytes_per_expert, self._bw)
+        # The call's activations (ops.moe_activation_bytes): kernels and blocks of their own, added.
+        # They are part of the call the tables time whole: when its FLOPs bound it, at the serving
+        # share like them; when its weights' reads do (a small batch), at the bandwidth like those.
+        share = self.eff.serving_compute if c else 1.0
+        return c, m + tokens * activation_bytes / (self._bw * share)
 
     def _draft_seconds(self, decode_contexts: Sequence[int], sums: dict | None = None) -> float:
         """The MTP drafter proposes k tokens, one forward of its layer(s) per token (vLLM
