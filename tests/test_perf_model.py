@@ -914,3 +914,29 @@ def test_one_request_on_replicas_sharing_moe_layers_is_faster_than_on_a_lone_rep
     shared = predict.run(_setup("qwen3-30b-a3b", tp=1, dp=8, expert_parallel=True), w, concurrency=1, request_rate=None,
                          num_prompts=4)  # fmt: skip
     assert shared.ttft_ms.mean < lone.ttft_ms.mean and shared.tpot_ms.mean < lone.tpot_ms.mean
+
+
+@pytest.mark.parametrize("model,gpu,version,ep,per_pair,pairs", [
+    # Triton fused_moe over every pair, FP8 activations on Hopper: 13 x inter + 4 x hidden a pair.
+    ("qwen3-235b-a22b-fp8", "H100-SXM-80GB", PINNED, False, 13 * 1536 // 8 + 4 * 4096, 8),
+    # ... with expert parallel, every pair at the whole expert's width.
+    ("qwen3-235b-a22b-fp8", "H100-SXM-80GB", PINNED, True, 13 * 1536 + 4 * 4096, 8),
+    # No FP8 tensor cores on A100 (Marlin, W8A16): bf16 activations, no quantisation of them.
+    ("qwen3-235b-a22b-fp8", "A100-80GB", PINNED, True, 10 * 1536 + 4 * 4096, 8),
+    # gpt-oss's MXFP4 on H100 from 0.12: the OAI Triton kernel, fused, the rank's own pairs only.
+    ("gpt-oss-120b", "H100-SXM-80GB", PINNED, True, 4 * 2880 + 2 * 2880, 4 / 8),
+    ("gpt-oss-120b", "H100-SXM-80GB", PINNED, False, 4 * 2880 // 8 + 2 * 2880, 4),
+    # ... before 0.12 Marlin, unfused: every pair, zeroed where the expert is elsewhere.
+    ("gpt-oss-120b", "H100-SXM-80GB", "0.11.0", True, 10 * 2880 + 4 * 2880, 4),
+])  # fmt: skip
+def test_a_moe_layers_activation_bytes_follow_its_kernel_and_split(model, gpu, version, ep, per_pair, pairs) -> None:
+    """ops.moe_activation_bytes as a real model's MoE layers get it at TP 8 (Qwen3-235B: hidden 4,096,
+    expert intermediate 1,536, top-8 of 128; gpt-oss-120b: 2,880, 2,880, top-4 of 128): the kernel
+    family the release and GPU run, whether its activations are FP8, and the expert-parallel split."""
+    from infra.planning.perf import ops
+    from infra.planning.vllm_release import release
+
+    (stage,) = ops.model_stages(load_model(model), tp=8, pp=1, gpu=get_gpu(gpu), expert_parallel=ep, kv_bytes=2,
+                                release=release(version))  # fmt: skip
+    (term,) = stage.experts
+    assert term.activation_bytes_per_token == pytest.approx(pairs * per_pair, rel=1e-12)
