@@ -167,9 +167,12 @@ def test_validate_prints_each_model_familys_medians(monkeypatch) -> None:
         measured = {"ttft_ms": 100.0, "tpot_ms": 10.0, "output_tokens_per_s": 1000.0}
         return validate.Point(id_, role, {k: v * ratio for k, v in measured.items()}, measured, family=family)
 
-    points = [point("a", "validate", "deepseek", 1.5), point("b", "validate", "qwen3", 1.1), point("c", "fit", "qwen3", 1.0)]
+    points = [point("a", "validate", "deepseek", 1.5), point("b", "validate", "qwen3", 1.05), point("c", "fit", "qwen3", 1.0)]
     monkeypatch.setattr(validate, "load_rows", lambda path: [{"id": p.id, "concurrency": 4} for p in points])
     monkeypatch.setattr(validate, "predict_rows", lambda rows, root, eff=None: points)
     out = " ".join(runner.invoke(app, ["perf", "--validate"]).output.split())
     assert "family:deepseek (1 rows): median |error| ttft_ms 50% (worst x1.50)" in out
-    assert "family:qwen3 (1 rows): median |error| ttft_ms 10% (worst x1.10)" in out
+    assert "family:qwen3 (1 rows): median |error| ttft_ms 5% (worst x1.05)" in out
+    # Each target says whether the rows meet it: medians of 27.5% (1.5x and 1.05x), none off by 2x.
+    assert "targets met on the validation rows: ttft_ms median 27.5% <= 30%, none off by more than x2 (worst x1.50)" in out
+    assert "targets missed on the validation rows: tpot_ms median 27.5% <= 15%, output_tokens_per_s median 27.5% <= 15%" in out

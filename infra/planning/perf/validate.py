@@ -266,6 +266,17 @@ def efficiency_source(eff: Efficiency) -> str:
     return ", ".join(f"{f.name}={getattr(eff, f.name)!r}" for f in fields(eff) if f.name in FITTED_FIELDS + BURST_FITTED_FIELDS)
 
 
+def target_verdicts(summary: dict) -> list[tuple[str, bool]]:
+    """Each of the issue's targets on the validation rows, as a phrase with its figure, and
+    whether the rows meet it: the median |error| of each metric, then the worst ratio."""
+    v = summary["validate"]
+    out = [(f"{k} median {100 * v['median_abs_error'][k]:.1f}% <= {100 * TARGETS[k]:.0f}%", v["median_abs_error"][k] <= TARGETS[k])
+           for k in METRICS]  # fmt: skip
+    worst = max(v["worst_ratio"].values(), default=1.0)
+    out.append((f"none off by more than x{WORST_RATIO:g} (worst x{worst:.2f})", v["points"] > 0 and worst <= WORST_RATIO))
+    return out
+
+
 def summary(points: list[Point], rows: list[dict] | None = None) -> dict:
     """Per role: the median |error| and the worst ratio per metric; and whether the
     validation rows meet the targets. With the rows, also per load: bounded and burst."""
