@@ -107,6 +107,8 @@ def test_a_serving_steps_share_of_the_kernels_compute_slows_prefill_not_a_small_
     slow = half.parts([], [(4096, 8000)], 1)[0]
     assert chunk.bound == slow.bound == "compute"
     assert slow.compute_s == pytest.approx(2 * chunk.compute_s, rel=1e-9)
+    if ep:  # the compute-bound fused-MoE call's activations (nearly all its bytes here) go at the share too
+        assert slow.memory_s == pytest.approx(2 * chunk.memory_s, rel=1e-2) and chunk.memory_s > 0
     assert half.stage_seconds([2000] * 4, [], 1) == pytest.approx(tables.stage_seconds([2000] * 4, [], 1), rel=1e-12)
 
 
