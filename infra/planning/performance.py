@@ -179,8 +179,7 @@ def closed_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, concurrency: int, *
 
 def shared_runs(setups: list[predict.Setup]) -> dict:
     """closed_loop's `runs` for these setups: a place for the points of each run_key two or
-    more of them have, none for the others
-    (their traces are not kept)."""
+    more of them have, none for the others (their traces are not kept)."""
     keys = [predict.run_key(s) for s in setups]
     return {key: {} for key in keys if keys.count(key) > 1}
 

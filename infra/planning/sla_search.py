@@ -150,7 +150,7 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     # less (performance.sla_capacity must_beat). The Poisson rate only for the winner.
     # The best so far's bracket is each next one's first guess (performance.sla_capacity hint).
     # Layouts the model cannot tell apart under this load share their simulated points
-    # (performance.closed_loop runs; expert parallel on and off no longer are such: it changes the
+    # (performance.closed_loop runs; expert parallel on and off are not such twins: it changes the
     # MoE layers' activation bytes at every batch); the MTP variant below comes last, and has
     # nobody to share with.
     setups = [perf_setup(arch, itype, ev) for ev in pool]

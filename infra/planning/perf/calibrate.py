@@ -115,14 +115,19 @@ def fit_attention_head_dim(prefill: list[dict], other_dims: list[dict], gpu) -> 
     return {"attention_half_dim": float(min(range(0, 513), key=loss))}
 
 
+def _inter_on_rank(r: dict) -> float:
+    """A table row's expert intermediate size on one rank: whole with expert parallel (the
+    collector never combines it with TP), else split by TP."""
+    return r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
+
+
 def moe_activation_seconds(r: dict, gemm: dict, gpu) -> float:
     """A table row's fused-MoE activations through HBM (ops.moe_activation_bytes: every pair's
     intermediate and output, the other ranks' pairs too with expert parallel, in vLLM's
     fused_experts and Marlin's; the rank's own pairs in the OAI Triton kernel, which fuses them)
     at the GEMMs' achieved bandwidth."""
-    inter = r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
     nbytes = moe_activation_bytes(fused="oaitriton" in r["kernel_source"], fp8_activations=r["dtype"] == "fp8_block",
-                                  top_k=r["topk"], hidden=r["hidden"], inter=inter, ep=r["ep"])  # fmt: skip
+                                  top_k=r["topk"], hidden=r["hidden"], inter=_inter_on_rank(r), ep=r["ep"])  # fmt: skip
     return r["num_tokens"] * nbytes / (gpu.hbm_bandwidth_bytes_per_s * gemm["hbm"])
 
 
@@ -138,9 +143,8 @@ def _moe_points(rows: list[dict], gemm: dict, gpu) -> list[tuple[str, float, flo
         ranks = r["tp"] * r["ep"]
         flops = 2 * 3 * r["num_tokens"] * r["topk"] * r["hidden"] * r["inter"] / ranks
         peak = (gpu.bf16_dense_tflops if compute == "bf16" else gpu.fp8_dense_tflops) * 1e12 * gemm[f"gemm_{compute}"]
-        inter = r["inter"] if r["ep"] > 1 else r["inter"] / r["tp"]
         seconds = r["latency_us"] * 1e-6 - moe_activation_seconds(r, gemm, gpu)
-        out.append((kernel, inter, flops / seconds / peak))
+        out.append((kernel, _inter_on_rank(r), flops / seconds / peak))
     return out
 
 
