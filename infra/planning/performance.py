@@ -157,38 +157,12 @@ class Capacity:
         return "; ".join(parts)
 
 
-def closed_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, concurrency: int, *, seed: int = 0,
-                runs: dict | None = None) -> LoadPoint:  # fmt: skip
-    """Steady state of `vllm bench serve --max-concurrency C` (see the module's docstring).
-
-    `runs`: {predict.run_key: {load: [(setup, its run's trace, point)]}} of the setups that
-    may share their points (shared_runs); a setup that would repeat one of those runs exactly
-    (predict.same_run) takes its point, and the others add theirs."""
-    shared = runs.get(predict.run_key(s)) if runs is not None else None
-    if shared is None:
-        return _closed_loop(s, w, sla, concurrency, seed)
-    load = (w, sla, concurrency, seed)
-    for other, recorded, point in shared.get(load, ()):
-        if predict.same_run(other, recorded, s):
-            return point
-    trace: dict = {}
-    point = _closed_loop(s, w, sla, concurrency, seed, trace)
-    shared.setdefault(load, []).append((s, trace, point))
-    return point
-
-
-def shared_runs(setups: list[predict.Setup]) -> dict:
-    """closed_loop's `runs` for these setups: a place for the points of each run_key two or
-    more of them have, none for the others (their traces are not kept)."""
-    keys = [predict.run_key(s) for s in setups]
-    return {key: {} for key in keys if keys.count(key) > 1}
-
-
-def _closed_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, c: int, seed: int,
-                 trace: dict | None = None) -> LoadPoint:  # fmt: skip
+def closed_loop(s: predict.Setup, w: WorkloadSpec, sla: Sla, concurrency: int, *, seed: int = 0) -> LoadPoint:
+    """Steady state of `vllm bench serve --max-concurrency C` (see the module's docstring)."""
+    c = concurrency
     measured = max(MIN_MEASURED, MEASURED_PER_SLOT * c)
     res = predict.run(s, w.workload(), concurrency=c, request_rate=None, num_prompts=2 * c + measured, seed=seed,
-                      prefix_cache_hit_rate=w.prefix_cache_hit_rate, trace=trace)  # fmt: skip
+                      prefix_cache_hit_rate=w.prefix_cache_hit_rate)  # fmt: skip
     # One replica's requests in the order they were sent; the replica had ceil(C / dp) slots.
     slots = math.ceil(c / s.layout.dp)
     reqs = sorted(res.requests)
@@ -226,7 +200,7 @@ def _point(s: predict.Setup, sla: Sla, reqs: list, *, concurrency, rate, preempt
 
 
 def sla_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, *, with_rate: bool = True, must_beat: float = 0.0,
-                 hint: tuple[int, int | None] | None = None, runs: dict | None = None) -> Capacity:  # fmt: skip
+                 hint: tuple[int, int | None] | None = None) -> Capacity:  # fmt: skip
     """The SLA capacity of a setup (see the module's docstring). The search's ceiling is
     the engine's max-num-seqs on every replica: beyond it requests queue for a slot.
 
@@ -237,16 +211,13 @@ def sla_capacity(s: predict.Setup, w: WorkloadSpec, sla: Sla, *, with_rate: bool
 
     `hint` (lo, hi): another layout's bracket, tried first. Layouts that differ little
     (expert parallel on or off, say) share it, and then two points settle the search; a
-    worse one misses at lo serving less than `must_beat`, and one point settles it.
-
-    `runs`: closed_loop's points of other setups, shared (a twin the step model and the KV pool
-    answer alike runs every load exactly as the layout does)."""
+    worse one misses at lo serving less than `must_beat`, and one point settles it."""
     ceiling = s.knobs.max_num_seqs * s.layout.dp
     points: dict[int, LoadPoint] = {}
 
     def at(c: int) -> LoadPoint:
         if c not in points:
-            points[c] = closed_loop(s, w, sla, c, runs=runs)
+            points[c] = closed_loop(s, w, sla, c)
         return points[c]
 
     def beaten(lo: float, hi: float | None) -> bool:

@@ -40,22 +40,20 @@ def perf_setup(arch: ModelArch, itype: InstanceType, ev: Evaluation):
 
 
 def layout_capacity(req: PlanRequest, arch: ModelArch, itype: InstanceType, ev: Evaluation, *, with_rate: bool = True,
-                    must_beat: float = 0.0, hint: tuple[int, int | None] | None = None,
-                    runs: dict | None = None, setup: predict.Setup | None = None) -> performance.Capacity:  # fmt: skip
+                    must_beat: float = 0.0, hint: tuple[int, int | None] | None = None) -> performance.Capacity:  # fmt: skip
     """The SLA capacity of one evaluated layout at its knobs (infra/planning/performance.py),
     with the highest Poisson rate within the SLA when `with_rate`; memoised (a plan asks for
     the same one more than once, and so do tests; across processes too when
     GPU_SERVING_SLA_CACHE names a directory, infra/planning/capacity_cache.py). An outclassed result stands for any
-    `must_beat` at least what its first miss served. `runs`: simulated points other layouts
-    share (performance.closed_loop). `setup`: the layout's perf_setup, when the caller has it."""
+    `must_beat` at least what its first miss served."""
     key = (arch.name, arch.weight_format, arch.model_type, itype.name, ev.layout, ev.knobs, req.workload, req.sla)
     # On disk (capacity_cache, when GPU_SERVING_SLA_CACHE is set): the full model and instance figures too.
     disk_key = (arch, itype, ev.layout, ev.knobs, req.workload, req.sla)
     cap = _CAPACITIES.get(key) or capacity_cache.load("capacity", disk_key)
+    setup = None
     if cap is None or (cap.outclassed and cap.beyond.output_tokens_per_s > must_beat):
-        setup = setup or perf_setup(arch, itype, ev)
-        cap = performance.sla_capacity(setup, req.workload, req.sla, with_rate=False, must_beat=must_beat, hint=hint,
-                                       runs=runs)  # fmt: skip
+        setup = perf_setup(arch, itype, ev)
+        cap = performance.sla_capacity(setup, req.workload, req.sla, with_rate=False, must_beat=must_beat, hint=hint)
         capacity_cache.store("capacity", disk_key, cap)
     _CAPACITIES[key] = cap
     if with_rate and cap.concurrency and not cap.outclassed:
@@ -149,15 +147,9 @@ def by_sla_throughput(req: PlanRequest, arch: ModelArch, itype: InstanceType, no
     # Each candidate only has to beat the best so far: its search stops at a miss that serves
     # less (performance.sla_capacity must_beat). The Poisson rate only for the winner.
     # The best so far's bracket is each next one's first guess (performance.sla_capacity hint).
-    # Layouts the model cannot tell apart under this load share their simulated points
-    # (performance.closed_loop runs; expert parallel on and off are not such twins: it changes the
-    # MoE layers' activation bytes at every batch); the MTP variant below comes last, and has
-    # nobody to share with.
-    setups = [perf_setup(arch, itype, ev) for ev in pool]
-    runs = performance.shared_runs(setups)
     caps, top, hint, lead = [], 0.0, None, None
-    for ev, setup in zip(pool, setups):
-        cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint, runs=runs, setup=setup)
+    for ev in pool:
+        cap = layout_capacity(req, arch, itype, ev, with_rate=False, must_beat=top, hint=hint)
         caps.append((ev, cap))
         if cap.concurrency and not cap.outclassed and cap.output_tokens_per_s > top * (1 + TIE):
             top, lead = cap.output_tokens_per_s, ev

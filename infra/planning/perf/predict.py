@@ -156,7 +156,7 @@ def _pool(ev: Evaluation) -> KVPool:
 
 
 def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: float | None, num_prompts: int,
-        seed: int = 0, prefix_cache_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:  # fmt: skip
+        seed: int = 0, prefix_cache_hit_rate: float = 0.0) -> SimResult:  # fmt: skip
     """Simulate vLLM serving `num_prompts` requests of `workload` under the load.
 
     The API server takes requests in, `frontend_intake(s)` of its time each
@@ -167,17 +167,13 @@ def run(s: Setup, workload: Workload, *, concurrency: int | None, request_rate: 
     (Release.api_servers): the simulated replica's share of the burst then waits on the others'
     intake too, each request `dp` times as long.
 
-    `trace`: filled with what the run asked of the step model and KV pool (same_run).
-
     A MoE model's replicas run their MoE layers together: a closed loop of fewer requests than
     replicas leaves the rest idle (StepModel.at_load)."""
     step = s.step.at_load(concurrency) if concurrency is not None else s.step
     res = simulate(
         step, s.pool, workload, concurrency=concurrency, request_rate=request_rate, num_prompts=num_prompts,
-        seed=seed, prefix_hit_rate=prefix_cache_hit_rate, trace=trace, **_engine_args(s),
+        seed=seed, prefix_hit_rate=prefix_cache_hit_rate, **_engine_args(s),
     )  # fmt: skip
-    if trace is not None:
-        trace["moe_load"] = step.moe_load  # same_run asks the other setup at the same load
     extra_ms = request_overhead(s) * 1000
     ttft = res.ttft_ms
     return replace(res, ttft_ms=Latency(ttft.mean + extra_ms, ttft.p50 + extra_ms, ttft.p90 + extra_ms, ttft.p99 + extra_ms))
@@ -216,33 +212,6 @@ def request_overhead(s: Setup) -> float:
     model's chat path."""
     eff = s.step.eff
     return eff.request_overhead_harmony_s if _harmony(s) else eff.request_overhead_s
-
-
-def run_key(s: Setup) -> tuple:
-    """What `run` takes from the setup besides the step model's stage times and the KV pool: two
-    setups with the same key run a load alike when same_run says so."""
-    return tuple(sorted(_engine_args(s).items())) + (request_overhead(s), s.step.hop_params)
-
-
-def same_run(a: Setup, trace: dict, b: Setup) -> bool:
-    """Whether setup `b` (of the same run_key) runs the load `trace` recorded for `a` exactly as
-    `a` did: the run is deterministic, and each thing it asked `a`'s step model and pool gets
-    the same answer from `b`'s (every batch's stage times, every token count's blocks), and
-    either the pools are the same size or the requests cannot fill the smaller one (then no
-    allocation is refused in either). A layout and a twin with another KV pool, say, that the
-    requests cannot fill."""
-    if trace["batches"] is None:
-        return False
-    if a.pool.num_blocks != b.pool.num_blocks and trace["demand"] > min(a.pool.num_blocks, b.pool.num_blocks) - 1:
-        return False
-    max_len, pool = b.knobs.max_model_len, b.pool
-    for (tokens, in_flight), n in trace["blocks"].items():
-        tokens = min(tokens, max_len)
-        if (pool.blocks_for(tokens) if in_flight is None else pool.held(tokens, in_flight)) != n:
-            return False
-    q, stage_seconds = 1 + b.knobs.num_speculative_tokens, b.step.at_load(trace["moe_load"]).stage_seconds
-    batches = trace["batches"].items()
-    return all(tuple(stage_seconds(decodes, prefills, q)) == times for (decodes, prefills), times in batches)
 
 
 def prefix_cache_reuse(ev: Evaluation) -> bool:

@@ -133,7 +133,6 @@ class _Engine:
         self.stage_free = [0.0] * self.pp
         self._stage_memo: dict[tuple, Sequence[float]] = {}
         self._stage_memo_size = 0
-        self.stage_memo_whole = True  # every batch the run launched is in _stage_memo (run_trace)
         self._shifted_memo: dict = {}
         self.ff_blocked = None  # a batch in flight that keeps the pipelined fast path out (fast_forward._groups)
         self.ff_due = True  # an output was taken since the pipelined fast path last tried (fast_forward)
@@ -345,7 +344,6 @@ class _Engine:
             if self._stage_memo_size > 1 << 20:
                 self._stage_memo.clear()
                 self._stage_memo_size = 0
-                self.stage_memo_whole = False
             times = self._stage_memo[key] = self.cost.stage_seconds(contexts, prefills, 1 + self.k)
             self._stage_memo_size += len(contexts) + len(prefills) + 1
         return times
@@ -467,7 +465,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
              async_scheduling: bool, num_speculative_tokens: int = 0, acceptance_rate: float = 0.0,
              seed: int = 0, dp: int = 1, reserve_full_input: bool = True,
              max_concurrent_batches: int | None = None, frontend_s: float = 0.0,
-             prefix_caching: bool = False, prefix_hit_rate: float = 0.0, trace: dict | None = None) -> SimResult:
+             prefix_caching: bool = False, prefix_hit_rate: float = 0.0) -> SimResult:
     """`vllm bench serve` against one replica of dp: closed loop at `concurrency`, open loop at
     `request_rate` (Poisson), or both (rate capped at a concurrency).
 
@@ -475,9 +473,7 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
     (a shared system prompt): computed tokens start there, as v1/core/kv_cache_manager.py
     get_computed_blocks gives them (never the last token, which is computed to sample).
     ASSUMPTION: the shared prefix stays cached (other requests keep using it), and each
-    request's blocks count in full (shared blocks counted once per request: conservative).
-
-    `trace`, when given, is filled with what the run asked of `cost` and `pool` (run_trace)."""
+    request's blocks count in full (shared blocks counted once per request: conservative)."""
     assert concurrency is not None or request_rate is not None, "give a concurrency, a request rate or both"
     lengths = workload.sample(num_prompts, seed)
     assert all(i + o <= max_model_len for i, o in lengths), "the caller refuses requests longer than max_model_len"
@@ -499,8 +495,6 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
                 r.cached_tokens, r.cached_blocks, r.cache_ahead = hit, engine.blocks[hit], 1 << 62
             return r
     engine.run(Client(mine, send_times(len(mine), rate, seed), slots, make, frontend_s=frontend_s))
-    if trace is not None:
-        trace.update(run_trace(engine, mine, slots))
     done, steps = engine.finished, max(engine.steps, 1)
     return SimResult(
         **serve_metrics([(r.sent, r.first, r.last, r.prompt, r.emitted) for r in done], engine.itl, replicas),
@@ -508,30 +502,3 @@ def simulate(cost: StepCost, pool: KVPool, workload: Workload, *, concurrency: i
         mean_batch_size=engine.decodes / steps, mean_step_s=engine.step_seconds / steps, steps=engine.steps,
         limits={name: count / steps for name, count in engine.limit_counts.items()},
     )
-
-
-def run_trace(e: _Engine, lengths: list[tuple[int, int]], slots: float) -> dict:
-    """What a finished run asked of its step model and KV pool: enough to tell whether another
-    step model and pool would have run it the same (predict.same_run), the run being a
-    deterministic function of its inputs and of their answers.
-
-    - batches: each batch launched -> its stage times (None if the memo dropped some);
-    - blocks: each token count asked -> its blocks (the requests' reach below included);
-    - demand: the most blocks the requests can hold at once, whatever the pool: `slots` of
-      them in the engine, each holding at most its blocks at its whole length plus what
-      scheduling runs ahead of its outputs (k drafts, k lookahead slots, 1 + k placeholders
-      for each batch in flight). A pool with more blocks never refuses an allocation."""
-    ahead = 2 * e.k + e.max_batches * (1 + e.k)
-    # At most, a request holds what a full chunk of prefill and its lookahead hold at its whole length.
-    widest = e.max_tokens + e.lookahead
-    held = sorted((max(e.admit_blocks[i + o + ahead], e.held(i + o + ahead, widest)) for i, o in lengths), reverse=True)
-    asked = {(tokens, None): n for tokens, n in e.admit_blocks.items()}
-    asked.update(((tokens, e.decode_in_flight), n) for tokens, n in e.blocks.items())
-    asked.update(e.chunk_blocks)
-    return {
-        # Tuples, not the step model's lists: kept for the rest of the search, and the garbage
-        # collector stops tracking tuples of numbers.
-        "batches": {batch: tuple(times) for batch, times in e._stage_memo.items()} if e.stage_memo_whole else None,
-        "blocks": asked,  # (tokens, in flight or None at admission) -> blocks
-        "demand": sum(held if slots >= len(held) else held[:slots]),
-    }

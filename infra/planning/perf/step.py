@@ -307,13 +307,6 @@ class StepModel:
             return self.hw.network_latency_s + tokens * self.hop_bytes_per_token / self.hw.network_bytes_per_s
         return self.hw.intra_node_latency_s + tokens * self.hop_bytes_per_token / self.hw.intra_node_bytes_per_s
 
-    @property
-    def hop_params(self) -> tuple:
-        """All hop_seconds depends on."""
-        hw = self.hw
-        return (self.pp, self.hop_over_network, self.hop_bytes_per_token, hw.network_latency_s, hw.network_bytes_per_s,
-                hw.intra_node_latency_s, hw.intra_node_bytes_per_s)  # fmt: skip
-
     # --- the model ---------------------------------------------------------------------
 
     def parts(self, decode_contexts: Sequence[int], prefills: Sequence[tuple[int, int]], query_len: int = 1) -> list[StepParts]:
