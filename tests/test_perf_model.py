@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from infra.catalog.gpus import get_gpu
 from infra.catalog.models import load_model
+from infra.errors import UserError
 from infra.planning import memory
 from infra.planning.perf import predict
 from infra.planning.perf.fitted import DEFAULT
@@ -569,6 +571,57 @@ def test_a_burst_waits_for_the_intake_of_its_models_chat_path(model: str, path: 
     assert ttft(DEFAULT.replace(**{other: getattr(DEFAULT, other) + 0.010})) == pytest.approx(base, rel=1e-9)
     added = ttft(DEFAULT.replace(**{path: getattr(DEFAULT, path) + 0.010})) - base
     assert added == pytest.approx(n * 10.0, rel=0.1)
+
+
+def test_a_tokenizer_that_encodes_the_conversation_itself_takes_the_intake_without_a_chat_template() -> None:
+    """DeepSeek-V3.2's tokenizer mode renders a chat request to token ids in its own code, with no
+    chat template (0.13.0 tokenizers/deepseek_v32.py; serving_engine.py _preprocess_chat then skips
+    the micro-batching tokenizer); so does DeepSeek-V4's under the pinned release, which the stack
+    serves with --tokenizer-mode deepseek_v4 (model_serving). Their intake is harmony's figure, the
+    request's own time the template path's (the output path is the detokenizer's, not harmony's).
+    Kimi K3's mode loads the HF tokenizer, chat template and all (0.34.0 tokenizers/registry.py)."""
+    from infra.catalog.vllm import load_reference
+
+    h200 = for_gpu("H200-141GB")
+    v32 = load_model("deepseek-v3.2")
+
+    def v32_setup(version: str, mode: str | None) -> predict.Setup:
+        return predict.setup(v32, h200, predict.Serving(tp=8, max_model_len=8192, vllm_version=version, tokenizer_mode=mode))
+
+    given = v32_setup("0.13.0", "deepseek_v32")
+    assert predict.chat_path(given) == "encoded"
+    assert predict.frontend_intake(given) == DEFAULT.frontend_intake_harmony_s
+    assert predict.request_overhead(given) == DEFAULT.request_overhead_s
+    # Without the flag 0.13.0 loads the HF tokenizer; the pinned release resolves `auto` to the
+    # architecture's own mode (its flag reference: registries.auto_tokenizer_modes).
+    assert predict.chat_path(v32_setup("0.13.0", "auto")) == "template"
+    assert predict.tokenizer_mode(v32_setup(PINNED, "auto")) == "deepseek_v32"
+    assert predict.chat_path(v32_setup(PINNED, None)) == "encoded"
+    # The stack's own modes: DeepSeek-V4's encodes, Kimi K3's renders the template.
+    v4 = predict.setup(load_model("deepseek-v4-pro"), h200, predict.Serving(tp=8, max_model_len=8192))
+    assert (predict.tokenizer_mode(v4), predict.chat_path(v4)) == ("deepseek_v4", "encoded")
+    k3 = predict.setup(load_model("kimi-k3"), h200, predict.Serving(tp=8, pp=2, max_model_len=8192))
+    assert (predict.tokenizer_mode(k3), predict.chat_path(k3)) == ("kimi_k3", "template")
+    # Every mode named is one the pinned release registers.
+    assert predict.ENCODED_TOKENIZER_MODES <= set(load_reference(PINNED)["registries"]["tokenizer_modes"])
+
+
+def test_a_rows_tokenizer_mode_is_the_one_its_server_ran() -> None:
+    """The published rows that passed --tokenizer-mode deepseek_v32 (DeepSeek-V3.2's, on vLLM
+    0.13.0) take the encoded path; every other row its model's own."""
+    from infra.planning.perf import validate
+
+    root = Path(__file__).parent / "fixtures" / "perf"
+    encoded, other = set(), set()
+    for row in validate.load_rows(root / "measurements.jsonl"):
+        flags = " ".join(filter(None, [row.get("other_flags"), row.get("serve_command")]))
+        try:
+            s = validate.row_setup(row, root)
+        except UserError:
+            continue
+        (encoded if predict.chat_path(s) == "encoded" else other).add(row["id"])
+        assert (predict.chat_path(s) == "encoded") == ("--tokenizer-mode deepseek_v32" in flags), row["id"]
+    assert len(encoded) >= 10 and len(other) >= 100
 
 
 def test_gpt_oss_experts_on_hopper_run_marlin_until_the_wheel_carries_the_triton_kernels() -> None:

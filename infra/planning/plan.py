@@ -675,7 +675,7 @@ def dp_moe_warnings(arch: ModelArch, lay: Layout, gpus_per_node: int, fix: str =
         f"all-gather and a reduce-scatter{across}); the plan counts both, but "
         "the performance model takes the replicas as evenly loaded where vLLM's step waits for the busiest, and it "
         "predicts its one published data-parallel MoE run too fast: TPOT about two thirds of the measured, "
-        "throughput about 1.3x (docs/planning.md, Performance); "
+        "throughput about 1.6x (docs/planning.md, Performance); "
         f"{fix} avoids the shared layers"
     ]
 

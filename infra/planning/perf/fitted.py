@@ -166,6 +166,8 @@ class Efficiency:
     # openai_harmony straight to token ids, with no chat template and no tokenizer (serving_chat.py
     # of 0.10.2 and 0.11.0: `use_harmony = model_config.hf_config.model_type == "gpt_oss"`, then
     # `_make_request_with_harmony`, `render_for_completion`). Fitted on the one gpt-oss burst fit row.
+    # ASSUMPTION: a request whose tokenizer encodes the conversation itself, with no chat template
+    # either (DeepSeek-V3.2's and -V4's tokenizer modes; predict.chat_path "encoded"), takes it too.
     frontend_intake_harmony_s: float = 1.32e-3
     # The rows of tests/fixtures/perf/measurements.jsonl the SERVING-FITTED figures come from.
     fitted_on: tuple[str, ...] = (

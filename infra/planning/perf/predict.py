@@ -49,6 +49,7 @@ class Serving:
     num_speculative_tokens: int = 0
     acceptance_rate: float = DEFAULT_MTP_ACCEPTANCE
     vllm_version: str | None = None
+    tokenizer_mode: str | None = None  # None: the stack's own for the model (tokenizer_mode)
 
 
 @dataclass(frozen=True)
@@ -193,25 +194,58 @@ def _engine_args(s: Setup) -> dict:
     )  # fmt: skip
 
 
-def _harmony(s: Setup) -> bool:
-    """Whether the API server takes the model's chat requests by its harmony path: gpt-oss's are
-    rendered by openai_harmony and their output parsed by its streaming parser (vLLM's
-    serving_chat.py picks the path by model_type "gpt_oss", `use_harmony`), the others' go through
-    the chat template and the tokenizer."""
-    return s.arch.model_type == "gpt_oss"
+# Tokenizer modes whose tokenizer renders a conversation to token ids in its own code, with no
+# chat template: DeepSeek-V3.2's (0.13.0 tokenizers/deepseek_v32.py DeepseekV32Tokenizer
+# apply_chat_template: encode_messages, then encode, called synchronously by serving_engine.py
+# _preprocess_chat, which then skips the micro-batching tokenizer) and DeepSeek-V4's (0.34.0
+# tokenizers/deepseek_v4.py, renderers/deepseek_v4.py).
+ENCODED_TOKENIZER_MODES = frozenset({"deepseek_v32", "deepseek_v4", "deepseek_v41"})
+
+
+def tokenizer_mode(s: Setup) -> str:
+    """The server's --tokenizer-mode: the one given; else the stack's own for the model
+    (model_serving); else `auto` as the release resolves it for the model's architecture
+    (registries.auto_tokenizer_modes of its flag reference, where the repo has one)."""
+    from infra.catalog import vllm as vllm_reference
+    from infra.planning.model_serving import model_serving
+
+    if s.serving.tokenizer_mode:
+        mode = s.serving.tokenizer_mode
+    else:
+        entry = model_serving(s.arch)
+        mode = entry.tokenizer_mode if entry is not None else "auto"
+    version = s.knobs.release.version
+    if mode == "auto" and version in vllm_reference.known_releases():
+        auto = vllm_reference.load_reference(version)["registries"]["auto_tokenizer_modes"]
+        mode = next((auto[name] for name in s.arch.architectures if name in auto), mode)
+    return mode
+
+
+def chat_path(s: Setup) -> str:
+    """How the API server takes the model's chat requests in:
+    - "harmony": gpt-oss's, rendered by openai_harmony and their output parsed by its streaming
+      parser (vLLM's serving_chat.py picks the path by model_type "gpt_oss", `use_harmony`);
+    - "encoded": rendered to token ids by the tokenizer's own code (ENCODED_TOKENIZER_MODES);
+    - "template": the chat template (jinja) and the tokenizer, every other model's."""
+    if s.arch.model_type == "gpt_oss":
+        return "harmony"
+    return "encoded" if tokenizer_mode(s) in ENCODED_TOKENIZER_MODES else "template"
 
 
 def frontend_intake(s: Setup) -> float:
-    """The API server's time to take one chat request in, on the model's chat path."""
+    """The API server's time to take one chat request in, on the model's chat path. ASSUMPTION:
+    a conversation encoded by the tokenizer's own code takes harmony's (neither renders a chat
+    template; no row of that path is a fit row, fitted.py)."""
     eff = s.step.eff
-    return eff.frontend_intake_harmony_s if _harmony(s) else eff.frontend_intake_s
+    return eff.frontend_intake_s if chat_path(s) == "template" else eff.frontend_intake_harmony_s
 
 
 def request_overhead(s: Setup) -> float:
     """A request's time outside the engine that does not queue, added to its TTFT, on the
-    model's chat path."""
+    model's chat path: harmony's, or the chat template's, whose output path the encoded one
+    shares (the detokenizer and the model's reasoning parser)."""
     eff = s.step.eff
-    return eff.request_overhead_harmony_s if _harmony(s) else eff.request_overhead_s
+    return eff.request_overhead_harmony_s if chat_path(s) == "harmony" else eff.request_overhead_s
 
 
 def prefix_cache_reuse(ev: Evaluation) -> bool:

@@ -77,6 +77,11 @@ def _flag(flags: str, name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _word_flag(flags: str, name: str) -> str | None:
+    m = re.search(rf"{re.escape(name)}[ =]([\w.-]+)", flags or "")
+    return m.group(1) if m else None
+
+
 def _version(v: str | None) -> str:
     """The row's vLLM release when the planner follows it, else the pinned one."""
     if v and _minor(FIRST_SUPPORTED) <= _minor(v) <= _minor(PINNED):
@@ -99,6 +104,7 @@ def row_setup(row: dict, root: Path, eff: Efficiency = DEFAULT) -> predict.Setup
         async_scheduling=True if "--async-scheduling" in flags else None,
         num_speculative_tokens=int(spec.split(":")[1]) if spec.startswith("mtp:") else 0,
         vllm_version=_version(row.get("vllm_version")),
+        tokenizer_mode=_word_flag(flags, "--tokenizer-mode") or "auto",
     )  # fmt: skip
     try:
         return predict.setup(arch, for_gpu(row["gpu"]), srv, eff)
