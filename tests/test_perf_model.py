@@ -596,6 +596,8 @@ def test_a_tokenizer_that_encodes_the_conversation_itself_takes_the_intake_witho
     # architecture's own mode (its flag reference: registries.auto_tokenizer_modes).
     assert predict.chat_path(v32_setup("0.13.0", "auto")) == "template"
     assert predict.tokenizer_mode(v32_setup(PINNED, "auto")) == "deepseek_v32"
+    # An architecture the release does not map keeps `auto` (the HF tokenizer and its template).
+    assert predict.tokenizer_mode(_setup("qwen3-30b-a3b")) == "auto"
     assert predict.chat_path(v32_setup(PINNED, None)) == "encoded"
     # The stack's own modes: DeepSeek-V4's encodes, Kimi K3's renders the template.
     v4 = predict.setup(load_model("deepseek-v4-pro"), h200, predict.Serving(tp=8, max_model_len=8192))
@@ -671,6 +673,52 @@ def test_replicas_share_the_intake_of_the_one_api_server_releases_before_0_15_st
 
     added = ttft(DEFAULT.replace(frontend_intake_s=DEFAULT.frontend_intake_s + 0.010)) - ttft(DEFAULT)
     assert added == pytest.approx(n / servers * 10.0, rel=0.1)
+
+
+@pytest.mark.parametrize("model,gpu,serving", [
+    ("qwen3-30b-a3b", "H100-SXM-80GB", dict(pp=2, async_scheduling=True, vllm_version="0.11.0")),
+    ("gpt-oss-120b", "A100-80GB", dict(vllm_version="0.11.0")),
+    ("deepseek-v3.2", "H200-141GB", dict(tp=8, num_speculative_tokens=1, acceptance_rate=0.6)),
+])  # fmt: skip
+def test_a_run_simulates_the_engine_its_setup_describes(monkeypatch, model: str, gpu: str, serving: dict) -> None:
+    """`run` hands the scheduler simulation the setup's own engine: its knobs (batch limits, async
+    scheduling, MTP drafts and acceptance), its release's behaviour (full-input reservation, batches
+    in flight for its PP and async scheduling), prefix-cache reuse by its KV groups, the API server's
+    intake on its chat path, the caller's seed and prefix hits; and adds the request's own time to
+    every TTFT figure the simulation returns, p90 included."""
+    from infra.planning.layout import model_runner_v2
+    from infra.planning.perf import scheduler
+
+    s = predict.setup(load_model(model), for_gpu(gpu), predict.Serving(max_model_len=8192, **serving))
+    k, seen = s.knobs, {}
+    real = scheduler.simulate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        seen["result"] = real(*args, **kwargs)
+        return seen["result"]
+
+    monkeypatch.setattr(predict, "simulate", spy)
+    res = predict.run(s, Workload.fixed(128, 8), concurrency=4, request_rate=None, num_prompts=8, seed=3,
+                      prefix_cache_hit_rate=0.25)  # fmt: skip
+    expected = dict(
+        seed=3, prefix_hit_rate=0.25, max_num_seqs=k.max_num_seqs, max_num_batched_tokens=k.max_num_batched_tokens,
+        max_model_len=k.max_model_len, async_scheduling=k.async_scheduling, num_speculative_tokens=k.num_speculative_tokens,
+        acceptance_rate=s.serving.acceptance_rate, dp=s.layout.dp, reserve_full_input=k.release.reserve_full_input,
+        max_concurrent_batches=k.release.max_concurrent_batches(s.layout.pp, async_scheduling=k.async_scheduling,
+                                                                mrv2=model_runner_v2(s.arch, k.release)),
+        frontend_s=predict.frontend_intake(s), prefix_caching=predict.prefix_cache_reuse(s.evaluation),
+    )  # fmt: skip
+    assert {key: seen[key] for key in expected} == expected
+    assert (seen["num_speculative_tokens"], seen["acceptance_rate"]) == (serving.get("num_speculative_tokens", 0),
+                                                                        serving.get("acceptance_rate", predict.DEFAULT_MTP_ACCEPTANCE))
+    extra = predict.request_overhead(s) * 1000
+    sim = seen["result"].ttft_ms
+    assert (res.ttft_ms.mean, res.ttft_ms.p50, res.ttft_ms.p90, res.ttft_ms.p99) == pytest.approx(
+        (sim.mean + extra, sim.p50 + extra, sim.p90 + extra, sim.p99 + extra))
+    # Without them, a run takes seed 0 and no prefix hits.
+    predict.run(s, Workload.fixed(128, 8), concurrency=4, request_rate=None, num_prompts=8)
+    assert (seen["seed"], seen["prefix_hit_rate"]) == (0, 0.0)
 
 
 @pytest.mark.parametrize("model,path", [("gpt-oss-120b", "request_overhead_harmony_s"), ("qwen3-30b-a3b", "request_overhead_s")])

@@ -13,11 +13,13 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from infra.catalog import vllm as vllm_reference
 from infra.catalog.arch import ModelArch
 from infra.catalog.instances import InstanceType
 from infra.errors import UserError
 from infra.planning import cudagraph, kv_cache, memory, serving
 from infra.planning.layout import Evaluation, Knobs, Layout, evaluate, layout_errors, model_runner_v2, shares_moe_layers
+from infra.planning.model_serving import model_serving
 from infra.planning.perf.fitted import DEFAULT, Efficiency
 from infra.planning.perf.hardware import Hardware
 from infra.planning.perf.ops import model_stages
@@ -206,9 +208,6 @@ def tokenizer_mode(s: Setup) -> str:
     """The server's --tokenizer-mode: the one given; else the stack's own for the model
     (model_serving); else `auto` as the release resolves it for the model's architecture
     (registries.auto_tokenizer_modes of its flag reference, where the repo has one)."""
-    from infra.catalog import vllm as vllm_reference
-    from infra.planning.model_serving import model_serving
-
     if s.serving.tokenizer_mode:
         mode = s.serving.tokenizer_mode
     else:
