@@ -108,6 +108,22 @@ def test_lengths_drawn_from_a_distribution_keep_their_means_and_vary() -> None:
     assert result.exit_code == 2 and "range ratio" in result.output
 
 
+def test_the_tokenizer_mode_sets_the_api_servers_chat_path() -> None:
+    """--tokenizer-mode is vllm serve's: DeepSeek-V3.2 on 0.13.0 with deepseek_v32 takes the path
+    whose tokenizer encodes the conversation itself, and a burst reaches the engine sooner than
+    through the chat template; without the flag 0.13.0 renders the template. The output says which
+    mode and path it modelled; a mode the release does not take is one line and exit 2."""
+    base = ("--model", "deepseek-v3.2", "--gpu", "H200-141GB", "--tp", "8", "--isl", "128", "--osl", "4",
+            "--concurrency", "200", "--num-prompts", "200", "--vllm-version", "0.13.0")  # fmt: skip
+    encoded = _perf(*base, "--tokenizer-mode", "deepseek_v32")
+    template = _perf(*base)
+    assert (encoded["setup"]["vllm"]["tokenizer_mode"], encoded["setup"]["vllm"]["chat_path"]) == ("deepseek_v32", "encoded")
+    assert (template["setup"]["vllm"]["tokenizer_mode"], template["setup"]["vllm"]["chat_path"]) == ("auto", "template")
+    assert encoded["points"][0]["ttft_ms"]["mean"] < template["points"][0]["ttft_ms"]["mean"]
+    result = runner.invoke(app, ["perf", *base, "--tokenizer-mode", "deepseek-v32"])
+    assert result.exit_code == 2 and "tokenizer mode 'deepseek-v32' is not one vLLM 0.13.0 takes" in result.output
+
+
 def test_the_sharegpt_dataset_sends_sharegpts_own_lengths() -> None:
     """--dataset sharegpt: the dataset's pairs (infra/planning/perf/sharegpt.py), at their own
     means or scaled to --isl/--osl; their spread makes TPOTs differ (short replies see the

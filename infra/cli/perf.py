@@ -96,7 +96,8 @@ def setup_json(s: predict.Setup) -> dict:
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "expert_parallel": lay.expert_parallel},
         "vllm": {"version": k.release.version, "max_num_seqs": k.max_num_seqs, "max_num_batched_tokens": k.max_num_batched_tokens,
                  "max_model_len": k.max_model_len, "async_scheduling": k.async_scheduling,
-                 "num_speculative_tokens": k.num_speculative_tokens, "kv_cache_dtype": lay.kv_cache_dtype},  # fmt: skip
+                 "num_speculative_tokens": k.num_speculative_tokens, "kv_cache_dtype": lay.kv_cache_dtype,
+                 "tokenizer_mode": predict.tokenizer_mode(s), "chat_path": predict.chat_path(s)},  # fmt: skip
         "kv_blocks": s.pool.num_blocks,
         # What the figures leave out for this layout (the plan's warning of the same).
         "warnings": _warnings(s),
@@ -136,6 +137,7 @@ def perf(
     acceptance_rate: float = typer.Option(predict.DEFAULT_MTP_ACCEPTANCE, "--acceptance-rate", help="Per drafted token (default: DeepSeek-V3 report's 85%)."),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=f"One of: {', '.join(KV_CACHE_DTYPES)}."),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version"),
+    tokenizer_mode: Optional[str] = typer.Option(None, "--tokenizer-mode", help="As vllm serve's (default: the stack's own for the model, else auto); it sets the API server's chat path."),
     sla_ttft_ms: Optional[float] = typer.Option(None, "--sla-ttft-ms", help="Drawn on the chart."),
     sla_tpot_ms: Optional[float] = typer.Option(None, "--sla-tpot-ms", help="Drawn on the chart."),
     seed: int = typer.Option(0, help="Seed of the lengths and arrivals."),
@@ -206,7 +208,7 @@ def perf(
             tp=tp, pp=pp, dp=dp, expert_parallel=expert_parallel, kv_cache_dtype=kv_cache_dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             num_speculative_tokens=(num_speculative_tokens or 1) if speculative_method else 0,
-            acceptance_rate=acceptance_rate, vllm_version=vllm_version,
+            acceptance_rate=acceptance_rate, vllm_version=vllm_version, tokenizer_mode=tokenizer_mode,
         )  # fmt: skip
         s = predict.setup(arch, hw, srv)
         lengths = load.sample(200, seed)

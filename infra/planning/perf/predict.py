@@ -26,7 +26,7 @@ from infra.planning.perf.ops import model_stages
 from infra.planning.perf.scheduler import KVPool, SimResult, simulate
 from infra.planning.perf.step import StepModel
 from infra.planning.perf.workload import Latency, Workload
-from infra.planning.vllm_release import release
+from infra.planning.vllm_release import PINNED, release
 
 # Default acceptance of one MTP-drafted token: DeepSeek-V3 Technical Report (arXiv
 # 2412.19437), section 5.4.3: "the acceptance rate of the second token prediction
@@ -105,6 +105,9 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
         async_scheduling=r.async_scheduling(ray=nodes > 1) if srv.async_scheduling is None else srv.async_scheduling,
         num_speculative_tokens=srv.num_speculative_tokens,
     )
+    if srv.tokenizer_mode and srv.tokenizer_mode not in known_tokenizer_modes(r.version):
+        raise UserError(f"tokenizer mode {srv.tokenizer_mode!r} is not one vLLM {r.version} takes: "
+                        + ", ".join(sorted(known_tokenizer_modes(r.version))))  # fmt: skip
     if srv.num_speculative_tokens and not arch.mtp_layers:
         raise UserError(f"{arch.name} has no multi-token-prediction layers: speculative method mtp needs them")
     layout = Layout(srv.tp, srv.pp, srv.dp, srv.expert_parallel, srv.kv_cache_dtype)
@@ -202,6 +205,21 @@ def _engine_args(s: Setup) -> dict:
 # _preprocess_chat, which then skips the micro-batching tokenizer) and DeepSeek-V4's (0.34.0
 # tokenizers/deepseek_v4.py, renderers/deepseek_v4.py).
 ENCODED_TOKENIZER_MODES = frozenset({"deepseek_v32", "deepseek_v4", "deepseek_v41"})
+
+
+# Tokenizer modes of releases older than any flag reference in the repo (0.13.0 config/model.py
+# TokenizerMode: auto, hf, slow, mistral, deepseek_v32).
+OLDER_TOKENIZER_MODES = frozenset({"hf", "slow", "mistral", "deepseek_v32"})
+
+
+def known_tokenizer_modes(version: str) -> frozenset[str]:
+    """The --tokenizer-mode values a release takes: its flag reference's registry when the repo has
+    one; else those of the pinned release and of the older releases (above), the repo having no
+    reference to tell which of them this one takes; `auto` always."""
+    if version in vllm_reference.known_releases():
+        return frozenset({"auto", *vllm_reference.load_reference(version)["registries"]["tokenizer_modes"]})
+    pinned = vllm_reference.load_reference(PINNED)["registries"]["tokenizer_modes"]
+    return frozenset({"auto", *pinned, *OLDER_TOKENIZER_MODES})
 
 
 def tokenizer_mode(s: Setup) -> str:
