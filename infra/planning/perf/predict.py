@@ -202,8 +202,9 @@ def _engine_args(s: Setup) -> dict:
 # Tokenizer modes whose tokenizer renders a conversation to token ids in its own code, with no
 # chat template: DeepSeek-V3.2's (0.13.0 tokenizers/deepseek_v32.py DeepseekV32Tokenizer
 # apply_chat_template: encode_messages, then encode, called synchronously by serving_engine.py
-# _preprocess_chat, which then skips the micro-batching tokenizer) and DeepSeek-V4's (0.34.0
-# tokenizers/deepseek_v4.py, renderers/deepseek_v4.py).
+# _preprocess_chat, which then skips the micro-batching tokenizer), DeepSeek-V4's (0.34.0
+# tokenizers/deepseek_v4.py, renderers/deepseek_v4.py) and V4.1's (renderers/deepseek_v4.py
+# DeepseekV41Renderer, the same renderer over its own encoding).
 ENCODED_TOKENIZER_MODES = frozenset({"deepseek_v32", "deepseek_v4", "deepseek_v41"})
 
 
