@@ -97,6 +97,12 @@ def _value_problem(flag: str, spec: Mapping[str, Any], value: str) -> str | None
     return None
 
 
+def flag_values(version: str, flag: str) -> list[str] | None:
+    """The values the release's reference lists for `flag` (read from its registries, as
+    check_serve_argv checks them), or None where any value of its type goes."""
+    return load_reference(version)["flags"][flag].get("values")
+
+
 def check_serve_argv(argv: Sequence[str], version: str) -> list[str]:
     """Why `argv` (`vllm serve MODEL [flags]`, or just the flags) would not run on that release; empty: it would."""
     ref = load_reference(version)

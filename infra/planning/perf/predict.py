@@ -214,13 +214,12 @@ OLDER_TOKENIZER_MODES = frozenset({"hf", "slow", "mistral", "deepseek_v32"})
 
 
 def known_tokenizer_modes(version: str) -> frozenset[str]:
-    """The --tokenizer-mode values a release takes: its flag reference's registry when the repo has
-    one; else those of the pinned release and of the older releases (above), the repo having no
-    reference to tell which of them this one takes; `auto` always."""
+    """The --tokenizer-mode values a release takes, as its flag reference lists them (`auto`
+    among them) when the repo has one; else those of the pinned release and of the older
+    releases (above), the repo having no reference to tell which of them this one takes."""
     if version in vllm_reference.known_releases():
-        return frozenset({"auto", *vllm_reference.load_reference(version)["registries"]["tokenizer_modes"]})
-    pinned = vllm_reference.load_reference(PINNED)["registries"]["tokenizer_modes"]
-    return frozenset({"auto", *pinned, *OLDER_TOKENIZER_MODES})
+        return frozenset(vllm_reference.flag_values(version, "--tokenizer-mode"))
+    return frozenset({*vllm_reference.flag_values(PINNED, "--tokenizer-mode"), *OLDER_TOKENIZER_MODES})
 
 
 def tokenizer_mode(s: Setup) -> str:
