@@ -2,9 +2,10 @@
 
 The fit rows set the fitted fractions; the validation rows only judge them. The
 issue's targets on the validation rows (median |error| <= 15% for TPOT and output
-throughput, <= 30% for TTFT, none off by more than 2x) are held by
-`test_validation_rows_meet_the_targets`, which is a strict xfail while the model
-misses them: it starts failing the day they are met, so the marker comes off then.
+throughput, <= 30% for TTFT, none off by more than 2x): the medians, which the model
+meets, by `test_validation_medians_meet_the_targets`; the worst ratio by
+`test_no_validation_row_is_off_by_more_than_2x`, a strict xfail while the model misses
+it: it starts failing the day it is met, so the marker comes off then.
 """
 
 from __future__ import annotations
@@ -111,11 +112,16 @@ def test_the_plans_model_error_line_names_its_own_family_or_says_it_has_none() -
     assert "none of the published runs is of this model's family" in published_error.describe(published_error.model_error("kimi_linear"))
 
 
-@pytest.mark.xfail(strict=True, reason="the model misses the issue's error targets on the validation rows (see docs/planning.md, Performance)")
-def test_validation_rows_meet_the_targets(points) -> None:
+def test_validation_medians_meet_the_targets(points) -> None:
     s = validate.summary(points)["validate"]
     for metric, bound in validate.TARGETS.items():
         assert s["median_abs_error"][metric] <= bound, metric
+
+
+@pytest.mark.xfail(strict=True, reason="four validation rows (128-token bursts) are off by more than 2x (see docs/planning.md, Performance)")
+def test_no_validation_row_is_off_by_more_than_2x(points) -> None:
+    s = validate.summary(points)["validate"]
+    for metric in validate.TARGETS:
         assert s["worst_ratio"][metric] <= validate.WORST_RATIO, metric
 
 
