@@ -132,6 +132,29 @@ def test_an_a100_steps_compute_takes_the_share_fitted_against_its_own_tables() -
     assert compute_s("H100-SXM-80GB", serving_compute=0.5, serving_compute_ampere=1.0) == pytest.approx(2 * h100, rel=1e-9)
 
 
+def test_the_engine_runs_the_max_num_seqs_vllm_resolves_from_the_batched_tokens() -> None:
+    """`vllm serve --max-num-batched-tokens 512` on an H100 runs at most 512 sequences from 0.10.1
+    (the default 1024, capped: vllm_release.Release.caps_default_max_num_seqs), and 0.10.0 refuses
+    it (its default 1024 above the batched tokens; SchedulerConfig's check). The plan's knobs
+    resolve it the same way."""
+    from infra.planning import PlanRequest
+    from infra.planning.plan import _knobs
+    from infra.catalog.instances import get_instance_type
+
+    s = _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=512)
+    assert (s.knobs.max_num_batched_tokens, s.knobs.max_num_seqs) == (512, 512)
+    with pytest.raises(UserError, match=r"below vLLM 0\.10\.0's default --max-num-seqs for H100-SXM-80GB \(1024\)"):
+        _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=512, vllm_version="0.10.0")
+    with pytest.raises(UserError, match="below --max-num-seqs 600"):
+        _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=512, max_num_seqs=600)
+    with pytest.raises(UserError, match="--max-num-batched-tokens must be at least 1"):
+        _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=0)
+    req = PlanRequest(model="llama-3.1-70b", instance_type="p5.48xlarge", nodes=1, max_num_batched_tokens=512)
+    assert _knobs(req, load_model("llama-3.1-70b"), get_instance_type("p5.48xlarge")).max_num_seqs == 512
+    assert _knobs(replace(req, max_num_batched_tokens=None), load_model("llama-3.1-70b"),
+                  get_instance_type("p5.48xlarge")).max_num_seqs == 1024  # fmt: skip
+
+
 def test_pipeline_hop_between_nodes_goes_over_efa() -> None:
     """Whole-node stages on p5.48xlarge send activations over EFA (400 Gb/s per GPU), slower
     than NVLink inside a node."""

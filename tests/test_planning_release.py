@@ -85,6 +85,24 @@ def test_api_servers_per_release():
         assert release(version).api_servers(1) == 1
 
 
+def test_a_defaulted_max_num_seqs_is_capped_at_the_batched_tokens_from_0_10_1():
+    """engine/arg_utils.py: 0.10.0's _set_default_args_v1 sets max_num_seqs = default_max_num_seqs[...]
+    alone; 0.10.1's and 0.10.2's, min(default, max_num_batched_tokens or sys.maxsize); 0.11.0's
+    _set_default_args the same; 0.34.0's _set_default_max_num_seqs_and_batched_tokens_args
+    min(max_num_seqs, max_num_batched_tokens) when max_num_seqs was not given. The one rule here
+    that changed in a patch release: "0.10" is 0.10.0."""
+    from infra.planning import serving
+
+    h100 = 80 * 2**30
+    for version, capped in (("0.10.0", False), ("0.10", False), ("0.10.1", True), ("0.10.2", True), ("0.11.0", True), (PINNED, True)):
+        r = release(version)
+        assert r.caps_default_max_num_seqs is capped, version
+        default = serving.default_max_num_seqs(h100, "H100-SXM-80GB", r)
+        assert serving.max_num_seqs(None, 512, h100, "H100-SXM-80GB", r) == (512 if capped else default) and default > 512
+        assert serving.max_num_seqs(None, 8192, h100, "H100-SXM-80GB", r) == default  # the cap only binds below it
+        assert serving.max_num_seqs(600, 512, h100, "H100-SXM-80GB", r) == 600  # pinned: vLLM takes it as given
+
+
 def test_the_triton_mxfp4_kernels_ship_in_the_wheel_from_0_12():
     """vllm/third_party/triton_kernels: none of its files in the 0.10.2 and 0.11.0 wheels, 40 in
     0.12.0's, whose utils/import_utils.py has_triton_kernels also finds the vendored copy; before, the

@@ -36,10 +36,10 @@ def _numbers(text: str | None, kind, what: str) -> list:
     if text is None:
         return []
     try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",")]
     except ValueError:
         raise UserError(f"{what} takes a number or a comma-separated list, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
+    if not all(v > 0 for v in values):  # NaN too: vllm bench serve's rate is a positive number or inf
         raise UserError(f"{what} must be above 0, got {text!r}")
     return values
 
@@ -158,6 +158,9 @@ def perf(
     try:
         if not model:
             raise UserError("give --model (or --validate)")
+        for flag, value in (("--nodes", nodes), ("--num-prompts", num_prompts), ("--tp", tp), ("--pp", pp), ("--dp", dp)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1, got {value}")
         hw = hardware(gpu=gpu, instance_type=instance_type)
         per_node = hw.gpus_per_node
         total = (nodes * per_node) if nodes else None

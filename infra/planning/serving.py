@@ -87,6 +87,15 @@ def default_max_num_seqs(visible_bytes: int, gpu_name: str, release) -> int:
     return DEFAULT_MAX_NUM_SEQS[_gpu_tier(visible_bytes, gpu_name, release)]
 
 
+def max_num_seqs(pinned: int | None, max_num_batched_tokens: int, visible_bytes: int, gpu_name: str, release) -> int:
+    """--max-num-seqs as vLLM resolves it: the pinned value, else the release's default for
+    the GPU, which from 0.10.1 is at most --max-num-batched-tokens (Release.caps_default_max_num_seqs)."""
+    if pinned:
+        return pinned
+    default = default_max_num_seqs(visible_bytes, gpu_name, release)
+    return min(default, max_num_batched_tokens) if release.caps_default_max_num_seqs else default
+
+
 def searched_batched_tokens(default: int) -> list[int]:
     """--max-num-batched-tokens the search tries: powers of two from the floor up to
     vLLM's default (a larger chunk only adds activations and reservations)."""

@@ -34,6 +34,12 @@ def _minor(version: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _patch(version: str) -> int:
+    """The patch number of a release ("0.10" reads as 0.10.0)."""
+    m = re.fullmatch(r"\d+\.\d+(?:\.(\d+))?", version.strip())
+    return int(m.group(1) or 0) if m else 0
+
+
 @dataclass(frozen=True)
 class Change:
     behaviour: str
@@ -57,6 +63,10 @@ CHANGES: tuple[Change, ...] = (
            "platforms/cuda.py CudaPlatform.check_and_update_config"),
     Change("default gpu-memory-utilization 0.9", "0.10.0", "config.py CacheConfig (0.11+: config/cache.py)"),
     Change("async scheduling off by default", "0.10.0", "config/scheduler.py SchedulerConfig.async_scheduling = False"),
+    # The one rule the planner follows that changed in a patch release: it reads the patch number.
+    Change("a --max-num-seqs left to its default is at most --max-num-batched-tokens (min of the two); 0.10.0 takes "
+           "the default as it is", "0.10.1",
+           "engine/arg_utils.py EngineArgs._set_default_args_v1 (0.11: _set_default_args; 0.34: _set_default_max_num_seqs_and_batched_tokens_args)"),
     Change("DeepSeek-V3.2's sparse MLA (performance model): every token, prefill too, in the absorbed MQA form "
            "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13)", "0.11.0",
            "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
@@ -202,6 +212,15 @@ class Release:
         if not self.at_least("0.14"):
             return False
         return self.at_least("0.21") or not ray
+
+    @property
+    def caps_default_max_num_seqs(self) -> bool:
+        """Whether a defaulted --max-num-seqs is capped at --max-num-batched-tokens: from 0.10.1
+        (engine/arg_utils.py _set_default_args_v1: min(default, max_num_batched_tokens); 0.10.0
+        sets the default alone; 0.11.0 the same min in _set_default_args, 0.34.0 in
+        _set_default_max_num_seqs_and_batched_tokens_args). vLLM refuses a pinned pair with fewer
+        batched tokens than sequences (config/scheduler.py, every release in the range)."""
+        return self.at_least("0.11") or _patch(self.version) >= 1
 
     def api_servers(self, dp: int) -> int:
         """API server processes `vllm serve` starts for `dp` replicas by default: one up to 0.14

@@ -94,17 +94,27 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
     if srv.tp * srv.pp * srv.dp != nodes * itype.gpu_count:
         raise UserError(f"TP {srv.tp} x PP {srv.pp} x DP {srv.dp} = {srv.tp * srv.pp * srv.dp} GPUs do not fill "
                         f"whole {hw.gpus_per_node}-GPU nodes of {hw.instance or gpu.name}")  # fmt: skip
+    for flag, value in (("--max-model-len", srv.max_model_len), ("--max-num-seqs", srv.max_num_seqs),
+                        ("--max-num-batched-tokens", srv.max_num_batched_tokens)):  # fmt: skip
+        if value is not None and value < 1:  # config/scheduler.py: ge=1 (0.34's --max-model-len -1, fit to memory, not modelled)
+            raise UserError(f"{flag} must be at least 1, got {value}")
     max_len = srv.max_model_len or min(arch.max_position_embeddings or serving.DEFAULT_MAX_MODEL_LEN_CAP,
                                        serving.DEFAULT_MAX_MODEL_LEN_CAP)  # fmt: skip
+    batched = srv.max_num_batched_tokens or serving.default_batched_tokens(gpu.visible_memory_bytes, gpu.name, r)
     knobs = Knobs(
         gpu_memory_utilization=srv.gpu_memory_utilization or r.default_gpu_memory_utilization,
         max_model_len=max_len,
-        max_num_batched_tokens=srv.max_num_batched_tokens or serving.default_batched_tokens(gpu.visible_memory_bytes, gpu.name, r),
-        max_num_seqs=srv.max_num_seqs or serving.default_max_num_seqs(gpu.visible_memory_bytes, gpu.name, r),
+        max_num_batched_tokens=batched,
+        max_num_seqs=serving.max_num_seqs(srv.max_num_seqs, batched, gpu.visible_memory_bytes, gpu.name, r),
         release=r,
         async_scheduling=r.async_scheduling(ray=nodes > 1) if srv.async_scheduling is None else srv.async_scheduling,
         num_speculative_tokens=srv.num_speculative_tokens,
     )
+    if knobs.max_num_batched_tokens < knobs.max_num_seqs:  # SchedulerConfig (0.10: config.py; 0.11+: config/scheduler.py)
+        seqs = f"--max-num-seqs {knobs.max_num_seqs}" if srv.max_num_seqs else \
+            f"vLLM {r.version}'s default --max-num-seqs for {gpu.name} ({knobs.max_num_seqs})"
+        raise UserError(f"--max-num-batched-tokens {knobs.max_num_batched_tokens} is below {seqs}: vLLM refuses "
+                        "fewer batched tokens than sequences; give --max-num-seqs at most the batched tokens")  # fmt: skip
     if srv.tokenizer_mode and srv.tokenizer_mode not in known_tokenizer_modes(r.version):
         raise UserError(f"tokenizer mode {srv.tokenizer_mode!r} is not one vLLM {r.version} takes: "
                         + ", ".join(sorted(known_tokenizer_modes(r.version))))  # fmt: skip
