@@ -145,10 +145,14 @@ def test_the_engine_runs_the_max_num_seqs_vllm_resolves_from_the_batched_tokens(
     assert (s.knobs.max_num_batched_tokens, s.knobs.max_num_seqs) == (512, 512)
     with pytest.raises(UserError, match=r"below vLLM 0\.10\.0's default --max-num-seqs for H100-SXM-80GB \(1024\)"):
         _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=512, vllm_version="0.10.0")
-    with pytest.raises(UserError, match="below --max-num-seqs 600"):
+    with pytest.raises(UserError, match="below --max-num-seqs 600: vLLM refuses fewer batched tokens than sequences"):
         _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=512, max_num_seqs=600)
-    with pytest.raises(UserError, match="--max-num-batched-tokens must be at least 1"):
+    with pytest.raises(UserError, match="--max-num-batched-tokens must be at least 1, got 0"):
         _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=0)
+    with pytest.raises(UserError, match="--max-model-len must be at least 1, got 0"):
+        predict.setup(load_model("llama-3.1-70b"), for_gpu("H100-SXM-80GB"), predict.Serving(tp=8, max_model_len=0))
+    one = _setup("llama-3.1-70b", tp=8, max_num_seqs=1, max_num_batched_tokens=1)  # vLLM's floor: one of each
+    assert (one.knobs.max_num_seqs, one.knobs.max_num_batched_tokens) == (1, 1)
     req = PlanRequest(model="llama-3.1-70b", instance_type="p5.48xlarge", nodes=1, max_num_batched_tokens=512)
     assert _knobs(req, load_model("llama-3.1-70b"), get_instance_type("p5.48xlarge")).max_num_seqs == 512
     assert _knobs(replace(req, max_num_batched_tokens=None), load_model("llama-3.1-70b"),

@@ -35,9 +35,8 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 def _patch(version: str) -> int:
-    """The patch number of a release ("0.10" reads as 0.10.0)."""
-    m = re.fullmatch(r"\d+\.\d+(?:\.(\d+))?", version.strip())
-    return int(m.group(1) or 0) if m else 0
+    """The patch number of a release `_minor` has read ("0.10" reads as 0.10.0)."""
+    return int(re.fullmatch(r"\d+\.\d+(?:\.(\d+))?", version.strip()).group(1) or 0)
 
 
 @dataclass(frozen=True)
