@@ -76,6 +76,11 @@ def test_prods_model_and_layout_with_concurrency_and_with_request_rate() -> None
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1",
           "--max-num-batched-tokens", "512", "--max-num-seqs", "600"], "below --max-num-seqs 600"),
+        # A spread of NaN or inf drew NaN or inf tokens and ended in a traceback.
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--length-spread", "nan"], "finite number >= 0"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--length-spread", "inf"], "finite number >= 0"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--sla-ttft-ms", "-1"], "--sla-ttft-ms must be"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--sla-tpot-ms", "nan"], "--sla-tpot-ms must be"),
         (["--fit", "--write-summary"], "--validate alone"),
         (["--write-summary"], "--validate alone"),
     ],

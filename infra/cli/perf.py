@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -174,6 +175,9 @@ def perf(
             raise UserError("--num-speculative-tokens needs --speculative-method mtp")
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise UserError(f"--kv-cache-dtype {kv_cache_dtype!r} is not one of: {', '.join(KV_CACHE_DTYPES)}")
+        for flag, ms in (("--sla-ttft-ms", sla_ttft_ms), ("--sla-tpot-ms", sla_tpot_ms)):
+            if ms is not None and not 0 < ms < math.inf:
+                raise UserError(f"{flag} must be a number of milliseconds above 0, got {ms}")
         if not 0 <= acceptance_rate <= 1:
             raise UserError(f"--acceptance-rate must be between 0 and 1, got {acceptance_rate}")
         concurrencies = _numbers(concurrency, int, "--concurrency")

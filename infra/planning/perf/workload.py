@@ -54,8 +54,8 @@ class Workload:
             raise UserError(f"input and output lengths must be >= 1 tokens, got {self.input_len} and {self.output_len}")
         if not 0.0 <= self.range_ratio < 1.0:  # get_sampling_params: "range_ratio must be in [0, 1)"
             raise UserError(f"range ratio must be in [0, 1), got {self.range_ratio}")
-        if self.spread < 0:
-            raise UserError(f"lognormal spread (std / mean) must be >= 0, got {self.spread}")
+        if not 0 <= self.spread < math.inf:  # NaN and inf too: the draws would be NaN or inf tokens
+            raise UserError(f"lognormal spread (std / mean) must be a finite number >= 0, got {self.spread}")
 
     @classmethod
     def fixed(cls, input_len: int, output_len: int) -> Workload:
