@@ -73,6 +73,10 @@ def test_prods_model_and_layout_with_concurrency_and_with_request_rate() -> None
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1,,4"], "comma-separated"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--num-prompts", "0"], "--num-prompts must be at least 1"),
         (["--model", "llama-3.1-70b", "--instance-type", "p5.48xlarge", "--nodes", "0", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1"], "--nodes must be at least 1"),
+        # A parallel size of 0 divided by zero (a traceback); -1 reached the memory plan.
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "0", "--isl", "10", "--osl", "10", "--concurrency", "1"], "--tp must be at least 1"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--pp", "-1", "--isl", "10", "--osl", "10", "--concurrency", "1"], "--pp must be at least 1"),
+        (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--dp", "0", "--isl", "10", "--osl", "10", "--concurrency", "1"], "--dp must be at least 1"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1", "--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
         (["--model", "llama-3.1-70b", "--gpu", "H100-SXM-80GB", "--tp", "8", "--isl", "10", "--osl", "10", "--concurrency", "1",
           "--max-num-batched-tokens", "512", "--max-num-seqs", "600"], "below --max-num-seqs 600"),
