@@ -23,7 +23,7 @@ CONFIGS = Path(__file__).parent / "data" / "model_configs"
 
 @pytest.mark.parametrize("version", ["0.9.2", "0.35.0", "1.0.0", "0.6.6"])
 def test_unsupported_releases_are_refused_with_the_range(version):
-    with pytest.raises(UserError, match=r"0\.10\.0 to 0\.34\.0"):
+    with pytest.raises(UserError, match=r"0\.10\.0 to 0\.34\.0 \(the V1 engine's accounting, read release by release\)"):
         release(version)
     with pytest.raises(UserError, match=r"0\.10\.0 to 0\.34\.0"):
         make_plan(PlanRequest(model="qwen3-0.6b", instance_type="p5.48xlarge", nodes=1, vllm_version=version))
@@ -49,6 +49,8 @@ def test_the_pinned_release_is_the_stack_default():
 def test_docs_carry_the_version_table(repo_root):
     page = (repo_root / "docs" / "planning.md").read_text()
     assert changes_table() in page, "docs/planning.md's version table is stale: run `python -m infra docs`"
+    assert changes_table().splitlines()[0] == "| behaviour | first release | source (in that release's wheel) |"
+    assert len(changes_table().splitlines()) == len(CHANGES) + 2  # header, rule, one row per change
     assert all(c.first and c.source for c in CHANGES)
 
 
@@ -71,8 +73,18 @@ def test_release_rules(version, util, estimate, extensible, block, async_ray, su
     assert r.extensible_kv_cache is extensible  # config/vllm.py _resolve_extensible_kv_cache
     assert r.default_block_size == block  # config/cache.py DEFAULT_BLOCK_SIZE
     assert r.async_scheduling(ray=True) is async_ray  # RayExecutorV2 from 0.21
+    assert r.async_scheduling() is async_ray  # the default asks for the stack's executor, Ray
     assert r.concurrency_sum_of_ceils is sum_of_ceils  # kv_cache_utils.py get_max_concurrency_for_kv_cache_config
     assert r.kv_tokens_from_concurrency is tokens_from_conc
+
+
+def test_async_scheduling_without_ray_from_0_14():
+    """config/vllm.py VllmConfig.__post_init__: async scheduling on by default from 0.14 where the
+    executor supports it (mp, uni, external_launcher), which Ray's did not until RayExecutorV2
+    (0.21); off before 0.14 whatever the executor (config/scheduler.py async_scheduling = False)."""
+    for version, mp, ray in (("0.13.0", False, False), ("0.14.0", True, False), ("0.20.0", True, False), ("0.21.0", True, True)):
+        assert release(version).async_scheduling(ray=False) is mp, version
+        assert release(version).async_scheduling(ray=True) is ray, version
 
 
 def test_api_servers_per_release():
@@ -101,6 +113,47 @@ def test_a_defaulted_max_num_seqs_is_capped_at_the_batched_tokens_from_0_10_1():
         assert serving.max_num_seqs(None, 512, h100, "H100-SXM-80GB", r) == (512 if capped else default) and default > 512
         assert serving.max_num_seqs(None, 8192, h100, "H100-SXM-80GB", r) == default  # the cap only binds below it
         assert serving.max_num_seqs(600, 512, h100, "H100-SXM-80GB", r) == 600  # pinned: vLLM takes it as given
+
+
+# (architecture, MoE, hybrid, quantized) of the model configs the table below asks about.
+_RUNNER_CASES = {
+    "qwen3 dense": ("Qwen3ForCausalLM", False, False, False),
+    "qwen3 dense fp8": ("Qwen3ForCausalLM", False, False, True),
+    "llama dense": ("LlamaForCausalLM", False, False, False),
+    "deepseek-v3 moe": ("DeepseekV3ForCausalLM", True, False, False),
+    "deepseek-v2 moe": ("DeepseekV2ForCausalLM", True, False, False),
+    "qwen3 moe": ("Qwen3MoeForCausalLM", True, False, False),
+    "kimi-k3 hybrid moe": ("KimiK3ForConditionalGeneration", True, True, False),
+    "deepseek-v4 moe": ("DeepseekV4ForCausalLM", True, False, False),
+    "gemma dense": ("Gemma3ForCausalLM", False, False, False),  # never listed
+}
+
+
+@pytest.mark.parametrize("version, v2", [
+    # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES and _is_default_v2_model_runner_model in each wheel's
+    # config/vllm.py: 0.22 {Qwen3ForCausalLM}, listed and not MoE and not quantized.
+    ("0.21.0", set()),
+    ("0.22.0", {"qwen3 dense"}),
+    # 0.23 adds Llama and Mistral, the same rule.
+    ("0.23.0", {"qwen3 dense", "llama dense"}),
+    # 0.24: Qwen3, DeepseekV2, Qwen2Moe, GraniteMoe, Llama, Mistral; any listed one.
+    ("0.24.0", {"qwen3 dense", "qwen3 dense fp8", "llama dense", "deepseek-v2 moe"}),
+    # 0.25: DeepseekV2, Qwen2Moe, GraniteMoe; not hybrid, and listed or not MoE.
+    ("0.25.0", {"qwen3 dense", "qwen3 dense fp8", "llama dense", "deepseek-v2 moe", "gemma dense"}),
+    ("0.26.0", {"qwen3 dense", "qwen3 dense fp8", "llama dense", "deepseek-v2 moe", "gemma dense"}),  # adds Inkling, LongcatFlashNgram
+    # 0.27 lists KimiK3ForConditionalGeneration, and a listed hybrid passes.
+    ("0.27.0", {"qwen3 dense", "qwen3 dense fp8", "llama dense", "deepseek-v2 moe", "kimi-k3 hybrid moe", "gemma dense"}),
+    # 0.28 lists DeepseekV4ForCausalLM.
+    ("0.28.0", {"qwen3 dense", "qwen3 dense fp8", "llama dense", "deepseek-v2 moe", "kimi-k3 hybrid moe", "deepseek-v4 moe",
+                "gemma dense"}),
+    # 0.29: use_v2_model_runner no longer asks _is_default_v2_model_runner_model.
+    ("0.29.0", set(_RUNNER_CASES)),
+    (PINNED, set(_RUNNER_CASES)),
+])  # fmt: skip
+def test_which_models_run_model_runner_v2_by_default_per_release(version, v2):
+    for name, (arch, moe, hybrid, quantized) in _RUNNER_CASES.items():
+        got = release(version).model_runner_v2([arch], moe=moe, hybrid=hybrid, quantized=quantized)
+        assert got is (name in v2), (version, name)
 
 
 def test_the_triton_mxfp4_kernels_ship_in_the_wheel_from_0_12():

@@ -231,7 +231,13 @@ class Release:
 
     def model_runner_v2(self, architectures: Sequence[str], *, moe: bool, hybrid: bool, quantized: bool) -> bool:
         """config/vllm.py VllmConfig.use_v2_model_runner (default, no env override), for the
-        config's `architectures` (ModelArch.architectures, what the model config resolves)."""
+        config's `architectures` (ModelArch.architectures, what the model config resolves), by
+        _is_default_v2_model_runner_model: 0.22-0.23 a listed architecture that is neither MoE nor
+        quantized; 0.24 a listed one; 0.25-0.26 no hybrid, and a listed or dense one; 0.27-0.28 the
+        same, but a listed hybrid runs it too (`is_hybrid and not is_default_v2_architecture`);
+        from 0.29 every configuration. ASSUMPTION: none of the features
+        _get_v2_model_runner_unsupported_features names (ngram drafting, prompt embeds, dual batch
+        overlap, ...) is on: the stack's serving arguments ask for none."""
         if self.at_least("0.29"):
             return True
         archs = _MRV2_ARCHITECTURES.get(self.minor)
@@ -242,7 +248,9 @@ class Release:
             return listed and not moe and not quantized
         if self.minor == (0, 24):
             return listed
-        return not hybrid and (listed or not moe)
+        if self.minor <= (0, 26):
+            return not hybrid and (listed or not moe)
+        return listed or (not hybrid and not moe)
 
     def max_concurrent_batches(self, pp: int, *, async_scheduling: bool, mrv2: bool) -> int:
         """config/vllm.py VllmConfig.max_concurrent_batches."""
