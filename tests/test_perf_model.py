@@ -135,8 +135,9 @@ def test_an_a100_steps_compute_takes_the_share_fitted_against_its_own_tables() -
 def test_the_engine_runs_the_max_num_seqs_vllm_resolves_from_the_batched_tokens() -> None:
     """`vllm serve --max-num-batched-tokens 512` on an H100 runs at most 512 sequences from 0.10.1
     (the default 1024, capped: vllm_release.Release.caps_default_max_num_seqs), and 0.10.0 refuses
-    it (its default 1024 above the batched tokens; SchedulerConfig's check). The plan's knobs
-    resolve it the same way."""
+    it (its default 1024 above the batched tokens; SchedulerConfig's check); `--max-num-seqs 2
+    --max-model-len 2048` batches at most 4,096 tokens from 0.12 (caps_default_batched_tokens).
+    The plan's knobs resolve them the same way."""
     from infra.planning import PlanRequest
     from infra.planning.plan import _knobs
     from infra.catalog.instances import get_instance_type
@@ -151,6 +152,9 @@ def test_the_engine_runs_the_max_num_seqs_vllm_resolves_from_the_batched_tokens(
         _setup("llama-3.1-70b", tp=8, max_num_batched_tokens=0)
     with pytest.raises(UserError, match="--max-model-len must be at least 1, got 0"):
         predict.setup(load_model("llama-3.1-70b"), for_gpu("H100-SXM-80GB"), predict.Serving(tp=8, max_model_len=0))
+    # Two sequences of at most 2,048 tokens: 0.34.0 defaults the batched tokens to 4,096, not 8,192.
+    two = predict.setup(load_model("llama-3.1-70b"), for_gpu("H100-SXM-80GB"), predict.Serving(tp=8, max_model_len=2048, max_num_seqs=2))
+    assert (two.knobs.max_num_batched_tokens, two.knobs.max_num_seqs) == (4096, 2)
     one = _setup("llama-3.1-70b", tp=8, max_num_seqs=1, max_num_batched_tokens=1)  # vLLM's floor: one of each
     assert (one.knobs.max_num_seqs, one.knobs.max_num_batched_tokens) == (1, 1)
     req = PlanRequest(model="llama-3.1-70b", instance_type="p5.48xlarge", nodes=1, max_num_batched_tokens=512)

@@ -110,9 +110,29 @@ def test_a_defaulted_max_num_seqs_is_capped_at_the_batched_tokens_from_0_10_1():
         r = release(version)
         assert r.caps_default_max_num_seqs is capped, version
         default = serving.default_max_num_seqs(h100, "H100-SXM-80GB", r)
-        assert serving.max_num_seqs(None, 512, h100, "H100-SXM-80GB", r) == (512 if capped else default) and default > 512
-        assert serving.max_num_seqs(None, 8192, h100, "H100-SXM-80GB", r) == default  # the cap only binds below it
-        assert serving.max_num_seqs(600, 512, h100, "H100-SXM-80GB", r) == 600  # pinned: vLLM takes it as given
+        assert serving.batch_knobs(512, None, 8192, h100, "H100-SXM-80GB", r) == (512, 512 if capped else default) and default > 512
+        assert serving.batch_knobs(8192, None, 8192, h100, "H100-SXM-80GB", r)[1] == default  # the cap only binds below it
+        assert serving.batch_knobs(512, 600, 8192, h100, "H100-SXM-80GB", r) == (512, 600)  # pinned: vLLM takes it as given
+
+
+def test_a_defaulted_batched_tokens_is_capped_at_max_num_seqs_times_max_model_len_from_0_12():
+    """engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args of 0.12.0 (and 0.14.0,
+    0.17.0, 0.19.0, 0.22.0, 0.25.0, 0.27.0, 0.29.0, 0.34.0): a defaulted max_num_batched_tokens is
+    min(max_num_seqs x max_model_len, default), max_num_seqs as pinned or defaulted; 0.11.0's
+    _set_default_args has no such line. Then a defaulted max_num_seqs is capped at the result."""
+    from infra.planning import serving
+
+    h100 = 80 * 2**30
+    for version, capped in (("0.11.0", False), ("0.12.0", True), (PINNED, True)):
+        r = release(version)
+        assert r.caps_default_batched_tokens is capped, version
+        default = serving.default_batched_tokens(h100, "H100-SXM-80GB", r)
+        assert default > 2 * 1024
+        # Two sequences of at most 1,024 tokens: the batch never needs more than 2,048.
+        assert serving.batch_knobs(None, 2, 1024, h100, "H100-SXM-80GB", r) == (2048 if capped else default, 2)
+        assert serving.batch_knobs(4096, 2, 1024, h100, "H100-SXM-80GB", r) == (4096, 2)  # pinned: as given
+        # Both defaulted: the defaults' product is far above the default batched tokens.
+        assert serving.batch_knobs(None, None, 1024, h100, "H100-SXM-80GB", r)[0] == default
 
 
 # (architecture, MoE, hybrid, quantized) of the model configs the table below asks about.

@@ -307,12 +307,12 @@ def _knobs(req: PlanRequest, arch: ModelArch, itype: InstanceType) -> Knobs:
     r = release(req.vllm_version)
     visible, name = itype.gpu.visible_memory_bytes, itype.gpu.name
     max_len = req.max_model_len or min(arch.max_position_embeddings or serving.DEFAULT_MAX_MODEL_LEN_CAP, serving.DEFAULT_MAX_MODEL_LEN_CAP)
-    batched = req.max_num_batched_tokens or serving.default_batched_tokens(visible, name, r)
+    batched, seqs = serving.batch_knobs(req.max_num_batched_tokens, req.max_num_seqs, max_len, visible, name, r)
     return Knobs(
         gpu_memory_utilization=req.gpu_memory_utilization,
         max_model_len=max_len,
         max_num_batched_tokens=batched,
-        max_num_seqs=serving.max_num_seqs(req.max_num_seqs, batched, visible, name, r),
+        max_num_seqs=seqs,
         release=r,
         async_scheduling=r.async_scheduling(ray=True) if req.async_scheduling is None else req.async_scheduling,
         num_speculative_tokens=_speculative_tokens(req, arch),

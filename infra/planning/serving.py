@@ -87,13 +87,19 @@ def default_max_num_seqs(visible_bytes: int, gpu_name: str, release) -> int:
     return DEFAULT_MAX_NUM_SEQS[_gpu_tier(visible_bytes, gpu_name, release)]
 
 
-def max_num_seqs(pinned: int | None, max_num_batched_tokens: int, visible_bytes: int, gpu_name: str, release) -> int:
-    """--max-num-seqs as vLLM resolves it: the pinned value, else the release's default for
-    the GPU, which from 0.10.1 is at most --max-num-batched-tokens (Release.caps_default_max_num_seqs)."""
-    if pinned:
-        return pinned
-    default = default_max_num_seqs(visible_bytes, gpu_name, release)
-    return min(default, max_num_batched_tokens) if release.caps_default_max_num_seqs else default
+def batch_knobs(batched_tokens: int | None, seqs: int | None, max_model_len: int, visible_bytes: int, gpu_name: str,
+                release) -> tuple[int, int]:  # fmt: skip
+    """(--max-num-batched-tokens, --max-num-seqs) as vLLM resolves them (engine/arg_utils.py): each
+    pinned value as given, else the release's default for the GPU; from 0.12 a defaulted batched
+    tokens at most max-num-seqs x max-model-len (Release.caps_default_batched_tokens), then from
+    0.10.1 a defaulted max-num-seqs at most the batched tokens (Release.caps_default_max_num_seqs)."""
+    tokens = batched_tokens or default_batched_tokens(visible_bytes, gpu_name, release)
+    n = seqs or default_max_num_seqs(visible_bytes, gpu_name, release)
+    if not batched_tokens and release.caps_default_batched_tokens:
+        tokens = min(n * max_model_len, tokens)
+    if not seqs and release.caps_default_max_num_seqs:
+        n = min(n, tokens)
+    return tokens, n
 
 
 def searched_batched_tokens(default: int) -> list[int]:

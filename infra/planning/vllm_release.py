@@ -69,6 +69,8 @@ CHANGES: tuple[Change, ...] = (
     Change("DeepSeek-V3.2's sparse MLA (performance model): every token, prefill too, in the absorbed MQA form "
            "(576 / 512), the rank's query heads padded to 64 (128 on SM 10.0; SM 10.x from 0.13)", "0.11.0",
            "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseImpl.forward, _forward_bf16_kv"),
+    Change("a --max-num-batched-tokens left to its default is at most max-num-seqs x max-model-len", "0.12.0",
+           "engine/arg_utils.py EngineArgs._set_default_max_num_seqs_and_batched_tokens_args"),
     Change("gpt-oss's MXFP4 experts on SM 9.0: the Triton backend's kernels in the wheel (vllm/third_party/triton_kernels); "
            "before, Marlin (W4A16, padded for it) unless triton_kernels is installed beside vLLM (ASSUMPTION: it is not)",
            "0.12.0", "model_executor/layers/quantization/mxfp4.py get_mxfp4_backend (0.10.2, 0.11.0: has_triton_kernels)"),
@@ -220,6 +222,14 @@ class Release:
         _set_default_max_num_seqs_and_batched_tokens_args). vLLM refuses a pinned pair with fewer
         batched tokens than sequences (config/scheduler.py, every release in the range)."""
         return self.at_least("0.11") or _patch(self.version) >= 1
+
+    @property
+    def caps_default_batched_tokens(self) -> bool:
+        """Whether a defaulted --max-num-batched-tokens is capped at max-num-seqs x max-model-len:
+        from 0.12 (engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args, "Ensure
+        max_num_batched_tokens does not exceed model limit"; 0.11.0's _set_default_args has no such
+        cap)."""
+        return self.at_least("0.12")
 
     def api_servers(self, dp: int) -> int:
         """API server processes `vllm serve` starts for `dp` replicas by default: one up to 0.14

@@ -100,12 +100,13 @@ def setup(arch: ModelArch, hw: Hardware, srv: Serving, eff: Efficiency = DEFAULT
             raise UserError(f"{flag} must be at least 1, got {value}")
     max_len = srv.max_model_len or min(arch.max_position_embeddings or serving.DEFAULT_MAX_MODEL_LEN_CAP,
                                        serving.DEFAULT_MAX_MODEL_LEN_CAP)  # fmt: skip
-    batched = srv.max_num_batched_tokens or serving.default_batched_tokens(gpu.visible_memory_bytes, gpu.name, r)
+    batched, seqs = serving.batch_knobs(srv.max_num_batched_tokens, srv.max_num_seqs, max_len, gpu.visible_memory_bytes,
+                                        gpu.name, r)  # fmt: skip
     knobs = Knobs(
         gpu_memory_utilization=srv.gpu_memory_utilization or r.default_gpu_memory_utilization,
         max_model_len=max_len,
         max_num_batched_tokens=batched,
-        max_num_seqs=serving.max_num_seqs(srv.max_num_seqs, batched, gpu.visible_memory_bytes, gpu.name, r),
+        max_num_seqs=seqs,
         release=r,
         async_scheduling=r.async_scheduling(ray=nodes > 1) if srv.async_scheduling is None else srv.async_scheduling,
         num_speculative_tokens=srv.num_speculative_tokens,
