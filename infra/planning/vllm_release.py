@@ -6,7 +6,9 @@ The planner follows the release the stack serves (`serving.vllmVersion`,
 `vllm/` tree of `vllm-X.Y.Z-*.whl` on PyPI); `CHANGES` lists each behaviour
 change with the first release it applies to and the file that holds it, and
 the version table in docs/planning.md is generated from it. Releases are compared by
-minor version: a patch release keeps its minor release's accounting.
+version (`Release.at_least`); every rule but one changed in a minor release, so a patch
+release keeps its minor release's accounting (the one: 0.10.1's cap on a defaulted
+--max-num-seqs).
 
 Supported: the V1 engine from 0.10.0 (the first release in which it is the
 only engine the planner models) to the pinned release; anything else is
@@ -34,6 +36,7 @@ def _minor(version: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+@lru_cache(maxsize=256)
 def _patch(version: str) -> int:
     """The patch number of a release `_minor` has read ("0.10" reads as 0.10.0)."""
     return int(re.fullmatch(r"\d+\.\d+(?:\.(\d+))?", version.strip()).group(1) or 0)
@@ -62,7 +65,7 @@ CHANGES: tuple[Change, ...] = (
            "platforms/cuda.py CudaPlatform.check_and_update_config"),
     Change("default gpu-memory-utilization 0.9", "0.10.0", "config.py CacheConfig (0.11+: config/cache.py)"),
     Change("async scheduling off by default", "0.10.0", "config/scheduler.py SchedulerConfig.async_scheduling = False"),
-    # The one rule the planner follows that changed in a patch release: it reads the patch number.
+    # The one rule the planner follows that changed in a patch release (Release.at_least reads it).
     Change("a --max-num-seqs left to its default is at most --max-num-batched-tokens (min of the two); 0.10.0 takes "
            "the default as it is", "0.10.1",
            "engine/arg_utils.py EngineArgs._set_default_args_v1 (0.11: _set_default_args; 0.34: _set_default_max_num_seqs_and_batched_tokens_args)"),
@@ -169,9 +172,11 @@ class SparseAttentionKernel(NamedTuple):
 class Release:
     version: str
     minor: tuple[int, int]
+    patch: int = 0
 
     def at_least(self, version: str) -> bool:
-        return self.minor >= _minor(version)
+        """This release is `version` or later ("0.11" is 0.11.0)."""
+        return (*self.minor, self.patch) >= (*_minor(version), _patch(version))
 
     # --- Memory budget ----------------------------------------------------------
 
@@ -221,7 +226,7 @@ class Release:
         sets the default alone; 0.11.0 the same min in _set_default_args, 0.34.0 in
         _set_default_max_num_seqs_and_batched_tokens_args). vLLM refuses a pinned pair with fewer
         batched tokens than sequences (config/scheduler.py, every release in the range)."""
-        return self.at_least("0.11") or _patch(self.version) >= 1
+        return self.at_least("0.10.1")
 
     @property
     def caps_default_batched_tokens(self) -> bool:
@@ -358,7 +363,7 @@ def release(version: str | None = None) -> Release:
             f"vLLM {version} is not supported: the planner follows vLLM {supported_range()} "
             "(the V1 engine's accounting, read release by release)"
         )
-    return Release(version=version, minor=minor)
+    return Release(version=version, minor=minor, patch=_patch(version))
 
 
 def changes_table() -> str:
